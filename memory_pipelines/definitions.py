@@ -1,0 +1,10 @@
+"""Code location: everything under memory_pipelines/defs/."""
+
+from pathlib import Path
+
+import dagster as dg
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent / "defs")

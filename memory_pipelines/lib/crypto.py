@@ -1,0 +1,138 @@
+"""Envelope encryption: master key -> tenant key -> subject key -> memory text (AES-256-GCM).
+
+The master key is a local key file by default, or an AWS KMS key. Tenant keys are wrapped by the
+master key, subject keys by their tenant key; every wrap binds its position in the hierarchy as
+associated data, so a wrapped key copied to another row does not unwrap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Protocol
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.hashes import SHA256
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from memory_pipelines.lib.errors import ServiceError
+
+KEY_BYTES = 32
+_NONCE_BYTES = 12
+_FORMAT = b"\x01"
+
+
+class DecryptionError(Exception):
+    """Ciphertext failed authentication: wrong key, wrong associated data, or tampering."""
+
+
+def new_key() -> bytes:
+    return secrets.token_bytes(KEY_BYTES)
+
+
+def seal(key: bytes, plaintext: bytes, aad: bytes) -> bytes:
+    """AES-256-GCM with a random nonce; output is format byte + nonce + ciphertext/tag."""
+    nonce = secrets.token_bytes(_NONCE_BYTES)
+    return _FORMAT + nonce + AESGCM(key).encrypt(nonce, plaintext, aad)
+
+
+def open_sealed(key: bytes, blob: bytes, aad: bytes) -> bytes:
+    if len(blob) < 1 + _NONCE_BYTES + 16 or blob[:1] != _FORMAT:
+        raise DecryptionError("ciphertext is truncated or of an unknown format")
+    nonce = blob[1 : 1 + _NONCE_BYTES]
+    try:
+        return AESGCM(key).decrypt(nonce, blob[1 + _NONCE_BYTES :], aad)
+    except InvalidTag as exc:
+        raise DecryptionError("ciphertext failed authentication") from exc
+
+
+def derive_key(key: bytes, purpose: bytes) -> bytes:
+    """A sub-key for one purpose (e.g. text MACs), so one key never serves two algorithms."""
+    return HKDF(algorithm=SHA256(), length=KEY_BYTES, salt=None, info=purpose).derive(key)
+
+
+def mac(key: bytes, message: bytes) -> bytes:
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def aad(*parts: str | int) -> bytes:
+    """Associated data from unambiguous, length-prefixed parts."""
+    out = bytearray()
+    for part in parts:
+        raw = str(part).encode("utf-8")
+        out += len(raw).to_bytes(4, "big") + raw
+    return bytes(out)
+
+
+class MasterKey(Protocol):
+    """Wraps and unwraps tenant keys. `provider` is recorded beside every wrapped tenant key."""
+
+    provider: str
+
+    def new_wrapped_key(self, *, tenant_id: str) -> tuple[bytes, bytes]: ...
+
+    def unwrap(self, wrapped: bytes, *, tenant_id: str) -> bytes: ...
+
+
+class LocalMasterKey:
+    """A 32-byte key file created with mode 0600 on first use (development and single-host use)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._key = self._load_or_create(path)
+        self.provider = "local:" + hashlib.sha256(self._key).hexdigest()[:16]
+
+    @staticmethod
+    def _load_or_create(path: Path) -> bytes:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            key = path.read_bytes()
+            if len(key) != KEY_BYTES:
+                raise ServiceError("master_key", f"{path} is not a {KEY_BYTES}-byte key file") from None
+            return key
+        key = new_key()
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(key)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return key
+
+    def new_wrapped_key(self, *, tenant_id: str) -> tuple[bytes, bytes]:
+        key = new_key()
+        return key, seal(self._key, key, aad("tenant-key", tenant_id))
+
+    def unwrap(self, wrapped: bytes, *, tenant_id: str) -> bytes:
+        return open_sealed(self._key, wrapped, aad("tenant-key", tenant_id))
+
+
+class KmsMasterKey:
+    """Tenant keys are KMS data keys under `key_id`, bound to the tenant by encryption context."""
+
+    def __init__(self, key_id: str, client: Any) -> None:
+        self.key_id = key_id
+        self._client = client
+        self.provider = "kms:" + key_id
+
+    def new_wrapped_key(self, *, tenant_id: str) -> tuple[bytes, bytes]:
+        try:
+            answer = self._client.generate_data_key(
+                KeyId=self.key_id, KeySpec="AES_256", EncryptionContext={"tenant_id": tenant_id}
+            )
+        except Exception as exc:  # botocore raises many types; all mean the master key is unusable
+            raise ServiceError("kms", f"generate_data_key failed: {type(exc).__name__}: {exc}") from exc
+        return bytes(answer["Plaintext"]), bytes(answer["CiphertextBlob"])
+
+    def unwrap(self, wrapped: bytes, *, tenant_id: str) -> bytes:
+        try:
+            answer = self._client.decrypt(
+                KeyId=self.key_id, CiphertextBlob=wrapped, EncryptionContext={"tenant_id": tenant_id}
+            )
+        except Exception as exc:
+            raise ServiceError("kms", f"decrypt failed: {type(exc).__name__}: {exc}") from exc
+        return bytes(answer["Plaintext"])

@@ -1,0 +1,110 @@
+"""Key store in its own PostgreSQL schema (`keystore`): wrapped tenant and subject keys only."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+
+from memory_pipelines.lib import crypto
+from memory_pipelines.lib.errors import NotFoundError
+
+
+class KeyDestroyedError(NotFoundError):
+    """The key was crypto-shredded; whatever it protected is gone for good."""
+
+
+class KeyStore:
+    """Gets or creates tenant and subject data keys; unwrapped keys are cached by key id only."""
+
+    def __init__(self, master: crypto.MasterKey) -> None:
+        self.master = master
+        self._cache: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def _cached(self, key_id: str) -> bytes | None:
+        with self._lock:
+            return self._cache.get(key_id)
+
+    def _remember(self, key_id: str, key: bytes) -> bytes:
+        with self._lock:
+            self._cache[key_id] = key
+        return key
+
+    def forget_cached(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    def tenant_key(self, conn: psycopg.Connection, tenant_id: str, *, create: bool = True) -> tuple[str, bytes]:
+        row = conn.execute(
+            "SELECT key_id, wrapped FROM keystore.tenant_keys WHERE tenant_id = %s", (tenant_id,)
+        ).fetchone()
+        if row is None:
+            if not create:
+                raise NotFoundError("tenant", f"no key for tenant {tenant_id!r}")
+            key, wrapped = self.master.new_wrapped_key(tenant_id=tenant_id)
+            key_id = "tk_" + crypto.secrets.token_hex(12)
+            inserted = conn.execute(
+                "INSERT INTO keystore.tenant_keys (tenant_id, key_id, wrapped, provider) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT (tenant_id) DO NOTHING RETURNING key_id",
+                (tenant_id, key_id, wrapped, self.master.provider),
+            ).fetchone()
+            if inserted is not None:
+                return key_id, self._remember(key_id, key)
+            return self.tenant_key(conn, tenant_id, create=False)
+        key_id, wrapped = row
+        if wrapped is None:
+            raise KeyDestroyedError("tenant", f"the key of tenant {tenant_id!r} was destroyed")
+        cached = self._cached(key_id)
+        if cached is not None:
+            return key_id, cached
+        return key_id, self._remember(key_id, self.master.unwrap(bytes(wrapped), tenant_id=tenant_id))
+
+    def subject_key(
+        self, conn: psycopg.Connection, tenant_id: str, user_id: str, *, create: bool = True
+    ) -> tuple[str, bytes]:
+        """The data key of one subject (user); every memory text they author is sealed under it."""
+        row = conn.execute(
+            "SELECT key_id, wrapped FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s",
+            (tenant_id, user_id),
+        ).fetchone()
+        if row is None:
+            if not create:
+                raise NotFoundError("user", f"no key for subject {user_id!r}")
+            tenant_key_id, tenant_key = self.tenant_key(conn, tenant_id)
+            key_id = "sk_" + crypto.secrets.token_hex(12)
+            key = crypto.new_key()
+            wrapped = crypto.seal(tenant_key, key, crypto.aad("subject-key", tenant_id, user_id, key_id))
+            inserted = conn.execute(
+                "INSERT INTO keystore.subject_keys (tenant_id, user_id, key_id, wrapped, tenant_key_id) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (tenant_id, user_id) DO NOTHING RETURNING key_id",
+                (tenant_id, user_id, key_id, wrapped, tenant_key_id),
+            ).fetchone()
+            if inserted is not None:
+                return key_id, self._remember(key_id, key)
+            return self.subject_key(conn, tenant_id, user_id, create=False)
+        key_id, wrapped = row
+        if wrapped is None:
+            raise KeyDestroyedError("user", f"the key of subject {user_id!r} was destroyed")
+        cached = self._cached(key_id)
+        if cached is not None:
+            return key_id, cached
+        _, tenant_key = self.tenant_key(conn, tenant_id, create=False)
+        key = crypto.open_sealed(tenant_key, bytes(wrapped), crypto.aad("subject-key", tenant_id, user_id, key_id))
+        return key_id, self._remember(key_id, key)
+
+    def key_by_id(self, conn: psycopg.Connection, tenant_id: str, key_id: str) -> bytes:
+        """The subject key a stored ciphertext names, for decryption."""
+        cached = self._cached(key_id)
+        if cached is not None:
+            return cached
+        row = conn.execute(
+            "SELECT user_id FROM keystore.subject_keys WHERE tenant_id = %s AND key_id = %s",
+            (tenant_id, key_id),
+        ).fetchone()
+        if row is None:
+            raise KeyDestroyedError("key_id", f"subject key {key_id!r} does not exist")
+        found_id, key = self.subject_key(conn, tenant_id, row[0], create=False)
+        if found_id != key_id:
+            raise KeyDestroyedError("key_id", f"subject key {key_id!r} was replaced")
+        return key

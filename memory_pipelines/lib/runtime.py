@@ -1,0 +1,23 @@
+"""Builds a ready MemoryStore from Settings: services up, schema migrated, master key chosen."""
+
+from __future__ import annotations
+
+from memory_pipelines.lib import crypto
+from memory_pipelines.lib.keystore import KeyStore
+from memory_pipelines.lib.services import Endpoints, ensure_services
+from memory_pipelines.lib.settings import Settings
+from memory_pipelines.lib.store import MemoryStore
+
+
+def master_key(settings: Settings) -> crypto.MasterKey:
+    """KMS when MEMORY_PIPELINES_KMS_KEY_ID is set, else the local key file under HOME."""
+    if settings.kms_key_id:
+        import boto3
+
+        return crypto.KmsMasterKey(settings.kms_key_id, boto3.client("kms"))
+    return crypto.LocalMasterKey(settings.master_key_path)
+
+
+def open_store(settings: Settings, endpoints: Endpoints | None = None) -> MemoryStore:
+    endpoints = endpoints or ensure_services(settings)
+    return MemoryStore(endpoints.store_conninfo, KeyStore(master_key(settings)))

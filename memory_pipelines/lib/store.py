@@ -1,0 +1,856 @@
+"""The versioned, encrypted memory store on PostgreSQL (source of truth for every derived store).
+
+A memory has a stable `memory_id` and an append-only list of versions; exactly one is current.
+Text is sealed under its author's subject key with (tenant, memory_id, version) as associated data,
+so no plaintext reaches the database, its WAL or its backups.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from memory_pipelines.lib import crypto, validation
+from memory_pipelines.lib.errors import (
+    ConflictError,
+    NotFoundError,
+    PermissionDeniedError,
+    ServiceError,
+    ValidationError,
+)
+from memory_pipelines.lib.keystore import KeyStore
+
+DEFAULT_CATEGORY = "general"
+DEFAULT_CONFIDENCE = 1.0
+EXPORT_BATCH = 500
+
+# Query texts are constants; every value travels as a bound parameter.
+_SELECT_MEMORY = (
+    "SELECT m.tenant_id, m.memory_id, m.user_id, m.team_id, m.memory_type, m.do_not_sell AS memory_dns,"
+    " m.created_at AS memory_created_at, m.updated_at, m.current_version,"
+    " v.version, v.shareable, v.category, v.confidence, v.text_ct, v.original_query_ct, v.key_id,"
+    " v.restored_from, v.created_at, v.superseded_at, s.do_not_sell AS subject_dns"
+    " FROM memory.memories m"
+    " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
+    " JOIN memory.memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
+)
+_VISIBLE_WHERE = {
+    None: " AND m.user_id = %(user)s AND m.team_id IS NULL",
+    "strict": " AND m.team_id = %(team)s AND m.user_id = %(user)s",
+    "shared_pool": " AND m.team_id = %(team)s",
+    "progressive": (
+        " AND (m.team_id = %(team)s"
+        " OR (m.team_id IS NULL AND v.shareable AND m.user_id IN ("
+        "   SELECT tm.user_id FROM memory.team_members tm"
+        "   WHERE tm.tenant_id = %(tenant)s AND tm.team_id = %(team)s)))"
+    ),
+}
+_SELECT_VISIBLE = {
+    mode: _SELECT_MEMORY
+    + " AND v.version = m.current_version WHERE m.tenant_id = %(tenant)s"
+    + where
+    + " ORDER BY m.created_at, m.memory_id"
+    for mode, where in _VISIBLE_WHERE.items()
+}
+_SELECT_EXPORT = (
+    _SELECT_MEMORY + " WHERE m.tenant_id = %s AND m.user_id = %s ORDER BY m.created_at, m.memory_id, v.version"
+)
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    tenant_id: str
+    memory_id: str
+    version: int
+    user_id: str
+    team_id: str | None
+    changed: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tenant_id": self.tenant_id,
+            "memory_id": self.memory_id,
+            "version": self.version,
+            "user_id": self.user_id,
+            "team_id": self.team_id,
+            "changed": self.changed,
+        }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _text_aad(tenant_id: str, memory_id: str, version: int) -> bytes:
+    return crypto.aad("memory-text", tenant_id, memory_id, version)
+
+
+def _query_aad(tenant_id: str, memory_id: str, version: int) -> bytes:
+    return crypto.aad("original-query", tenant_id, memory_id, version)
+
+
+class MemoryStore:
+    """API over the memory and key-store schemas. Methods take keyword arguments only."""
+
+    def __init__(self, conninfo: str, keys: KeyStore) -> None:
+        self.conninfo = conninfo
+        self.keys = keys
+        self._conn: psycopg.Connection | None = None
+        self._lock = threading.RLock()
+
+    # -- connections ---------------------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection:
+        try:
+            return psycopg.connect(self.conninfo, autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise ServiceError("postgres", f"cannot connect to the memory database: {exc}") from exc
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection]:
+        """One transaction on the store's connection; reconnects if the previous one broke."""
+        with self._lock:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._conn = self._connect()
+            conn = self._conn
+            try:
+                with conn.transaction():
+                    yield conn
+            except psycopg.OperationalError as exc:
+                conn.close()
+                raise ServiceError("postgres", f"lost the connection to the memory database: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # -- tenants, subjects, teams ----------------------------------------------------------
+
+    @staticmethod
+    def _bump(conn: psycopg.Connection, tenant_id: str) -> None:
+        conn.execute(
+            "UPDATE memory.tenants SET change_seq = change_seq + 1, updated_at = now() WHERE tenant_id = %s",
+            (tenant_id,),
+        )
+
+    @staticmethod
+    def _ensure_tenant(conn: psycopg.Connection, tenant_id: str) -> None:
+        conn.execute(
+            "INSERT INTO memory.tenants (tenant_id) VALUES (%s) ON CONFLICT (tenant_id) DO NOTHING", (tenant_id,)
+        )
+
+    @staticmethod
+    def _ensure_subject(conn: psycopg.Connection, tenant_id: str, user_id: str) -> None:
+        conn.execute(
+            "INSERT INTO memory.subjects (tenant_id, user_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            (tenant_id, user_id),
+        )
+
+    @staticmethod
+    def _tenant_mode(conn: psycopg.Connection, tenant_id: str) -> str:
+        row = conn.execute("SELECT sharing_mode FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)).fetchone()
+        if row is None:
+            raise NotFoundError("tenant", f"unknown tenant {tenant_id!r}")
+        return str(row[0])
+
+    def create_tenant(self, *, tenant_id: str, sharing_mode: str = "strict") -> dict[str, Any]:
+        """Create a tenant (idempotent); an existing tenant keeps its data and gets `sharing_mode`."""
+        validation.check_id("tenant", tenant_id)
+        validation.check_sharing_mode(sharing_mode)
+        with self.transaction() as conn:
+            self._ensure_tenant(conn, tenant_id)
+            conn.execute(
+                "UPDATE memory.tenants SET sharing_mode = %s, updated_at = now() WHERE tenant_id = %s",
+                (sharing_mode, tenant_id),
+            )
+            self._bump(conn, tenant_id)
+        return {"tenant_id": tenant_id, "sharing_mode": sharing_mode}
+
+    def set_sharing_mode(self, *, tenant_id: str, sharing_mode: str) -> dict[str, Any]:
+        validation.check_id("tenant", tenant_id)
+        validation.check_sharing_mode(sharing_mode)
+        with self.transaction() as conn:
+            self._tenant_mode(conn, tenant_id)
+            conn.execute("UPDATE memory.tenants SET sharing_mode = %s WHERE tenant_id = %s", (sharing_mode, tenant_id))
+            self._bump(conn, tenant_id)
+        return {"tenant_id": tenant_id, "sharing_mode": sharing_mode}
+
+    def tenants(self) -> list[dict[str, Any]]:
+        """Every tenant with its sharing mode and counts (no text)."""
+        with self.transaction() as conn:
+            rows = conn.execute(
+                """
+                SELECT t.tenant_id, t.sharing_mode, t.change_seq, t.created_at,
+                       (SELECT count(*) FROM memory.memories m WHERE m.tenant_id = t.tenant_id) AS memories,
+                       (SELECT count(*) FROM memory.subjects s WHERE s.tenant_id = t.tenant_id) AS subjects,
+                       (SELECT count(*) FROM memory.teams tm WHERE tm.tenant_id = t.tenant_id) AS teams
+                FROM memory.tenants t ORDER BY t.tenant_id
+                """
+            ).fetchall()
+        return [
+            {
+                "tenant_id": r[0],
+                "sharing_mode": r[1],
+                "change_seq": r[2],
+                "created_at": _iso(r[3]),
+                "memories": r[4],
+                "subjects": r[5],
+                "teams": r[6],
+            }
+            for r in rows
+        ]
+
+    def tenant_watermarks(self) -> dict[str, int]:
+        """tenant -> change sequence; grows with every write, so a sensor can tell what changed."""
+        with self.transaction() as conn:
+            return {r[0]: int(r[1]) for r in conn.execute("SELECT tenant_id, change_seq FROM memory.tenants")}
+
+    def add_team_member(self, *, tenant_id: str, team_id: str, user_id: str) -> dict[str, Any]:
+        """Add a user to a team, creating tenant and team if needed (idempotent)."""
+        validation.check_id("tenant", tenant_id)
+        validation.check_id("team", team_id)
+        validation.check_id("user", user_id)
+        with self.transaction() as conn:
+            self._ensure_tenant(conn, tenant_id)
+            self._ensure_subject(conn, tenant_id, user_id)
+            conn.execute(
+                "INSERT INTO memory.teams (tenant_id, team_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                (tenant_id, team_id),
+            )
+            added = conn.execute(
+                "INSERT INTO memory.team_members (tenant_id, team_id, user_id) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING RETURNING user_id",
+                (tenant_id, team_id, user_id),
+            ).fetchone()
+            self._bump(conn, tenant_id)
+            members = self._members(conn, tenant_id, team_id)
+        return {
+            "tenant_id": tenant_id,
+            "team_id": team_id,
+            "user_id": user_id,
+            "added": added is not None,
+            "members": members,
+        }
+
+    def remove_team_member(self, *, tenant_id: str, team_id: str, user_id: str) -> dict[str, Any]:
+        """Remove a user from a team; the memories they wrote for it stay with the team."""
+        validation.check_id("tenant", tenant_id)
+        validation.check_id("team", team_id)
+        validation.check_id("user", user_id)
+        with self.transaction() as conn:
+            self._tenant_mode(conn, tenant_id)
+            self._require_team(conn, tenant_id, team_id)
+            removed = conn.execute(
+                "DELETE FROM memory.team_members WHERE tenant_id = %s AND team_id = %s AND user_id = %s "
+                "RETURNING user_id",
+                (tenant_id, team_id, user_id),
+            ).fetchone()
+            if removed is None:
+                raise NotFoundError("user", f"user {user_id!r} is not a member of team {team_id!r}")
+            self._bump(conn, tenant_id)
+            members = self._members(conn, tenant_id, team_id)
+        return {"tenant_id": tenant_id, "team_id": team_id, "user_id": user_id, "removed": True, "members": members}
+
+    @staticmethod
+    def _members(conn: psycopg.Connection, tenant_id: str, team_id: str) -> list[str]:
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT user_id FROM memory.team_members WHERE tenant_id = %s AND team_id = %s ORDER BY user_id",
+                (tenant_id, team_id),
+            )
+        ]
+
+    @staticmethod
+    def _require_team(conn: psycopg.Connection, tenant_id: str, team_id: str) -> None:
+        if (
+            conn.execute(
+                "SELECT 1 FROM memory.teams WHERE tenant_id = %s AND team_id = %s", (tenant_id, team_id)
+            ).fetchone()
+            is None
+        ):
+            raise NotFoundError("team", f"no team {team_id!r} in tenant {tenant_id!r}")
+
+    def _require_member(self, conn: psycopg.Connection, tenant_id: str, team_id: str, user_id: str) -> None:
+        self._require_team(conn, tenant_id, team_id)
+        # FOR SHARE: a concurrent remove-member waits until this write or read is done.
+        if (
+            conn.execute(
+                "SELECT 1 FROM memory.team_members WHERE tenant_id = %s AND team_id = %s AND user_id = %s FOR SHARE",
+                (tenant_id, team_id, user_id),
+            ).fetchone()
+            is None
+        ):
+            raise PermissionDeniedError("team", f"user {user_id!r} is not a member of team {team_id!r}")
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def write(
+        self,
+        *,
+        tenant_id: str,
+        user_id: str,
+        text: str,
+        memory_id: str | None = None,
+        team_id: str | None = None,
+        shareable: bool | None = None,
+        category: str | None = None,
+        confidence: float | None = None,
+        original_query: str | None = None,
+        do_not_sell: bool | None = None,
+    ) -> WriteResult:
+        """Write a memory or a new version of one. Unspecified fields keep the current version's values.
+
+        Identical text and fields to the current version (of `memory_id`, or of any of the
+        subject's memories in the same team scope when no id is given) is a no-op.
+        """
+        validation.check_id("tenant", tenant_id)
+        validation.check_id("user", user_id)
+        validation.check_text("text", text)
+        if memory_id is not None:
+            validation.check_memory_id("memory_id", memory_id)
+        validation.check_optional_id("team", team_id)
+        if category is not None:
+            validation.check_category(category)
+        if confidence is not None:
+            confidence = validation.check_confidence(confidence)
+        if original_query is not None:
+            validation.check_text("original_query", original_query)
+
+        with self.transaction() as conn:
+            # Serialises writes per subject, so two identical concurrent writes make one memory.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{tenant_id}\x1f{user_id}",))
+            head = None
+            if memory_id is not None:
+                head = self._head_for_write(conn, tenant_id, user_id, memory_id, team_id)
+                team_id = head["team_id"]
+            else:
+                self._ensure_tenant(conn, tenant_id)
+            self._ensure_subject(conn, tenant_id, user_id)
+            if team_id is not None:
+                self._require_member(conn, tenant_id, team_id, user_id)
+            key_id, key = self.keys.subject_key(conn, tenant_id, user_id)
+            text_mac = crypto.mac(crypto.derive_key(key, b"memory-text-mac"), text.encode("utf-8"))
+            if head is None:
+                head = self._head_by_mac(conn, tenant_id, user_id, team_id, text_mac)
+            if head is None:
+                result = self._insert_new(
+                    conn,
+                    tenant_id=tenant_id,
+                    user_id=user_id,
+                    team_id=team_id,
+                    key_id=key_id,
+                    key=key,
+                    text=text,
+                    text_mac=text_mac,
+                    shareable=bool(shareable),
+                    category=category or DEFAULT_CATEGORY,
+                    confidence=DEFAULT_CONFIDENCE if confidence is None else confidence,
+                    original_query=original_query,
+                    do_not_sell=bool(do_not_sell),
+                )
+            else:
+                result = self._insert_version(
+                    conn,
+                    head=head,
+                    key_id=key_id,
+                    key=key,
+                    text=text,
+                    text_mac=text_mac,
+                    shareable=shareable,
+                    category=category,
+                    confidence=confidence,
+                    original_query=original_query,
+                    do_not_sell=do_not_sell,
+                )
+            if result.changed:
+                self._bump(conn, tenant_id)
+            return result
+
+    def _head_for_write(
+        self, conn: psycopg.Connection, tenant_id: str, user_id: str, memory_id: str, team_id: str | None
+    ) -> dict[str, Any]:
+        self._tenant_mode(conn, tenant_id)
+        head = self._head(conn, tenant_id, memory_id, lock=True)
+        if head["user_id"] != user_id:
+            raise PermissionDeniedError(
+                "memory_id", f"memory {memory_id} belongs to another user; only its author writes new versions"
+            )
+        if team_id is not None and head["team_id"] != team_id:
+            where = "is personal" if head["team_id"] is None else f"belongs to team {head['team_id']!r}"
+            raise ValidationError("team", f"memory {memory_id} {where}; a new version cannot move it")
+        return head
+
+    @staticmethod
+    def _head(conn: psycopg.Connection, tenant_id: str, memory_id: str, *, lock: bool = False) -> dict[str, Any]:
+        query = (
+            "SELECT m.*, v.shareable, v.category, v.confidence, v.text_mac, v.original_query_ct, v.key_id "
+            "FROM memory.memories m JOIN memory.memory_versions v "
+            "  ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id AND v.version = m.current_version "
+            "WHERE m.tenant_id = %s AND m.memory_id = %s"
+        )
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(query + (" FOR UPDATE OF m" if lock else ""), (tenant_id, memory_id)).fetchone()
+        if row is None:
+            raise NotFoundError("memory_id", f"no memory {memory_id} in tenant {tenant_id!r}")
+        return row
+
+    def _head_by_mac(
+        self, conn: psycopg.Connection, tenant_id: str, user_id: str, team_id: str | None, text_mac: bytes
+    ) -> dict[str, Any] | None:
+        row = conn.execute(
+            "SELECT m.memory_id FROM memory.memories m JOIN memory.memory_versions v "
+            "  ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id AND v.version = m.current_version "
+            "WHERE m.tenant_id = %s AND v.text_mac = %s AND m.user_id = %s AND m.team_id IS NOT DISTINCT FROM %s "
+            "LIMIT 1",
+            (tenant_id, text_mac, user_id, team_id),
+        ).fetchone()
+        return None if row is None else self._head(conn, tenant_id, row[0], lock=True)
+
+    def _insert_new(
+        self,
+        conn: psycopg.Connection,
+        *,
+        tenant_id: str,
+        user_id: str,
+        team_id: str | None,
+        key_id: str,
+        key: bytes,
+        text: str,
+        text_mac: bytes,
+        shareable: bool,
+        category: str,
+        confidence: float,
+        original_query: str | None,
+        do_not_sell: bool,
+    ) -> WriteResult:
+        memory_id = validation.new_memory_id()
+        conn.execute(
+            "INSERT INTO memory.memories (tenant_id, memory_id, user_id, team_id, memory_type, current_version,"
+            " do_not_sell) VALUES (%s, %s, %s, %s, %s, 1, %s)",
+            (tenant_id, memory_id, user_id, team_id, "personal" if team_id is None else "team_shared", do_not_sell),
+        )
+        self._insert_version_row(
+            conn,
+            tenant_id=tenant_id,
+            memory_id=memory_id,
+            version=1,
+            key_id=key_id,
+            key=key,
+            text=text,
+            text_mac=text_mac,
+            shareable=shareable,
+            category=category,
+            confidence=confidence,
+            original_query_ct=self._seal_query(key, tenant_id, memory_id, 1, original_query),
+            restored_from=None,
+        )
+        return WriteResult(tenant_id, memory_id, 1, user_id, team_id, True)
+
+    @staticmethod
+    def _seal_query(key: bytes, tenant_id: str, memory_id: str, version: int, query: str | None) -> bytes | None:
+        if query is None:
+            return None
+        return crypto.seal(key, query.encode("utf-8"), _query_aad(tenant_id, memory_id, version))
+
+    def _open_query(self, conn: psycopg.Connection, row: dict[str, Any]) -> str | None:
+        if row["original_query_ct"] is None:
+            return None
+        key = self.keys.key_by_id(conn, row["tenant_id"], row["key_id"])
+        aad = _query_aad(row["tenant_id"], row["memory_id"], row["version"])
+        return crypto.open_sealed(key, bytes(row["original_query_ct"]), aad).decode("utf-8")
+
+    def _insert_version(
+        self,
+        conn: psycopg.Connection,
+        *,
+        head: dict[str, Any],
+        key_id: str,
+        key: bytes,
+        text: str,
+        text_mac: bytes,
+        shareable: bool | None,
+        category: str | None,
+        confidence: float | None,
+        original_query: str | None,
+        do_not_sell: bool | None,
+    ) -> WriteResult:
+        tenant_id, memory_id = head["tenant_id"], head["memory_id"]
+        new_fields: dict[str, Any] = {
+            "shareable": head["shareable"] if shareable is None else shareable,
+            "category": head["category"] if category is None else category,
+            "confidence": head["confidence"] if confidence is None else confidence,
+        }
+        flags_changed = do_not_sell is not None and do_not_sell != head["do_not_sell"]
+        if flags_changed:
+            conn.execute(
+                "UPDATE memory.memories SET do_not_sell = %s, updated_at = now() "
+                "WHERE tenant_id = %s AND memory_id = %s",
+                (do_not_sell, tenant_id, memory_id),
+            )
+        same_query = original_query is None
+        same = (
+            bytes(head["text_mac"]) == text_mac
+            and same_query
+            and all(new_fields[name] == head[name] for name in new_fields)
+        )
+        if same:
+            return WriteResult(
+                tenant_id, memory_id, head["current_version"], head["user_id"], head["team_id"], flags_changed
+            )
+        version = head["current_version"] + 1
+        query_ct = (
+            self._seal_query(key, tenant_id, memory_id, version, original_query)
+            if original_query is not None
+            else self._reseal_query(conn, head, key, version)
+        )
+        self._supersede_and_point(conn, tenant_id, memory_id, version)
+        self._insert_version_row(
+            conn,
+            tenant_id=tenant_id,
+            memory_id=memory_id,
+            version=version,
+            key_id=key_id,
+            key=key,
+            text=text,
+            text_mac=text_mac,
+            original_query_ct=query_ct,
+            restored_from=None,
+            **new_fields,
+        )
+        return WriteResult(tenant_id, memory_id, version, head["user_id"], head["team_id"], True)
+
+    def _reseal_query(self, conn: psycopg.Connection, row: dict[str, Any], key: bytes, version: int) -> bytes | None:
+        query = self._open_query(conn, {**row, "version": row.get("version", row.get("current_version"))})
+        return self._seal_query(key, row["tenant_id"], row["memory_id"], version, query)
+
+    @staticmethod
+    def _supersede_and_point(conn: psycopg.Connection, tenant_id: str, memory_id: str, version: int) -> None:
+        conn.execute(
+            "UPDATE memory.memory_versions SET superseded_at = now() "
+            "WHERE tenant_id = %s AND memory_id = %s AND superseded_at IS NULL",
+            (tenant_id, memory_id),
+        )
+        conn.execute(
+            "UPDATE memory.memories SET current_version = %s, updated_at = now() "
+            "WHERE tenant_id = %s AND memory_id = %s",
+            (version, tenant_id, memory_id),
+        )
+
+    @staticmethod
+    def _insert_version_row(
+        conn: psycopg.Connection,
+        *,
+        tenant_id: str,
+        memory_id: str,
+        version: int,
+        key_id: str,
+        key: bytes,
+        text: str,
+        text_mac: bytes,
+        shareable: bool,
+        category: str,
+        confidence: float,
+        original_query_ct: bytes | None,
+        restored_from: int | None,
+    ) -> None:
+        text_ct = crypto.seal(key, text.encode("utf-8"), _text_aad(tenant_id, memory_id, version))
+        conn.execute(
+            "INSERT INTO memory.memory_versions (tenant_id, memory_id, version, shareable, category, confidence,"
+            " text_ct, text_mac, original_query_ct, key_id, restored_from)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                tenant_id,
+                memory_id,
+                version,
+                shareable,
+                category,
+                confidence,
+                text_ct,
+                text_mac,
+                original_query_ct,
+                key_id,
+                restored_from,
+            ),
+        )
+
+    def rollback(self, *, tenant_id: str, memory_id: str) -> dict[str, Any]:
+        """Make the version before the current one current again, as a new version (history is kept)."""
+        validation.check_id("tenant", tenant_id)
+        validation.check_memory_id("memory_id", memory_id)
+        with self.transaction() as conn:
+            self._tenant_mode(conn, tenant_id)
+            head = self._head(conn, tenant_id, memory_id, lock=True)
+            current = head["current_version"]
+            if current < 2:
+                raise ConflictError(
+                    "memory_id", f"memory {memory_id} has one version; there is nothing to roll back to"
+                )
+            previous = self._version_row(conn, tenant_id, memory_id, current - 1)
+            text = self._open_text(conn, previous)
+            key_id, key = self.keys.subject_key(conn, tenant_id, head["user_id"])
+            version = current + 1
+            query_ct = self._reseal_query(conn, previous, key, version)
+            self._supersede_and_point(conn, tenant_id, memory_id, version)
+            self._insert_version_row(
+                conn,
+                tenant_id=tenant_id,
+                memory_id=memory_id,
+                version=version,
+                key_id=key_id,
+                key=key,
+                text=text,
+                text_mac=bytes(previous["text_mac"]),
+                shareable=previous["shareable"],
+                category=previous["category"],
+                confidence=previous["confidence"],
+                original_query_ct=query_ct,
+                restored_from=current - 1,
+            )
+            self._bump(conn, tenant_id)
+        return {
+            "tenant_id": tenant_id,
+            "memory_id": memory_id,
+            "version": version,
+            "text": text,
+            "restored_from": current - 1,
+        }
+
+    @staticmethod
+    def _version_row(conn: psycopg.Connection, tenant_id: str, memory_id: str, version: int) -> dict[str, Any]:
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                "SELECT * FROM memory.memory_versions WHERE tenant_id = %s AND memory_id = %s AND version = %s",
+                (tenant_id, memory_id, version),
+            ).fetchone()
+        if row is None:
+            raise NotFoundError("version", f"memory {memory_id} has no version {version}")
+        return row
+
+    def _open_text(self, conn: psycopg.Connection, row: dict[str, Any]) -> str:
+        key = self.keys.key_by_id(conn, row["tenant_id"], row["key_id"])
+        aad = _text_aad(row["tenant_id"], row["memory_id"], row["version"])
+        return crypto.open_sealed(key, bytes(row["text_ct"]), aad).decode("utf-8")
+
+    def set_do_not_sell(
+        self, *, tenant_id: str, value: bool = True, memory_id: str | None = None, subject: str | None = None
+    ) -> dict[str, Any]:
+        """CCPA opt-out for one memory or for every memory of a subject (present and future)."""
+        validation.check_id("tenant", tenant_id)
+        if (memory_id is None) == (subject is None):
+            raise ValidationError("memory_id", "give exactly one of memory_id or subject")
+        with self.transaction() as conn:
+            self._tenant_mode(conn, tenant_id)
+            if memory_id is not None:
+                validation.check_memory_id("memory_id", memory_id)
+                self._head(conn, tenant_id, memory_id, lock=True)
+                conn.execute(
+                    "UPDATE memory.memories SET do_not_sell = %s, updated_at = now() "
+                    "WHERE tenant_id = %s AND memory_id = %s",
+                    (value, tenant_id, memory_id),
+                )
+                result: dict[str, Any] = {"tenant_id": tenant_id, "memory_id": memory_id, "do_not_sell": value}
+            else:
+                assert subject is not None
+                validation.check_id("subject", subject)
+                self._ensure_subject(conn, tenant_id, subject)
+                conn.execute(
+                    "UPDATE memory.subjects SET do_not_sell = %s WHERE tenant_id = %s AND user_id = %s",
+                    (value, tenant_id, subject),
+                )
+                result = {"tenant_id": tenant_id, "subject": subject, "do_not_sell": value}
+            self._bump(conn, tenant_id)
+        return result
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def history(self, *, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:
+        """Every version of a memory, oldest first, decrypted."""
+        validation.check_id("tenant", tenant_id)
+        validation.check_memory_id("memory_id", memory_id)
+        with self.transaction() as conn:
+            self._tenant_mode(conn, tenant_id)
+            head = self._head(conn, tenant_id, memory_id)
+            with conn.cursor(row_factory=dict_row) as cur:
+                rows = cur.execute(
+                    "SELECT * FROM memory.memory_versions WHERE tenant_id = %s AND memory_id = %s ORDER BY version",
+                    (tenant_id, memory_id),
+                ).fetchall()
+            return [
+                {
+                    "memory_id": memory_id,
+                    "version": row["version"],
+                    "text": self._open_text(conn, row),
+                    "current": row["version"] == head["current_version"],
+                    "user_id": head["user_id"],
+                    "team_id": head["team_id"],
+                    "category": row["category"],
+                    "shareable": row["shareable"],
+                    "confidence": row["confidence"],
+                    "original_query": self._open_query(conn, row),
+                    "restored_from": row["restored_from"],
+                    "created_at": _iso(row["created_at"]),
+                    "superseded_at": _iso(row["superseded_at"]),
+                }
+                for row in rows
+            ]
+
+    def list_visible(self, *, tenant_id: str, user_id: str, team_id: str | None = None) -> list[dict[str, Any]]:
+        """Current memories a user sees: their personal view, or a team view by the tenant's sharing mode.
+
+        strict: the user's own memories in the team (team_id + user_id).
+        shared_pool: every team memory, each with its creator.
+        progressive: the team pool (every team memory) plus personal memories that a current
+        member marked shareable.
+        """
+        validation.check_id("tenant", tenant_id)
+        validation.check_id("user", user_id)
+        validation.check_optional_id("team", team_id)
+        with self.transaction() as conn:
+            mode = self._tenant_mode(conn, tenant_id)
+            params = {"tenant": tenant_id, "user": user_id, "team": team_id}
+            if team_id is not None:
+                self._require_member(conn, tenant_id, team_id, user_id)
+            query = _SELECT_VISIBLE[None if team_id is None else mode]
+            with conn.cursor(row_factory=dict_row) as cur:
+                rows = cur.execute(query, params).fetchall()
+            return [self._current_view(conn, row) for row in rows]
+
+    def _current_view(self, conn: psycopg.Connection, row: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "memory_id": row["memory_id"],
+            "version": row["version"],
+            "text": self._open_text(conn, row),
+            "user_id": row["user_id"],
+            "team_id": row["team_id"],
+            "memory_type": row["memory_type"],
+            "shareable": row["shareable"],
+            "category": row["category"],
+            "confidence": row["confidence"],
+            "do_not_sell": bool(row["memory_dns"] or row["subject_dns"]),
+            "created_at": _iso(row["memory_created_at"]),
+            "updated_at": _iso(row["updated_at"]),
+        }
+
+    def iter_export(self, *, tenant_id: str, subject: str) -> Iterator[dict[str, Any]]:
+        """Every version of every memory the subject wrote, personal and team, streamed in batches."""
+        validation.check_id("tenant", tenant_id)
+        validation.check_id("subject", subject)
+        with self.transaction() as conn:
+            self._tenant_mode(conn, tenant_id)
+        # A connection of its own: a server-side cursor lives as long as the caller keeps reading.
+        with self._connect() as conn, conn.transaction():
+            with conn.cursor(name="export_subject", row_factory=dict_row) as cur:
+                cur.itersize = EXPORT_BATCH
+                cur.execute(_SELECT_EXPORT, (tenant_id, subject))
+                for row in cur:
+                    yield {
+                        "memory_id": row["memory_id"],
+                        "version": row["version"],
+                        "current": row["version"] == row["current_version"],
+                        "text": self._open_text(conn, row),
+                        "team_id": row["team_id"],
+                        "memory_type": row["memory_type"],
+                        "shareable": row["shareable"],
+                        "category": row["category"],
+                        "confidence": row["confidence"],
+                        "original_query": self._open_query(conn, row),
+                        "do_not_sell": bool(row["memory_dns"] or row["subject_dns"]),
+                        "restored_from": row["restored_from"],
+                        "created_at": _iso(row["created_at"]),
+                        "superseded_at": _iso(row["superseded_at"]),
+                    }
+
+    def export_json(self, *, tenant_id: str, subject: str) -> Iterator[str]:
+        """The subject's export (GDPR Art. 15/20, CCPA) as chunks of one JSON document."""
+        rows = self.iter_export(tenant_id=tenant_id, subject=subject)
+        first_row = next(rows, None)  # validates before the first byte is produced
+        header = {
+            "format": "memory-pipelines.export.v1",
+            "tenant": tenant_id,
+            "subject": subject,
+            "exported_at": datetime.now().astimezone().isoformat(),
+        }
+        yield json.dumps(header)[:-1] + ', "memories": ['
+        if first_row is not None:
+            yield "\n" + json.dumps(first_row)
+            for row in rows:
+                yield ",\n" + json.dumps(row)
+        yield "\n]}\n"
+
+    def tenant_stats(self, *, tenant_id: str) -> dict[str, Any]:
+        """Counts for one tenant (no text): what the `memories` asset reports per partition."""
+        validation.check_id("tenant", tenant_id)
+        with self.transaction() as conn:
+            mode = self._tenant_mode(conn, tenant_id)
+            counts = conn.execute(
+                """
+                SELECT count(*),
+                       count(*) FILTER (WHERE memory_type = 'personal'),
+                       count(*) FILTER (WHERE memory_type = 'team_shared'),
+                       count(*) FILTER (WHERE do_not_sell),
+                       (SELECT count(*) FROM memory.memory_versions v WHERE v.tenant_id = %(t)s),
+                       (SELECT count(*) FROM memory.subjects s WHERE s.tenant_id = %(t)s),
+                       (SELECT count(*) FROM memory.teams tm WHERE tm.tenant_id = %(t)s),
+                       (SELECT change_seq FROM memory.tenants WHERE tenant_id = %(t)s)
+                FROM memory.memories WHERE tenant_id = %(t)s
+                """,
+                {"t": tenant_id},
+            ).fetchone()
+            assert counts is not None
+            by_category = dict(
+                conn.execute(
+                    "SELECT v.category, count(*) FROM memory.memories m JOIN memory.memory_versions v"
+                    " ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id AND v.version = m.current_version"
+                    " WHERE m.tenant_id = %s GROUP BY v.category ORDER BY v.category",
+                    (tenant_id,),
+                ).fetchall()
+            )
+        return {
+            "tenant_id": tenant_id,
+            "sharing_mode": mode,
+            "memories": counts[0],
+            "personal": counts[1],
+            "team_shared": counts[2],
+            "do_not_sell_memories": counts[3],
+            "versions": counts[4],
+            "subjects": counts[5],
+            "teams": counts[6],
+            "change_seq": counts[7],
+            "by_category": by_category,
+        }
+
+    def integrity_problems(self, *, tenant_id: str) -> dict[str, int]:
+        """Counts of rows that break the store's invariants (all zero when healthy)."""
+        with self.transaction() as conn:
+            row = conn.execute(
+                """
+                SELECT
+                  (SELECT count(*) FROM memory.memories m WHERE m.tenant_id = %(t)s AND NOT EXISTS (
+                     SELECT 1 FROM memory.memory_versions v WHERE v.tenant_id = m.tenant_id
+                       AND v.memory_id = m.memory_id AND v.version = m.current_version
+                       AND v.superseded_at IS NULL)),
+                  (SELECT count(*) FROM memory.memory_versions v JOIN memory.memories m
+                     ON m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id
+                     WHERE v.tenant_id = %(t)s AND v.version <> m.current_version AND v.superseded_at IS NULL),
+                  (SELECT count(*) FROM memory.memory_versions v WHERE v.tenant_id = %(t)s AND NOT EXISTS (
+                     SELECT 1 FROM keystore.subject_keys k WHERE k.tenant_id = v.tenant_id AND k.key_id = v.key_id))
+                """,
+                {"t": tenant_id},
+            ).fetchone()
+        assert row is not None
+        return {
+            "heads_without_current_version": row[0],
+            "stale_versions_not_superseded": row[1],
+            "versions_without_subject_key": row[2],
+        }

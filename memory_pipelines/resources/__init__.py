@@ -1,0 +1,3 @@
+from memory_pipelines.resources.memory_store import MemoryStoreResource
+
+__all__ = ["MemoryStoreResource"]

@@ -1,0 +1,42 @@
+"""Dagster resource for the encrypted, versioned memory store."""
+
+from __future__ import annotations
+
+import threading
+from typing import ClassVar
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from memory_pipelines.lib.runtime import open_store
+from memory_pipelines.lib.settings import DEFAULT_HOME, Settings
+from memory_pipelines.lib.store import MemoryStore
+
+
+class MemoryStoreResource(dg.ConfigurableResource):
+    """PostgreSQL memory store; an embedded server under `home` when `pg_url` is empty."""
+
+    home: str = DEFAULT_HOME
+    pg_url: str | None = None
+    kms_key_id: str | None = None
+
+    # One store per process and configuration: opening one starts or finds the server.
+    _stores: ClassVar[dict[Settings, MemoryStore]] = {}
+    _stores_lock: ClassVar[threading.Lock] = threading.Lock()
+    _settings: Settings | None = PrivateAttr(default=None)
+
+    def settings(self) -> Settings:
+        return Settings.from_env(
+            {
+                "MEMORY_PIPELINES_HOME": self.home,
+                "MEMORY_PIPELINES_PG_URL": self.pg_url or "",
+                "MEMORY_PIPELINES_KMS_KEY_ID": self.kms_key_id or "",
+            }
+        )
+
+    def store(self) -> MemoryStore:
+        settings = self.settings()
+        with self._stores_lock:
+            if settings not in self._stores:
+                self._stores[settings] = open_store(settings)
+            return self._stores[settings]
