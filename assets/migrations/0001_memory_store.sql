@@ -74,7 +74,8 @@ CREATE TABLE memory.memory_versions (
     PRIMARY KEY (tenant_id, memory_id, version),
     FOREIGN KEY (tenant_id, memory_id) REFERENCES memory.memories (tenant_id, memory_id)
 );
-CREATE INDEX memory_versions_by_mac ON memory.memory_versions (tenant_id, text_mac);
+-- Finds a subject's current memory with identical text (the no-op rule) without decrypting.
+CREATE INDEX memory_versions_current_mac ON memory.memory_versions (tenant_id, text_mac) WHERE superseded_at IS NULL;
 
 CREATE TABLE keystore.tenant_keys (
     tenant_id    text PRIMARY KEY,

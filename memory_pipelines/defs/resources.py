@@ -19,8 +19,8 @@ def resources() -> dg.Definitions:
         resources={
             "memory_store": MemoryStoreResource(
                 home=_env_or(ENV_HOME, DEFAULT_HOME),  # type: ignore[arg-type]
-                pg_url=_env_or(ENV_PG_URL, None),  # type: ignore[arg-type]
-                kms_key_id=_env_or(ENV_KMS_KEY_ID, None),  # type: ignore[arg-type]
+                pg_url=_env_or(ENV_PG_URL, None),
+                kms_key_id=_env_or(ENV_KMS_KEY_ID, None),
             )
         }
     )

@@ -408,14 +408,18 @@ class MemoryStore:
     def _head_by_mac(
         self, conn: psycopg.Connection, tenant_id: str, user_id: str, team_id: str | None, text_mac: bytes
     ) -> dict[str, Any] | None:
-        row = conn.execute(
-            "SELECT m.memory_id FROM memory.memories m JOIN memory.memory_versions v "
-            "  ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id AND v.version = m.current_version "
-            "WHERE m.tenant_id = %s AND v.text_mac = %s AND m.user_id = %s AND m.team_id IS NOT DISTINCT FROM %s "
-            "LIMIT 1",
-            (tenant_id, text_mac, user_id, team_id),
-        ).fetchone()
-        return None if row is None else self._head(conn, tenant_id, row[0], lock=True)
+        # Two indexed lookups rather than one join: on a young table without statistics the
+        # planner picked a nested loop over every memory of the tenant (O(n) per write).
+        candidates = conn.execute(
+            "SELECT memory_id FROM memory.memory_versions"
+            " WHERE tenant_id = %s AND text_mac = %s AND superseded_at IS NULL",
+            (tenant_id, text_mac),
+        ).fetchall()
+        for (memory_id,) in candidates:
+            head = self._head(conn, tenant_id, memory_id, lock=True)
+            if head["user_id"] == user_id and head["team_id"] == team_id:
+                return head
+        return None
 
     def _insert_new(
         self,

@@ -10,7 +10,7 @@ from memory_pipelines.lib.errors import ValidationError
 
 MAX_TEXT_BYTES = 64 * 1024
 # Ids are opaque, stable keys; never names or e-mail addresses (DESIGN section 5).
-_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_ID_RE = re.compile(r"(?!.*--)[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _MEMORY_ID_RE = re.compile(r"m_[0-9a-f]{32}")
 _CATEGORY_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 SHARING_MODES = ("strict", "shared_pool", "progressive")
@@ -23,7 +23,8 @@ def check_id(field: str, value: object) -> str:
     if not _ID_RE.fullmatch(value):
         raise ValidationError(
             field,
-            "must be 1-64 characters of letters, digits, '_', '.', '-' starting with a letter or digit",
+            "must be 1-64 characters of letters, digits, '_', '.', '-' starting with a letter or digit"
+            " (no SQL comment marker '--')",
         )
     return value
 

@@ -24,8 +24,13 @@ def stats_metadata(stats: dict) -> dict[str, dg.MetadataValue]:
     kinds={"postgres"},
     owners=OWNERS,
     tags={"domain": "memories"},
-    check_specs=[dg.AssetCheckSpec(INTEGRITY_CHECK, asset="memories",
-                                   description="One current version per memory; every version has its subject key.")],
+    check_specs=[
+        dg.AssetCheckSpec(
+            INTEGRITY_CHECK,
+            asset="memories",
+            description="One current version per memory; every version has its subject key.",
+        )
+    ],
 )
 def memories(context: dg.AssetExecutionContext, memory_store: MemoryStoreResource) -> dg.MaterializeResult:
     """Every memory of the tenant with its versions, encrypted per subject: the source of truth."""

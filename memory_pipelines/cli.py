@@ -1,0 +1,249 @@
+"""`memory-pipelines` command: every command prints one JSON document on stdout.
+
+Errors go to stderr as `memory-pipelines: error: FIELD: message` with a non-zero exit code
+(2 bad input, 3 not found, 4 permission denied, 5 conflict, 6 service unavailable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from memory_pipelines.lib.crypto import DecryptionError
+from memory_pipelines.lib.errors import MemoryPipelinesError
+from memory_pipelines.lib.settings import ENV_HOME, Settings
+from memory_pipelines.lib.store import MemoryStore
+
+PROG = "memory-pipelines"
+
+
+def _emit(document: Any) -> None:
+    json.dump(document, sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    if args.home:
+        os.environ[ENV_HOME] = os.path.abspath(args.home)
+    return Settings.from_env()
+
+
+def _store(args: argparse.Namespace) -> MemoryStore:
+    from memory_pipelines.lib.runtime import open_store
+
+    return open_store(_settings(args))
+
+
+def _text_arg(value: str) -> str:
+    return sys.stdin.read() if value == "-" else value
+
+
+# -- commands --------------------------------------------------------------------------------
+
+
+def cmd_write(args: argparse.Namespace) -> None:
+    result = _store(args).write(
+        tenant_id=args.tenant,
+        user_id=args.user,
+        text=_text_arg(args.text),
+        memory_id=args.memory_id,
+        team_id=args.team,
+        shareable=True if args.shareable else None,
+        category=args.category,
+        confidence=args.confidence,
+        original_query=args.original_query,
+        do_not_sell=True if args.do_not_sell else None,
+    )
+    _emit(result.as_dict())
+
+
+def cmd_history(args: argparse.Namespace) -> None:
+    _emit(_store(args).history(tenant_id=args.tenant, memory_id=args.memory_id))
+
+
+def cmd_rollback(args: argparse.Namespace) -> None:
+    _emit(_store(args).rollback(tenant_id=args.tenant, memory_id=args.memory_id))
+
+
+def cmd_list(args: argparse.Namespace) -> None:
+    _emit(_store(args).list_visible(tenant_id=args.tenant, user_id=args.user, team_id=args.team))
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    chunks = _store(args).export_json(tenant_id=args.tenant, subject=args.subject)
+    first = next(chunks)  # errors surface before anything reaches stdout
+    sys.stdout.write(first)
+    for chunk in chunks:
+        sys.stdout.write(chunk)
+    sys.stdout.flush()
+
+
+def cmd_team(args: argparse.Namespace) -> None:
+    store = _store(args)
+    if args.team_command == "add-member":
+        _emit(store.add_team_member(tenant_id=args.tenant, team_id=args.team, user_id=args.user))
+    else:
+        _emit(store.remove_team_member(tenant_id=args.tenant, team_id=args.team, user_id=args.user))
+
+
+def cmd_tenants(args: argparse.Namespace) -> None:
+    _emit(_store(args).tenants())
+
+
+def cmd_tenant(args: argparse.Namespace) -> None:
+    store = _store(args)
+    if args.tenant_command == "create":
+        _emit(store.create_tenant(tenant_id=args.tenant, sharing_mode=args.sharing_mode))
+    else:
+        _emit(store.set_sharing_mode(tenant_id=args.tenant, sharing_mode=args.sharing_mode))
+
+
+def cmd_do_not_sell(args: argparse.Namespace) -> None:
+    _emit(
+        _store(args).set_do_not_sell(
+            tenant_id=args.tenant, memory_id=args.memory_id, subject=args.subject, value=not args.off
+        )
+    )
+
+
+def cmd_stop(args: argparse.Namespace) -> None:
+    from memory_pipelines.lib.services import stop_services
+
+    _emit(stop_services(_settings(args)))
+
+
+def cmd_dev(args: argparse.Namespace) -> None:
+    from memory_pipelines.lib.services import ensure_services
+
+    settings = _settings(args)
+    ensure_services(settings)
+    env = dict(os.environ, DAGSTER_HOME=str(settings.dagster_home), **{ENV_HOME: str(settings.home)})
+    _emit(
+        {
+            "dagster_home": str(settings.dagster_home),
+            "url": f"http://{args.host}:{args.port}",
+            "assets": f"http://{args.host}:{args.port}/assets/memories",
+        }
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "dagster",
+        "dev",
+        "-m",
+        "memory_pipelines.definitions",
+        "-h",
+        args.host,
+        "-p",
+        str(args.port),
+    ]
+    os.execve(sys.executable, command, env)
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from memory_pipelines.demo import run_demo
+
+    _emit(run_demo(_settings(args)))
+
+
+# -- parser ------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Long-term memory lifecycle on Dagster.")
+    parser.add_argument("--home", help=f"data folder (default: ${ENV_HOME} or ./.memory_pipelines)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, handler: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        command.set_defaults(handler=handler)
+        return command
+
+    write = add("write", cmd_write, "write a memory, or a new version of --memory-id")
+    write.add_argument("--tenant", required=True)
+    write.add_argument("--user", required=True, help="the subject who writes (and owns) the memory")
+    write.add_argument("--memory-id")
+    write.add_argument("--team")
+    write.add_argument("--shareable", action="store_true")
+    write.add_argument("--category", help="medical, financial, general (default), ...")
+    write.add_argument("--confidence", type=float)
+    write.add_argument("--original-query", help="the query that produced the memory (kept for drift evaluation)")
+    write.add_argument("--do-not-sell", action="store_true")
+    write.add_argument("text", metavar="TEXT", help="memory text, or - to read it from stdin")
+
+    history = add("history", cmd_history, "every version of a memory")
+    history.add_argument("--tenant", required=True)
+    history.add_argument("--memory-id", required=True)
+
+    rollback = add("rollback", cmd_rollback, "make the previous version current again, as a new version")
+    rollback.add_argument("--tenant", required=True)
+    rollback.add_argument("--memory-id", required=True)
+
+    listing = add("list", cmd_list, "current memories visible to a user (personal view, or --team view)")
+    listing.add_argument("--tenant", required=True)
+    listing.add_argument("--user", required=True)
+    listing.add_argument("--team")
+
+    export = add("export", cmd_export, "everything a subject wrote, every version (GDPR Art. 15/20, CCPA)")
+    export.add_argument("--tenant", required=True)
+    export.add_argument("--subject", required=True)
+
+    team = add("team", cmd_team, "team membership")
+    team_sub = team.add_subparsers(dest="team_command", required=True, metavar="ACTION")
+    for action in ("add-member", "remove-member"):
+        member = team_sub.add_parser(action, help=f"{action.replace('-', ' ')} of a team")
+        member.add_argument("--tenant", required=True)
+        member.add_argument("--team", required=True)
+        member.add_argument("--user", required=True)
+
+    add("tenants", cmd_tenants, "every tenant with its sharing mode and counts")
+    tenant = add("tenant", cmd_tenant, "create a tenant or change its sharing mode")
+    tenant_sub = tenant.add_subparsers(dest="tenant_command", required=True, metavar="ACTION")
+    for action, default in (("create", "strict"), ("set-mode", None)):
+        t = tenant_sub.add_parser(action)
+        t.add_argument("--tenant", required=True)
+        t.add_argument(
+            "--sharing-mode",
+            required=default is None,
+            default=default,
+            help="strict (default), shared_pool or progressive",
+        )
+
+    dns = add("do-not-sell", cmd_do_not_sell, "CCPA opt-out for one memory or a whole subject")
+    dns.add_argument("--tenant", required=True)
+    target = dns.add_mutually_exclusive_group(required=True)
+    target.add_argument("--memory-id")
+    target.add_argument("--subject")
+    dns.add_argument("--off", action="store_true", help="clear the flag instead of setting it")
+
+    add("stop", cmd_stop, "stop the embedded services of this HOME")
+    dev = add("dev", cmd_dev, "embedded services + dagster dev")
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--port", type=int, default=3000)
+    add("demo", cmd_demo, "seed a demo tenant, show versions and sharing modes, materialize `memories`")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.handler(args)
+    except MemoryPipelinesError as exc:
+        print(f"{PROG}: error: {exc.field}: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except DecryptionError as exc:
+        print(f"{PROG}: error: ciphertext: {exc}", file=sys.stderr)
+        return 7
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

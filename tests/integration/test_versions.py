@@ -1,0 +1,98 @@
+"""Versions, history and rollback on the real embedded PostgreSQL."""
+
+import psycopg
+import pytest
+
+from memory_pipelines.lib.errors import ConflictError
+from tests.conftest import row_counts
+
+
+def test_new_version_supersedes_and_history_keeps_everything(store, tenant):
+    first = store.write(
+        tenant_id=tenant, user_id="alice", text="Prefers tea", category="general", original_query="what do I drink?"
+    )
+    second = store.write(tenant_id=tenant, user_id="alice", text="Prefers coffee", memory_id=first.memory_id)
+    assert (first.version, second.version) == (1, 2)
+    assert second.memory_id == first.memory_id and second.changed
+
+    history = store.history(tenant_id=tenant, memory_id=first.memory_id)
+    assert [(h["version"], h["text"], h["current"]) for h in history] == [
+        (1, "Prefers tea", False),
+        (2, "Prefers coffee", True),
+    ]
+    assert history[0]["superseded_at"] is not None and history[1]["superseded_at"] is None
+    # Unspecified fields carry over to the new version, the original query included.
+    assert history[1]["original_query"] == "what do I drink?"
+    assert [m["text"] for m in store.list_visible(tenant_id=tenant, user_id="alice")] == ["Prefers coffee"]
+
+
+def test_rollback_appends_a_version_with_the_previous_text(store, tenant):
+    first = store.write(tenant_id=tenant, user_id="alice", text="Lives in Lyon", category="general")
+    store.write(tenant_id=tenant, user_id="alice", text="Lives in Porto", memory_id=first.memory_id, category="travel")
+    rolled = store.rollback(tenant_id=tenant, memory_id=first.memory_id)
+    assert rolled == {
+        "tenant_id": tenant,
+        "memory_id": first.memory_id,
+        "version": 3,
+        "text": "Lives in Lyon",
+        "restored_from": 1,
+    }
+    history = store.history(tenant_id=tenant, memory_id=first.memory_id)
+    assert [(h["version"], h["text"], h["category"], h["current"]) for h in history] == [
+        (1, "Lives in Lyon", "general", False),
+        (2, "Lives in Porto", "travel", False),
+        (3, "Lives in Lyon", "general", True),
+    ]
+    # Rolling back again undoes the rollback: version 4 carries version 2's text.
+    again = store.rollback(tenant_id=tenant, memory_id=first.memory_id)
+    assert (again["version"], again["text"]) == (4, "Lives in Porto")
+
+
+def test_identical_text_is_a_no_op(store, tenant, endpoints):
+    first = store.write(tenant_id=tenant, user_id="alice", text="Owns a cat named Miso")
+    before = row_counts(endpoints.store_conninfo)
+    same_id = store.write(tenant_id=tenant, user_id="alice", text="Owns a cat named Miso", memory_id=first.memory_id)
+    no_id = store.write(tenant_id=tenant, user_id="alice", text="Owns a cat named Miso")
+    assert (same_id.memory_id, same_id.version, same_id.changed) == (first.memory_id, 1, False)
+    assert (no_id.memory_id, no_id.version, no_id.changed) == (first.memory_id, 1, False)
+    assert row_counts(endpoints.store_conninfo) == before
+    # The same text by another user, or in a team, is a different memory.
+    other = store.write(tenant_id=tenant, user_id="bob", text="Owns a cat named Miso")
+    assert other.memory_id != first.memory_id and other.changed
+
+
+def test_rollback_of_a_single_version_is_refused_and_writes_nothing(store, tenant, endpoints):
+    only = store.write(tenant_id=tenant, user_id="alice", text="Runs marathons")
+    before = row_counts(endpoints.store_conninfo)
+    with pytest.raises(ConflictError) as err:
+        store.rollback(tenant_id=tenant, memory_id=only.memory_id)
+    assert err.value.field == "memory_id" and "one version" in err.value.message
+    assert row_counts(endpoints.store_conninfo) == before
+
+
+def test_text_at_rest_is_ciphertext_bound_to_its_version(store, tenant, endpoints):
+    written = store.write(tenant_id=tenant, user_id="alice", text="Secret plans for the weekend")
+    with psycopg.connect(endpoints.store_conninfo) as conn:
+        text_ct, key_id = conn.execute(
+            "SELECT text_ct, key_id FROM memory.memory_versions WHERE tenant_id = %s AND memory_id = %s",
+            (tenant, written.memory_id),
+        ).fetchone()
+        owner_key = conn.execute(
+            "SELECT key_id FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s", (tenant, "alice")
+        ).fetchone()[0]
+    assert b"Secret plans" not in bytes(text_ct)
+    assert key_id == owner_key
+
+
+def test_store_integrity_holds_after_many_versions(store, tenant):
+    memory = store.write(tenant_id=tenant, user_id="alice", text="v0")
+    for n in range(1, 6):
+        store.write(tenant_id=tenant, user_id="alice", text=f"v{n}", memory_id=memory.memory_id)
+    store.rollback(tenant_id=tenant, memory_id=memory.memory_id)
+    assert store.integrity_problems(tenant_id=tenant) == {
+        "heads_without_current_version": 0,
+        "stale_versions_not_superseded": 0,
+        "versions_without_subject_key": 0,
+    }
+    stats = store.tenant_stats(tenant_id=tenant)
+    assert (stats["memories"], stats["versions"]) == (1, 7)

@@ -1,0 +1,55 @@
+import pytest
+
+from memory_pipelines.lib import validation
+from memory_pipelines.lib.errors import ValidationError
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "x;DROP TABLE memories", "o'brien", "a" * 65, "-lead", "ü", None, 3])
+def test_ids_reject_malformed_values_and_name_the_field(bad):
+    with pytest.raises(ValidationError) as err:
+        validation.check_id("tenant", bad)
+    assert err.value.field == "tenant"
+
+
+@pytest.mark.parametrize("good", ["acme", "team_42", "user.7", "a-b", "A" * 64])
+def test_ids_accept_opaque_keys(good):
+    assert validation.check_id("user", good) == good
+
+
+def test_memory_id_format():
+    generated = validation.new_memory_id()
+    assert validation.check_memory_id("memory_id", generated) == generated
+    for bad in ["m_123", "m_" + "G" * 32, "1; DELETE FROM memory.memories", generated.upper()]:
+        with pytest.raises(ValidationError, match="memory_id"):
+            validation.check_memory_id("memory_id", bad)
+
+
+def test_text_limits_are_in_utf8_bytes():
+    limit = validation.MAX_TEXT_BYTES
+    assert validation.check_text("text", "a" * limit) == "a" * limit
+    with pytest.raises(ValidationError, match="65537 bytes"):
+        validation.check_text("text", "a" * (limit + 1))
+    with pytest.raises(ValidationError, match="bytes"):
+        validation.check_text("text", "é" * (limit // 2 + 1))  # 2 bytes each
+    for blank in ["", "   ", "\n\t"]:
+        with pytest.raises(ValidationError, match="empty"):
+            validation.check_text("text", blank)
+
+
+def test_text_may_contain_sql_metacharacters():
+    text = "Robert'); DROP TABLE memory.memories;-- \\ % _ $1"
+    assert validation.check_text("text", text) == text
+
+
+@pytest.mark.parametrize("bad", [-0.01, 1.01, float("nan"), "0.5", True])
+def test_confidence_range(bad):
+    with pytest.raises(ValidationError, match="confidence"):
+        validation.check_confidence(bad)
+
+
+def test_category_and_sharing_mode():
+    assert validation.check_category("medical") == "medical"
+    with pytest.raises(ValidationError, match="category"):
+        validation.check_category("Medical'--")
+    with pytest.raises(ValidationError, match="sharing_mode"):
+        validation.check_sharing_mode("everyone")
