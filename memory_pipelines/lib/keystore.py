@@ -7,7 +7,7 @@ import threading
 import psycopg
 
 from memory_pipelines.lib import crypto
-from memory_pipelines.lib.errors import NotFoundError
+from memory_pipelines.lib.errors import NotFoundError, ServiceError
 
 
 class KeyDestroyedError(NotFoundError):
@@ -37,7 +37,7 @@ class KeyStore:
 
     def tenant_key(self, conn: psycopg.Connection, tenant_id: str, *, create: bool = True) -> tuple[str, bytes]:
         row = conn.execute(
-            "SELECT key_id, wrapped FROM keystore.tenant_keys WHERE tenant_id = %s", (tenant_id,)
+            "SELECT key_id, wrapped, provider FROM keystore.tenant_keys WHERE tenant_id = %s", (tenant_id,)
         ).fetchone()
         if row is None:
             if not create:
@@ -52,12 +52,18 @@ class KeyStore:
             if inserted is not None:
                 return key_id, self._remember(key_id, key)
             return self.tenant_key(conn, tenant_id, create=False)
-        key_id, wrapped = row
+        key_id, wrapped, provider = row
         if wrapped is None:
             raise KeyDestroyedError("tenant", f"the key of tenant {tenant_id!r} was destroyed")
         cached = self._cached(key_id)
         if cached is not None:
             return key_id, cached
+        if provider != self.master.provider:
+            raise ServiceError(
+                "master_key",
+                f"tenant {tenant_id!r} keys are wrapped by {provider}, but the configured master key is "
+                f"{self.master.provider}; set MEMORY_PIPELINES_KMS_KEY_ID (or unset it) to match",
+            )
         return key_id, self._remember(key_id, self.master.unwrap(bytes(wrapped), tenant_id=tenant_id))
 
     def subject_key(
