@@ -15,6 +15,7 @@ from typing import Any
 
 from memory_pipelines.lib.crypto import DecryptionError
 from memory_pipelines.lib.errors import MemoryPipelinesError
+from memory_pipelines.lib.paths import PROJECT_ROOT
 from memory_pipelines.lib.settings import ENV_HOME, Settings
 from memory_pipelines.lib.store import MemoryStore
 
@@ -130,18 +131,9 @@ def cmd_dev(args: argparse.Namespace) -> None:
             "assets": f"http://{args.host}:{args.port}/assets/memories",
         }
     )
-    command = [
-        sys.executable,
-        "-m",
-        "dagster",
-        "dev",
-        "-m",
-        "memory_pipelines.definitions",
-        "-h",
-        args.host,
-        "-p",
-        str(args.port),
-    ]
+    # The workspace file names the code location, so the UI and dg agree on "memory_pipelines".
+    workspace = str(PROJECT_ROOT / "workspace.yaml")
+    command = [sys.executable, "-m", "dagster", "dev", "-w", workspace, "-h", args.host, "-p", str(args.port)]
     os.execve(sys.executable, command, env)
 
 

@@ -1,0 +1,77 @@
+"""`memory-pipelines dev`: the webserver and daemon on the embedded instance show `memories`,
+and the sensor turns store tenants into partitions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from memory_pipelines.lib import services
+from memory_pipelines.lib.runtime import open_store
+from tests.conftest import CLI, settings_for
+
+pytestmark = pytest.mark.slow
+
+ASSET_QUERY = "{ assetNodes { assetKey { path } groupName partitionKeys } }"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def graphql(port: int, query: str) -> dict:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_dev_shows_memories_partitioned_by_tenant(tmp_path):
+    home = tmp_path / "dev-home"
+    settings = settings_for(home)
+    store = open_store(settings)
+    store.write(tenant_id="acme", user_id="alice", text="seen through the UI")
+    store.close()
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(CLI), "--home", str(home), "dev", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "MEMORY_PIPELINES_HOME": str(home)},
+    )
+    try:
+        assert proc.stdout is not None
+        announced = json.loads("".join(proc.stdout.readline() for _ in range(5)))
+        assert announced["url"] == f"http://127.0.0.1:{port}"
+        deadline, nodes = time.monotonic() + 150, None
+        while time.monotonic() < deadline:
+            try:
+                nodes = graphql(port, ASSET_QUERY)["data"]["assetNodes"]
+                if nodes and "acme" in nodes[0]["partitionKeys"]:
+                    break
+            except OSError:
+                pass
+            time.sleep(2)
+        assert nodes == [{"assetKey": {"path": ["memories"]}, "groupName": "memory_store", "partitionKeys": ["acme"]}]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        services.stop_services(settings)
