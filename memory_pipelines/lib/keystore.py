@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 import psycopg
 
@@ -17,18 +18,26 @@ class KeyDestroyedError(NotFoundError):
 class KeyStore:
     """Gets or creates tenant and subject data keys; unwrapped keys are cached by key id only."""
 
-    def __init__(self, master: crypto.MasterKey) -> None:
+    def __init__(self, master: crypto.MasterKey, *, cache_size: int = 50_000) -> None:
         self.master = master
-        self._cache: dict[str, bytes] = {}
+        # Bounded: a tenant with millions of subjects must not pin all their keys in memory.
+        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._cache_size = cache_size
         self._lock = threading.Lock()
 
     def _cached(self, key_id: str) -> bytes | None:
         with self._lock:
-            return self._cache.get(key_id)
+            key = self._cache.get(key_id)
+            if key is not None:
+                self._cache.move_to_end(key_id)
+            return key
 
     def _remember(self, key_id: str, key: bytes) -> bytes:
         with self._lock:
             self._cache[key_id] = key
+            self._cache.move_to_end(key_id)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
         return key
 
     def forget_cached(self) -> None:

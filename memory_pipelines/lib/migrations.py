@@ -25,7 +25,7 @@ def available(directory: Path = MIGRATIONS_DIR) -> list[tuple[int, str, Path]]:
 
 
 def migrate(conn: psycopg.Connection, directory: Path = MIGRATIONS_DIR) -> list[str]:
-    """Apply every migration not yet applied, each in its own transaction; returns what ran."""
+    """Apply every migration not yet applied, all or none, under an advisory lock; returns what ran."""
     applied_now: list[str] = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
@@ -38,7 +38,7 @@ def migrate(conn: psycopg.Connection, directory: Path = MIGRATIONS_DIR) -> list[
         for version, name, path in available(directory):
             if version in done:
                 continue
-            with conn.transaction():
+            with conn.transaction():  # a savepoint per file: a failing file names itself
                 conn.execute(path.read_text(encoding="utf-8"))
                 conn.execute(
                     "INSERT INTO public.memory_pipelines_migrations (version, name) VALUES (%s, %s)",

@@ -6,7 +6,6 @@ import threading
 from typing import ClassVar
 
 import dagster as dg
-from pydantic import PrivateAttr
 
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.settings import DEFAULT_HOME, Settings
@@ -23,7 +22,6 @@ class MemoryStoreResource(dg.ConfigurableResource):
     # One store per process and configuration: opening one starts or finds the server.
     _stores: ClassVar[dict[Settings, MemoryStore]] = {}
     _stores_lock: ClassVar[threading.Lock] = threading.Lock()
-    _settings: Settings | None = PrivateAttr(default=None)
 
     def settings(self) -> Settings:
         return Settings.from_env(

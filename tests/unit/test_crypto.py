@@ -74,3 +74,14 @@ def test_kms_master_key_wraps_tenant_keys_through_real_http(moto_endpoint):
     # The encryption context binds the data key to its tenant.
     with pytest.raises(Exception, match="kms"):
         master.unwrap(wrapped, tenant_id="other")
+
+
+def test_keystore_cache_is_bounded_and_least_recently_used_goes_first(tmp_path):
+    from memory_pipelines.lib.keystore import KeyStore
+
+    keys = KeyStore(crypto.LocalMasterKey(tmp_path / "master.key"), cache_size=2)
+    keys._remember("a", b"A")
+    keys._remember("b", b"B")
+    assert keys._cached("a") == b"A"  # touch a: b is now the oldest
+    keys._remember("c", b"C")
+    assert (keys._cached("a"), keys._cached("b"), keys._cached("c")) == (b"A", None, b"C")
