@@ -11,13 +11,16 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memory_pipelines.lib.crypto import DecryptionError
 from memory_pipelines.lib.errors import MemoryPipelinesError
 from memory_pipelines.lib.paths import PROJECT_ROOT
 from memory_pipelines.lib.settings import ENV_HOME, Settings
 from memory_pipelines.lib.store import MemoryStore
+
+if TYPE_CHECKING:
+    from memory_pipelines.lib.derived import DerivedStores
 
 PROG = "memory-pipelines"
 
@@ -110,6 +113,58 @@ def cmd_do_not_sell(args: argparse.Namespace) -> None:
             tenant_id=args.tenant, memory_id=args.memory_id, subject=args.subject, value=not args.off
         )
     )
+
+
+def _derived(args: argparse.Namespace) -> DerivedStores:
+    from memory_pipelines.lib.derived import open_derived
+    from memory_pipelines.lib.runtime import open_store
+
+    settings = _settings(args)
+    return open_derived(settings, open_store(settings))
+
+
+def cmd_lineage(args: argparse.Namespace) -> None:
+    derived = _derived(args)
+    if args.memory_id:
+        _emit(derived.lineage_of_memory(tenant_id=args.tenant, memory_id=args.memory_id))
+    else:
+        _emit(derived.sources_of_record(tenant_id=args.tenant, record=args.record))
+
+
+def cmd_recall(args: argparse.Namespace) -> None:
+    _emit(
+        _derived(args).recaller.recall(
+            tenant_id=args.tenant, user_id=args.user, team_id=args.team, query=args.query, k=args.k, mode=args.mode
+        )
+    )
+
+
+def cmd_analytics(args: argparse.Namespace) -> None:
+    from memory_pipelines.lib.analytics import AnalyticsStore
+
+    _emit(AnalyticsStore(_settings(args).analytics_root).query(args.sql))
+
+
+def cmd_materialize(args: argparse.Namespace) -> None:
+    from memory_pipelines.materialize import materialize
+
+    select = [name.strip() for name in args.select.split(",") if name.strip()] if args.select else None
+    result = materialize(_settings(args), args.tenant, select)
+    _emit(result)
+    if not result["success"]:
+        raise MemoryPipelinesError("run", f"run {result['run_id']} failed: {result['failures']}")
+
+
+def cmd_summary(args: argparse.Namespace) -> None:
+    summaries = _derived(args).summaries
+    if args.subject:
+        _emit(summaries.read(tenant_id=args.tenant, scope="subject", scope_id=args.subject))
+    else:
+        _emit(summaries.read(tenant_id=args.tenant, scope="team", scope_id=args.team))
+
+
+def cmd_summary_mode(args: argparse.Namespace) -> None:
+    _emit(_derived(args).summaries.set_mode(tenant_id=args.tenant, subject=args.subject, mode=args.mode))
 
 
 def cmd_stop(args: argparse.Namespace) -> None:
@@ -212,6 +267,38 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--memory-id")
     target.add_argument("--subject")
     dns.add_argument("--off", action="store_true", help="clear the flag instead of setting it")
+
+    lineage = add("lineage", cmd_lineage, "derivedFrom lineage: derived records of a memory, or sources of a record")
+    lineage.add_argument("--tenant", required=True)
+    which = lineage.add_mutually_exclusive_group(required=True)
+    which.add_argument("--memory-id")
+    which.add_argument("--record", help="STORE:ID, e.g. chroma:m_...:2 or subject_summaries:subject:alice")
+
+    recall = add("recall", cmd_recall, "memories visible to a user that best match QUERY")
+    recall.add_argument("--tenant", required=True)
+    recall.add_argument("--user", required=True)
+    recall.add_argument("--team")
+    recall.add_argument("--k", type=int, default=5, help="1..100 (default 5)")
+    recall.add_argument("--mode", default="hybrid", help="semantic, keyword or hybrid (default)")
+    recall.add_argument("query", metavar="QUERY")
+
+    analytics = add("analytics", cmd_analytics, "one read-only SELECT on the DuckDB analytics views")
+    analytics.add_argument("--sql", required=True, help="e.g. SELECT category, count(*) FROM memories GROUP BY 1")
+
+    materialize = add("materialize", cmd_materialize, "materialize a tenant's assets through the Dagster instance")
+    materialize.add_argument("--tenant", required=True)
+    materialize.add_argument("--select", help="comma-separated asset names (default: all)")
+
+    summary = add("summary", cmd_summary, "a subject's or a team's summary, decrypted")
+    summary.add_argument("--tenant", required=True)
+    of = summary.add_mutually_exclusive_group(required=True)
+    of.add_argument("--subject")
+    of.add_argument("--team")
+
+    summary_mode = add("summary-mode", cmd_summary_mode, "full, summary or hybrid summaries for one subject")
+    summary_mode.add_argument("--tenant", required=True)
+    summary_mode.add_argument("--subject", required=True)
+    summary_mode.add_argument("--mode", required=True, help="full, summary or hybrid (default)")
 
     add("stop", cmd_stop, "stop the embedded services of this HOME")
     dev = add("dev", cmd_dev, "embedded services + dagster dev")

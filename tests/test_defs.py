@@ -22,8 +22,11 @@ def definitions() -> dg.Definitions:
     return defs()
 
 
+DERIVED = {"memory_embeddings", "keyword_index", "subject_summaries", "team_summaries", "analytics_memories"}
+
+
 def test_assets_partitions_and_checks(definitions):
-    assert {key.to_user_string() for key in definitions.resolve_all_asset_keys()} == {"memories"}
+    assert {key.to_user_string() for key in definitions.resolve_all_asset_keys()} == {"memories"} | DERIVED
     memories = definitions.resolve_assets_def("memories")
     partitions = memories.partitions_def
     assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name == "tenants"
@@ -35,11 +38,30 @@ def test_assets_partitions_and_checks(definitions):
     assert {key.name for key in memories.check_keys} == {"store_integrity"}
 
 
+def test_derived_assets_follow_memories_per_tenant_with_checks(definitions):
+    graph = definitions.resolve_asset_graph()
+    checks_by_asset: dict[str, set[str]] = {}
+    for check_key in graph.asset_check_keys:
+        checks_by_asset.setdefault(check_key.asset_key.to_user_string(), set()).add(check_key.name)
+    for name in DERIVED:
+        asset = definitions.resolve_assets_def(name)
+        spec = next(iter(asset.specs))
+        assert [dep.asset_key.to_user_string() for dep in spec.deps] == ["memories"]
+        assert asset.partitions_def.name == "tenants"
+        assert spec.group_name == "derived_stores" and spec.owners == ["team:memory-platform"]
+        assert spec.automation_condition is not None
+        assert spec.description and len(spec.description.splitlines()) == 1
+        assert checks_by_asset.get(name), f"{name} has no asset check"
+    assert "postgres" not in next(iter(definitions.resolve_assets_def("memory_embeddings").specs)).kinds
+
+
 def test_sensors_jobs_and_resources(definitions):
     assert {sensor.name for sensor in definitions.sensors} == {"tenant_partitions_sensor"}
     assert definitions.resolve_sensor_def("tenant_partitions_sensor").default_status == dg.DefaultSensorStatus.RUNNING
     assert definitions.resolve_job_def("memories_snapshot").partitions_def.name == "tenants"
     assert isinstance(definitions.resources["memory_store"], MemoryStoreResource)
+    assert {"chroma", "summarizer", "analytics"} <= set(definitions.resources)
+    assert definitions.resolve_job_def("tenant_refresh") is not None
 
 
 def test_sensor_adds_tenants_as_partitions_and_observes_counts(store, session_settings, tenant):

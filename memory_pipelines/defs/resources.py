@@ -4,8 +4,8 @@ import os
 
 import dagster as dg
 
-from memory_pipelines.lib.settings import DEFAULT_HOME, ENV_HOME, ENV_KMS_KEY_ID, ENV_PG_URL
-from memory_pipelines.resources import MemoryStoreResource
+from memory_pipelines.lib import settings as env
+from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
 
 
 def _env_or(name: str, default: str | None) -> dg.EnvVar | str | None:
@@ -15,12 +15,20 @@ def _env_or(name: str, default: str | None) -> dg.EnvVar | str | None:
 
 @dg.definitions
 def resources() -> dg.Definitions:
+    home = _env_or(env.ENV_HOME, env.DEFAULT_HOME)
     return dg.Definitions(
         resources={
             "memory_store": MemoryStoreResource(
-                home=_env_or(ENV_HOME, DEFAULT_HOME),  # type: ignore[arg-type]
-                pg_url=_env_or(ENV_PG_URL, None),
-                kms_key_id=_env_or(ENV_KMS_KEY_ID, None),
-            )
+                home=home,  # type: ignore[arg-type]
+                pg_url=_env_or(env.ENV_PG_URL, None),
+                kms_key_id=_env_or(env.ENV_KMS_KEY_ID, None),
+            ),
+            "chroma": ChromaResource(home=home, url=_env_or(env.ENV_CHROMA_URL, None)),  # type: ignore[arg-type]
+            "summarizer": SummarizerResource(
+                base_url=_env_or(env.ENV_SUMMARIZER_URL, None),
+                model=_env_or(env.ENV_SUMMARIZER_MODEL, None),
+                api_key=_env_or(env.ENV_SUMMARIZER_API_KEY, None),
+            ),
+            "analytics": AnalyticsResource(home=home),  # type: ignore[arg-type]
         }
     )

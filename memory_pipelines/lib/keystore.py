@@ -15,6 +15,23 @@ class KeyDestroyedError(NotFoundError):
     """The key was crypto-shredded; whatever it protected is gone for good."""
 
 
+_DATA_KEY_SQL = {
+    "subject": (
+        "SELECT key_id, wrapped FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s",
+        "INSERT INTO keystore.subject_keys (tenant_id, user_id, key_id, wrapped, tenant_key_id)"
+        " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (tenant_id, user_id) DO NOTHING RETURNING key_id",
+        "sk_",
+    ),
+    "team": (
+        "SELECT key_id, wrapped FROM keystore.team_keys WHERE tenant_id = %s AND team_id = %s",
+        "INSERT INTO keystore.team_keys (tenant_id, team_id, key_id, wrapped, tenant_key_id)"
+        " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (tenant_id, team_id) DO NOTHING RETURNING key_id",
+        "tm_",
+    ),
+}
+_OWNER_FIELD = {"subject": "user", "team": "team"}
+
+
 class KeyStore:
     """Gets or creates tenant and subject data keys; unwrapped keys are cached by key id only."""
 
@@ -79,33 +96,43 @@ class KeyStore:
         self, conn: psycopg.Connection, tenant_id: str, user_id: str, *, create: bool = True
     ) -> tuple[str, bytes]:
         """The data key of one subject (user); every memory text they author is sealed under it."""
-        row = conn.execute(
-            "SELECT key_id, wrapped FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s",
-            (tenant_id, user_id),
-        ).fetchone()
+        return self._data_key(conn, "subject", tenant_id, user_id, create=create)
+
+    def team_key(
+        self, conn: psycopg.Connection, tenant_id: str, team_id: str, *, create: bool = True
+    ) -> tuple[str, bytes]:
+        """The data key of one team; team summaries are sealed under it and rebuilt when an author is forgotten."""
+        return self._data_key(conn, "team", tenant_id, team_id, create=create)
+
+    def tenant_subkey(self, conn: psycopg.Connection, tenant_id: str, purpose: str) -> bytes:
+        """A key derived from the tenant key for one purpose (blind index, pseudonyms, cache keys)."""
+        _, tenant_key = self.tenant_key(conn, tenant_id)
+        return crypto.derive_key(tenant_key, b"tenant-subkey:" + purpose.encode())
+
+    def _data_key(
+        self, conn: psycopg.Connection, kind: str, tenant_id: str, owner_id: str, *, create: bool
+    ) -> tuple[str, bytes]:
+        select, insert, prefix = _DATA_KEY_SQL[kind]
+        row = conn.execute(select, (tenant_id, owner_id)).fetchone()
         if row is None:
             if not create:
-                raise NotFoundError("user", f"no key for subject {user_id!r}")
+                raise NotFoundError(_OWNER_FIELD[kind], f"no key for {kind} {owner_id!r}")
             tenant_key_id, tenant_key = self.tenant_key(conn, tenant_id)
-            key_id = "sk_" + crypto.secrets.token_hex(12)
+            key_id = prefix + crypto.secrets.token_hex(12)
             key = crypto.new_key()
-            wrapped = crypto.seal(tenant_key, key, crypto.aad("subject-key", tenant_id, user_id, key_id))
-            inserted = conn.execute(
-                "INSERT INTO keystore.subject_keys (tenant_id, user_id, key_id, wrapped, tenant_key_id) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (tenant_id, user_id) DO NOTHING RETURNING key_id",
-                (tenant_id, user_id, key_id, wrapped, tenant_key_id),
-            ).fetchone()
+            wrapped = crypto.seal(tenant_key, key, crypto.aad(f"{kind}-key", tenant_id, owner_id, key_id))
+            inserted = conn.execute(insert, (tenant_id, owner_id, key_id, wrapped, tenant_key_id)).fetchone()
             if inserted is not None:
                 return key_id, self._remember(key_id, key)
-            return self.subject_key(conn, tenant_id, user_id, create=False)
+            return self._data_key(conn, kind, tenant_id, owner_id, create=False)
         key_id, wrapped = row
         if wrapped is None:
-            raise KeyDestroyedError("user", f"the key of subject {user_id!r} was destroyed")
+            raise KeyDestroyedError(_OWNER_FIELD[kind], f"the key of {kind} {owner_id!r} was destroyed")
         cached = self._cached(key_id)
         if cached is not None:
             return key_id, cached
         _, tenant_key = self.tenant_key(conn, tenant_id, create=False)
-        key = crypto.open_sealed(tenant_key, bytes(wrapped), crypto.aad("subject-key", tenant_id, user_id, key_id))
+        key = crypto.open_sealed(tenant_key, bytes(wrapped), crypto.aad(f"{kind}-key", tenant_id, owner_id, key_id))
         return key_id, self._remember(key_id, key)
 
     def key_by_id(self, conn: psycopg.Connection, tenant_id: str, key_id: str) -> bytes:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ENV_HOME = "MEMORY_PIPELINES_HOME"
 ENV_PG_URL = "MEMORY_PIPELINES_PG_URL"
 ENV_DAGSTER_PG_URL = "MEMORY_PIPELINES_DAGSTER_PG_URL"
 ENV_KMS_KEY_ID = "MEMORY_PIPELINES_KMS_KEY_ID"
+ENV_CHROMA_URL = "MEMORY_PIPELINES_CHROMA_URL"
+ENV_SUMMARIZER_URL = "MEMORY_PIPELINES_SUMMARIZER_URL"
+ENV_SUMMARIZER_MODEL = "MEMORY_PIPELINES_SUMMARIZER_MODEL"
+ENV_SUMMARIZER_API_KEY = "MEMORY_PIPELINES_SUMMARIZER_API_KEY"
 DEFAULT_HOME = "./.memory_pipelines"
 
 
@@ -22,6 +26,10 @@ class Settings:
     pg_url: str | None = None
     dagster_pg_url: str | None = None
     kms_key_id: str | None = None
+    chroma_url: str | None = None
+    summarizer_url: str | None = None
+    summarizer_model: str | None = None
+    summarizer_api_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -31,6 +39,10 @@ class Settings:
             pg_url=env.get(ENV_PG_URL) or None,
             dagster_pg_url=env.get(ENV_DAGSTER_PG_URL) or None,
             kms_key_id=env.get(ENV_KMS_KEY_ID) or None,
+            chroma_url=env.get(ENV_CHROMA_URL) or None,
+            summarizer_url=env.get(ENV_SUMMARIZER_URL) or None,
+            summarizer_model=env.get(ENV_SUMMARIZER_MODEL) or None,
+            summarizer_api_key=env.get(ENV_SUMMARIZER_API_KEY) or None,
         )
 
     @property
@@ -44,3 +56,11 @@ class Settings:
     @property
     def master_key_path(self) -> Path:
         return self.home / "keys" / "master.key"
+
+    @property
+    def chroma_path(self) -> Path:
+        return self.home / "chroma"
+
+    @property
+    def analytics_root(self) -> Path:
+        return self.home / "analytics"

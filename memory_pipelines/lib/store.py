@@ -60,6 +60,15 @@ _SELECT_VISIBLE = {
     + " ORDER BY m.created_at, m.memory_id"
     for mode, where in _VISIBLE_WHERE.items()
 }
+_SELECT_CURRENT = (
+    "SELECT m.memory_id, v.version, m.user_id, m.team_id, m.memory_type, v.shareable, v.category, v.confidence,"
+    " (m.do_not_sell OR s.do_not_sell) AS do_not_sell, s.epoch, m.created_at, m.updated_at, v.created_at"
+    " FROM memory.memories m"
+    " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
+    " JOIN memory.memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
+    " AND v.version = m.current_version"
+    " WHERE m.tenant_id = %s ORDER BY m.memory_id"
+)
 _SELECT_EXPORT = (
     _SELECT_MEMORY + " WHERE m.tenant_id = %s AND m.user_id = %s ORDER BY m.created_at, m.memory_id, v.version"
 )
@@ -83,6 +92,33 @@ class WriteResult:
             "team_id": self.team_id,
             "changed": self.changed,
         }
+
+
+@dataclass(frozen=True)
+class CurrentVersion:
+    """Metadata of one current memory version (no text): what derived stores are built from."""
+
+    memory_id: str
+    version: int
+    user_id: str
+    team_id: str | None
+    memory_type: str
+    shareable: bool
+    category: str
+    confidence: float
+    do_not_sell: bool
+    epoch: int
+    created_at: datetime
+    updated_at: datetime
+    version_created_at: datetime
+
+    @property
+    def source(self) -> tuple[str, int]:
+        return (self.memory_id, self.version)
+
+    @property
+    def record_id(self) -> str:
+        return f"{self.memory_id}:{self.version}"
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -722,13 +758,33 @@ class MemoryStore:
         validation.check_optional_id("team", team_id)
         with self.transaction() as conn:
             mode = self._tenant_mode(conn, tenant_id)
-            params = {"tenant": tenant_id, "user": user_id, "team": team_id}
-            if team_id is not None:
-                self._require_member(conn, tenant_id, team_id, user_id)
-            query = _SELECT_VISIBLE[None if team_id is None else mode]
-            with conn.cursor(row_factory=dict_row) as cur:
-                rows = cur.execute(query, params).fetchall()
+            rows = self._visible_rows(conn, tenant_id, user_id, team_id, mode)
             return [self._current_view(conn, row) for row in rows]
+
+    def _visible_rows(
+        self, conn: psycopg.Connection, tenant_id: str, user_id: str, team_id: str | None, mode: str
+    ) -> list[dict[str, Any]]:
+        params = {"tenant": tenant_id, "user": user_id, "team": team_id}
+        if team_id is not None:
+            self._require_member(conn, tenant_id, team_id, user_id)
+        query = _SELECT_VISIBLE[None if team_id is None else mode]
+        with conn.cursor(row_factory=dict_row) as cur:
+            return cur.execute(query, params).fetchall()
+
+    def visible_scope(self, *, tenant_id: str, user_id: str, team_id: str | None = None) -> dict[str, Any]:
+        """What a user may see, without decrypting: sharing mode, team members, visible (memory_id, version)."""
+        validation.check_id("tenant", tenant_id)
+        validation.check_id("user", user_id)
+        validation.check_optional_id("team", team_id)
+        with self.transaction() as conn:
+            mode = self._tenant_mode(conn, tenant_id)
+            rows = self._visible_rows(conn, tenant_id, user_id, team_id, mode)
+            members = self._members(conn, tenant_id, team_id) if team_id is not None else [user_id]
+        return {
+            "sharing_mode": mode,
+            "members": members,
+            "visible": {(r["memory_id"], r["version"]): r for r in rows},
+        }
 
     def _current_view(self, conn: psycopg.Connection, row: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -791,6 +847,64 @@ class MemoryStore:
             for row in rows:
                 yield ",\n" + json.dumps(row)
         yield "\n]}\n"
+
+    def current_versions(self, *, tenant_id: str) -> list[CurrentVersion]:
+        """Every current version of the tenant with its metadata (no text), ordered by memory_id."""
+        validation.check_id("tenant", tenant_id)
+        with self.transaction() as conn:
+            self._tenant_mode(conn, tenant_id)
+            return [CurrentVersion(*row) for row in conn.execute(_SELECT_CURRENT, (tenant_id,))]
+
+    def open_texts(self, *, tenant_id: str, sources: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        """Decrypt the text of exactly these versions (what a derived store or a recall answer needs)."""
+        out: dict[tuple[str, int], str] = {}
+        if not sources:
+            return out
+        with self.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
+            for start in range(0, len(sources), 1000):
+                chunk = sources[start : start + 1000]
+                rows = cur.execute(
+                    "SELECT v.tenant_id, v.memory_id, v.version, v.text_ct, v.key_id FROM memory.memory_versions v"
+                    " JOIN unnest(%s::text[], %s::int[]) AS want(memory_id, version)"
+                    " ON v.memory_id = want.memory_id AND v.version = want.version WHERE v.tenant_id = %s",
+                    ([m for m, _ in chunk], [v for _, v in chunk], tenant_id),
+                ).fetchall()
+                for row in rows:
+                    out[(row["memory_id"], row["version"])] = self._open_text(conn, row)
+        return out
+
+    def teams(self, *, tenant_id: str) -> dict[str, list[str]]:
+        """team_id -> current members."""
+        with self.transaction() as conn:
+            self._tenant_mode(conn, tenant_id)
+            teams: dict[str, list[str]] = {
+                r[0]: [] for r in conn.execute("SELECT team_id FROM memory.teams WHERE tenant_id = %s", (tenant_id,))
+            }
+            for team_id, user_id in conn.execute(
+                "SELECT team_id, user_id FROM memory.team_members WHERE tenant_id = %s ORDER BY user_id",
+                (tenant_id,),
+            ):
+                teams[team_id].append(user_id)
+        return teams
+
+    def tenant_exists(self, *, tenant_id: str) -> bool:
+        with self.transaction() as conn:
+            return (
+                conn.execute("SELECT 1 FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)).fetchone() is not None
+            )
+
+    def require_tenant(self, *, tenant_id: str) -> str:
+        """The tenant's sharing mode; NotFoundError('tenant') when it does not exist."""
+        validation.check_id("tenant", tenant_id)
+        with self.transaction() as conn:
+            return self._tenant_mode(conn, tenant_id)
+
+    def change_seq(self, *, tenant_id: str) -> int:
+        with self.transaction() as conn:
+            row = conn.execute("SELECT change_seq FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)).fetchone()
+        if row is None:
+            raise NotFoundError("tenant", f"unknown tenant {tenant_id!r}")
+        return int(row[0])
 
     def tenant_stats(self, *, tenant_id: str) -> dict[str, Any]:
         """Counts for one tenant (no text): what the `memories` asset reports per partition."""

@@ -1,3 +1,4 @@
+from memory_pipelines.resources.derived import AnalyticsResource, ChromaResource, SummarizerResource
 from memory_pipelines.resources.memory_store import MemoryStoreResource
 
-__all__ = ["MemoryStoreResource"]
+__all__ = ["AnalyticsResource", "ChromaResource", "MemoryStoreResource", "SummarizerResource"]

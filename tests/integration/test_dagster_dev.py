@@ -61,12 +61,23 @@ def test_dev_shows_memories_partitioned_by_tenant(tmp_path):
         while time.monotonic() < deadline:
             try:
                 nodes = graphql(port, ASSET_QUERY)["data"]["assetNodes"]
-                if nodes and "acme" in nodes[0]["partitionKeys"]:
+                if nodes and all("acme" in node["partitionKeys"] for node in nodes):
                     break
             except OSError:
                 pass
             time.sleep(2)
-        assert nodes == [{"assetKey": {"path": ["memories"]}, "groupName": "memory_store", "partitionKeys": ["acme"]}]
+        by_key = {"/".join(n["assetKey"]["path"]): n for n in nodes or []}
+        assert set(by_key) == {
+            "memories",
+            "memory_embeddings",
+            "keyword_index",
+            "subject_summaries",
+            "team_summaries",
+            "analytics_memories",
+        }
+        assert by_key["memories"]["groupName"] == "memory_store"
+        assert by_key["memory_embeddings"]["groupName"] == "derived_stores"
+        assert all(node["partitionKeys"] == ["acme"] for node in by_key.values())
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

@@ -1,0 +1,152 @@
+"""Analytics copy: Parquet hive-partitioned by tenant, read through DuckDB views.
+
+No memory text (only its length), user and team ids pseudonymised with an HMAC under the tenant
+key, do-not-sell memories excluded. A tenant's partition is rewritten whole, atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from memory_pipelines.lib import crypto, lineage
+from memory_pipelines.lib.errors import ServiceError, ValidationError
+from memory_pipelines.lib.store import MemoryStore
+
+STORE = "analytics"
+SCHEMA = pa.schema(
+    [
+        ("memory_id", pa.string()),
+        ("version", pa.int32()),
+        ("user_pseudonym", pa.string()),
+        ("team_pseudonym", pa.string()),
+        ("memory_type", pa.string()),
+        ("category", pa.string()),
+        ("shareable", pa.bool_()),
+        ("confidence", pa.float64()),
+        ("text_length", pa.int32()),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+        ("updated_at", pa.timestamp("us", tz="UTC")),
+        ("version_created_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+_READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
+_views_lock = threading.Lock()
+
+
+class AnalyticsStore:
+    """Parquet files under `root/memories/tenant_id=T/` and a DuckDB database with views over them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.data_dir = root / "memories"
+        self.database = root / "analytics.duckdb"
+
+    def partition_file(self, tenant_id: str) -> Path:
+        return self.data_dir / f"tenant_id={tenant_id}" / "memories.parquet"
+
+    def rebuild(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
+        """Rewrite the tenant's partition from the current versions (do-not-sell rows left out)."""
+        current = store.current_versions(tenant_id=tenant_id)
+        kept = [cv for cv in current if not cv.do_not_sell]
+        texts = store.open_texts(tenant_id=tenant_id, sources=[cv.source for cv in kept])
+        with store.transaction() as conn:
+            key = store.keys.tenant_subkey(conn, tenant_id, "analytics-pseudonym")
+
+        def pseudonym(value: str | None) -> str | None:
+            return None if value is None else crypto.mac(key, value.encode()).hex()[:32]
+
+        table = pa.Table.from_pylist(
+            [
+                {
+                    "memory_id": cv.memory_id,
+                    "version": cv.version,
+                    "user_pseudonym": pseudonym(cv.user_id),
+                    "team_pseudonym": pseudonym(cv.team_id),
+                    "memory_type": cv.memory_type,
+                    "category": cv.category,
+                    "shareable": cv.shareable,
+                    "confidence": cv.confidence,
+                    "text_length": len(texts[cv.source]),
+                    "created_at": cv.created_at,
+                    "updated_at": cv.updated_at,
+                    "version_created_at": cv.version_created_at,
+                }
+                for cv in kept
+            ],
+            schema=SCHEMA,
+        )
+        target = self.partition_file(tenant_id)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".parquet.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, target)
+        with store.transaction() as conn:
+            conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
+            lineage.record_single_source_edges(
+                conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in kept]
+            )
+        self.refresh_views()
+        return {"rows": len(kept), "excluded_do_not_sell": len(current) - len(kept)}
+
+    def refresh_views(self) -> None:
+        """(Re)create the `memories` view over every tenant's partition."""
+        pattern = str(self.data_dir / "*" / "*.parquet")
+        with _views_lock, duckdb.connect(str(self.database)) as con:
+            if any(self.data_dir.glob("*/*.parquet")):
+                # DDL takes no bound parameters; the path is ours (under HOME), quoted as a literal.
+                literal = "'" + pattern.replace("'", "''") + "'"
+                con.execute(
+                    "CREATE OR REPLACE VIEW memories AS SELECT * FROM read_parquet("  # noqa: S608
+                    + literal
+                    + ", hive_partitioning = true)"
+                )
+
+    def query(self, sql: str) -> dict[str, Any]:
+        """Run one read-only SELECT against the analytics database."""
+        if not sql.strip():
+            raise ValidationError("sql", "must not be empty")
+        try:
+            statements = duckdb.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise ValidationError("sql", f"does not parse: {exc}") from exc
+        if len(statements) != 1 or statements[0].type.name not in _READ_ONLY_STATEMENTS:
+            raise ValidationError("sql", "must be exactly one SELECT statement")
+        if not self.database.exists():
+            raise ServiceError("analytics", "no analytics data yet: materialize analytics_memories first")
+        try:
+            with duckdb.connect(str(self.database), read_only=True) as con:
+                cursor = con.execute(sql)
+                columns = [d[0] for d in cursor.description or []]
+                rows = [list(r) for r in cursor.fetchall()]
+        except duckdb.Error as exc:
+            raise ValidationError("sql", f"{type(exc).__name__}: {exc}") from exc
+        return {"columns": columns, "rows": rows}
+
+    def read_partition(self, tenant_id: str) -> pa.Table | None:
+        path = self.partition_file(tenant_id)
+        return pq.read_table(path) if path.exists() else None
+
+    def check(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
+        """Counts that must be zero: text columns, do-not-sell rows, rows without lineage or not current."""
+        table = self.read_partition(tenant_id)
+        if table is None:
+            return {"records": 0, "text_columns": 0, "do_not_sell_rows": 0, "without_lineage": 0, "not_current": 0}
+        current = {cv.record_id: cv for cv in store.current_versions(tenant_id=tenant_id)}
+        ids = [f"{m}:{v}" for m, v in zip(table["memory_id"].to_pylist(), table["version"].to_pylist(), strict=True)]
+        with store.transaction() as conn:
+            edges = lineage.records_of_store(conn, tenant_id=tenant_id, store=STORE)
+        text_like = {"text", "memory_text", "content", "original_query", "summary"}
+        return {
+            "records": len(ids),
+            "text_columns": sum(1 for name in table.column_names if name in text_like),
+            "do_not_sell_rows": sum(1 for i in ids if i in current and current[i].do_not_sell),
+            "without_lineage": sum(1 for i in ids if i not in edges),
+            "not_current": sum(1 for i in ids if i not in current),
+        }

@@ -1,0 +1,117 @@
+"""Every derived store of the memory store, built from Settings, plus the lineage API."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from memory_pipelines.lib import lineage, validation
+from memory_pipelines.lib.analytics import AnalyticsStore
+from memory_pipelines.lib.embedding import Embedder, MiniLMEmbedder
+from memory_pipelines.lib.errors import ValidationError
+from memory_pipelines.lib.keyword import KeywordIndex
+from memory_pipelines.lib.recall import Recaller, drop_cache
+from memory_pipelines.lib.settings import Settings
+from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.summaries import (
+    ExtractiveSummarizer,
+    OpenAICompatibleSummarizer,
+    Summarizer,
+    SummaryStore,
+)
+from memory_pipelines.lib.vectors import VectorStore
+
+_embedder: MiniLMEmbedder | None = None
+_embedder_lock = threading.Lock()
+
+
+def default_embedder() -> MiniLMEmbedder:
+    """The process-wide all-MiniLM-L6-v2 embedder (its ONNX graph is built once, lazily)."""
+    global _embedder
+    with _embedder_lock:
+        if _embedder is None:
+            _embedder = MiniLMEmbedder()
+        return _embedder
+
+
+def summarizer_from(settings: Settings) -> Summarizer:
+    """The OpenAI-compatible summarizer when its URL is configured, else the extractive default."""
+    if settings.summarizer_url:
+        if not settings.summarizer_model:
+            raise ValidationError("MEMORY_PIPELINES_SUMMARIZER_MODEL", "is required with a summarizer URL")
+        return OpenAICompatibleSummarizer(
+            base_url=settings.summarizer_url, model=settings.summarizer_model, api_key=settings.summarizer_api_key
+        )
+    return ExtractiveSummarizer()
+
+
+def sync_embeddings(store: MemoryStore, vectors: VectorStore, *, tenant_id: str) -> dict[str, int]:
+    """Sync the tenant's vectors; cached recalls are dropped when the index changed."""
+    counts = vectors.sync(store=store, tenant_id=tenant_id)
+    if counts["embedded"] or counts["removed"]:
+        counts["recall_cache_dropped"] = drop_cache(store, tenant_id=tenant_id)
+    return counts
+
+
+def sync_keywords(store: MemoryStore, *, tenant_id: str) -> dict[str, int]:
+    """Sync the tenant's blind keyword index; cached recalls are dropped when it changed."""
+    counts = KeywordIndex(store).sync(tenant_id=tenant_id)
+    if counts["indexed"] or counts["removed"]:
+        counts["recall_cache_dropped"] = drop_cache(store, tenant_id=tenant_id)
+    return counts
+
+
+@dataclass
+class DerivedStores:
+    store: MemoryStore
+    vectors: VectorStore
+    keywords: KeywordIndex
+    summaries: SummaryStore
+    analytics: AnalyticsStore
+
+    @property
+    def recaller(self) -> Recaller:
+        return Recaller(store=self.store, vectors=self.vectors, keywords=self.keywords)
+
+    def sync_all(self, *, tenant_id: str) -> dict[str, dict[str, int]]:
+        """Bring every derived store of the tenant up to date (what `materialize` does without Dagster)."""
+        return {
+            "memory_embeddings": sync_embeddings(self.store, self.vectors, tenant_id=tenant_id),
+            "keyword_index": sync_keywords(self.store, tenant_id=tenant_id),
+            "subject_summaries": self.summaries.sync(tenant_id=tenant_id, scope="subject"),
+            "team_summaries": self.summaries.sync(tenant_id=tenant_id, scope="team"),
+            "analytics_memories": self.analytics.rebuild(store=self.store, tenant_id=tenant_id),
+        }
+
+    def lineage_of_memory(self, *, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:
+        """Every derived record of every version of a memory (store, record_id, version)."""
+        validation.check_memory_id("memory_id", memory_id)
+        self.store.history(tenant_id=tenant_id, memory_id=memory_id)  # tenant and memory must exist
+        with self.store.transaction() as conn:
+            return lineage.derived_of_memory(conn, tenant_id=tenant_id, memory_id=memory_id)
+
+    def sources_of_record(self, *, tenant_id: str, record: str) -> dict[str, Any]:
+        """The memory versions a derived record `STORE:ID` was made from."""
+        store_name, sep, record_id = record.partition(":")
+        if not sep or store_name not in lineage.STORES or not record_id:
+            raise ValidationError("record", f"must be STORE:ID with STORE one of {', '.join(lineage.STORES)}")
+        self.store.require_tenant(tenant_id=tenant_id)
+        with self.store.transaction() as conn:
+            sources = lineage.sources_of_record(conn, tenant_id=tenant_id, store=store_name, record_id=record_id)
+        return {"store": store_name, "record_id": record_id, "sources": sources}
+
+
+def open_derived(settings: Settings, store: MemoryStore, *, embedder: Embedder | None = None) -> DerivedStores:
+    embedder = embedder or default_embedder()
+    if settings.chroma_url:
+        vectors = VectorStore(embedder=embedder, url=settings.chroma_url)
+    else:
+        vectors = VectorStore(embedder=embedder, path=settings.chroma_path)
+    return DerivedStores(
+        store=store,
+        vectors=vectors,
+        keywords=KeywordIndex(store),
+        summaries=SummaryStore(store, summarizer_from(settings)),
+        analytics=AnalyticsStore(settings.analytics_root),
+    )

@@ -1,0 +1,119 @@
+"""Blind keyword index in PostgreSQL: tokens are stored as HMAC(tenant keyword key, normalised token).
+
+Exact-token search works (the query's tokens are MACed the same way) while no token is readable at
+rest. Only current versions are indexed; a superseded version's postings go when the index syncs.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable
+from typing import Any
+
+from memory_pipelines.lib import crypto, lineage
+from memory_pipelines.lib.store import MemoryStore
+
+STORE = "keyword_index"
+_TOKEN = re.compile(r"\w+", re.UNICODE)
+_STOPWORDS = frozenset(
+    "a an and are as at be but by for from has have he her his i in is it its me my of on or our she so "
+    "that the their them they this to was we were what when where which who will with you your".split()
+)
+
+
+def tokens(text: str) -> set[str]:
+    """Normalised tokens: NFKC, case-folded, word characters, stop words and 1-letter words dropped."""
+    normal = unicodedata.normalize("NFKC", text).casefold()
+    return {t for t in _TOKEN.findall(normal) if (len(t) > 1 or t.isdigit()) and t not in _STOPWORDS}
+
+
+def _pairs(sources: Iterable[tuple[str, int]]) -> tuple[list[str], list[int]]:
+    listed = list(sources)
+    return [m for m, _ in listed], [v for _, v in listed]
+
+
+class KeywordIndex:
+    """Sync and search of the tenant's blind keyword index."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    def _key(self, tenant_id: str) -> bytes:
+        with self.store.transaction() as conn:
+            return self.store.keys.tenant_subkey(conn, tenant_id, "keyword-index")
+
+    def sync(self, *, tenant_id: str) -> dict[str, int]:
+        """Index every current version not yet indexed; drop postings of versions no longer current."""
+        current = {cv.record_id: cv for cv in self.store.current_versions(tenant_id=tenant_id)}
+        with self.store.transaction() as conn:
+            existing = lineage.records_of_store(conn, tenant_id=tenant_id, store=STORE)
+        stale = sorted(set(existing) - set(current))
+        new = [cv for record_id, cv in current.items() if record_id not in existing]
+        key = self._key(tenant_id)
+        postings = 0
+        with self.store.transaction() as conn:
+            if stale:
+                stale_sources = [src for record_id in stale for src in existing[record_id]]
+                memory_ids, versions = _pairs(stale_sources)
+                conn.execute(
+                    "DELETE FROM derived.keyword_postings p"
+                    " USING unnest(%s::text[], %s::int[]) AS s(memory_id, version)"
+                    " WHERE p.tenant_id = %s AND p.memory_id = s.memory_id AND p.version = s.version",
+                    (memory_ids, versions, tenant_id),
+                )
+                lineage.remove_records(conn, tenant_id=tenant_id, store=STORE, record_ids=stale)
+        for start in range(0, len(new), 2000):
+            chunk = new[start : start + 2000]
+            texts = self.store.open_texts(tenant_id=tenant_id, sources=[cv.source for cv in chunk])
+            # Postings and their lineage commit together: a posting never exists without its edge.
+            with self.store.transaction() as conn:
+                with (
+                    conn.cursor() as cur,
+                    cur.copy(
+                        "COPY derived.keyword_postings (tenant_id, token_mac, memory_id, version) FROM STDIN"
+                    ) as copy,
+                ):
+                    for cv in chunk:
+                        for token in tokens(texts[cv.source]):
+                            copy.write_row((tenant_id, crypto.mac(key, token.encode()), cv.memory_id, cv.version))
+                            postings += 1
+                lineage.record_single_source_edges(
+                    conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in chunk]
+                )
+        return {"records": len(current), "indexed": len(new), "removed": len(stale), "postings_written": postings}
+
+    def search(self, *, tenant_id: str, query: str, limit: int) -> list[tuple[tuple[str, int], float]]:
+        """(memory_id, version) with the share of the query's tokens they contain, best first."""
+        wanted = tokens(query)
+        if not wanted:
+            return []
+        key = self._key(tenant_id)
+        macs = [crypto.mac(key, token.encode()) for token in sorted(wanted)]
+        with self.store.transaction() as conn:
+            rows = conn.execute(
+                "SELECT memory_id, version, count(*) FROM derived.keyword_postings"
+                " WHERE tenant_id = %s AND token_mac = ANY(%s) GROUP BY memory_id, version"
+                " ORDER BY count(*) DESC, memory_id LIMIT %s",
+                (tenant_id, macs, limit),
+            ).fetchall()
+        return [((memory_id, version), count / len(wanted)) for memory_id, version, count in rows]
+
+    def check(self, *, tenant_id: str) -> dict[str, Any]:
+        """Counts that must be zero: postings without lineage, postings of versions that are not current."""
+        current = {cv.source for cv in self.store.current_versions(tenant_id=tenant_id)}
+        with self.store.transaction() as conn:
+            indexed = {
+                (m, v)
+                for m, v in conn.execute(
+                    "SELECT DISTINCT memory_id, version FROM derived.keyword_postings WHERE tenant_id = %s",
+                    (tenant_id,),
+                )
+            }
+            edges = lineage.records_of_store(conn, tenant_id=tenant_id, store=STORE)
+        with_lineage = {src for sources in edges.values() for src in sources}
+        return {
+            "records": len(indexed),
+            "without_lineage": len(indexed - with_lineage),
+            "not_current": len(indexed - current),
+        }

@@ -1,0 +1,94 @@
+"""derivedFrom lineage: every derived record points at the exact (memory_id, version) pairs it came from.
+
+Deletion (and "why did the assistant answer this way") walks these edges; nothing is found by
+searching for text. Edges are written in the same transaction as the derived record where the
+store is PostgreSQL, and idempotently (upsert, then reconcile) for Chroma and Parquet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+
+Source = tuple[str, int]  # (memory_id, version)
+
+STORES = ("chroma", "keyword_index", "subject_summaries", "team_summaries", "analytics", "recall_cache")
+
+
+def record_edges(
+    conn: psycopg.Connection, *, tenant_id: str, store: str, record_id: str, sources: Iterable[Source]
+) -> int:
+    """Replace the sources of one derived record; returns the number of edges now recorded."""
+    rows = [(tenant_id, store, record_id, memory_id, version) for memory_id, version in sorted(set(sources))]
+    conn.execute(
+        "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s AND record_id = %s",
+        (tenant_id, store, record_id),
+    )
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO derived.lineage (tenant_id, store, record_id, source_memory_id, source_version)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            rows,
+        )
+    return len(rows)
+
+
+def record_single_source_edges(
+    conn: psycopg.Connection, *, tenant_id: str, store: str, records: Iterable[tuple[str, Source]]
+) -> int:
+    """Bulk edges for stores whose record has exactly one source (embeddings, postings, analytics rows)."""
+    rows = [(tenant_id, store, record_id, memory_id, version) for record_id, (memory_id, version) in records]
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO derived.lineage (tenant_id, store, record_id, source_memory_id, source_version)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            rows,
+        )
+    return len(rows)
+
+
+def remove_records(conn: psycopg.Connection, *, tenant_id: str, store: str, record_ids: Iterable[str]) -> int:
+    ids = list(record_ids)
+    if not ids:
+        return 0
+    cur = conn.execute(
+        "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s AND record_id = ANY(%s)",
+        (tenant_id, store, ids),
+    )
+    return cur.rowcount
+
+
+def records_of_store(conn: psycopg.Connection, *, tenant_id: str, store: str) -> dict[str, set[Source]]:
+    """record_id -> its sources, for one store of one tenant."""
+    out: dict[str, set[Source]] = {}
+    for record_id, memory_id, version in conn.execute(
+        "SELECT record_id, source_memory_id, source_version FROM derived.lineage WHERE tenant_id = %s AND store = %s",
+        (tenant_id, store),
+    ):
+        out.setdefault(record_id, set()).add((memory_id, version))
+    return out
+
+
+def derived_of_memory(conn: psycopg.Connection, *, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:
+    """Every derived record of every version of a memory."""
+    return [
+        {"store": store, "record_id": record_id, "memory_id": memory_id, "version": version}
+        for store, record_id, version in conn.execute(
+            "SELECT store, record_id, source_version FROM derived.lineage"
+            " WHERE tenant_id = %s AND source_memory_id = %s ORDER BY source_version, store, record_id",
+            (tenant_id, memory_id),
+        )
+    ]
+
+
+def sources_of_record(conn: psycopg.Connection, *, tenant_id: str, store: str, record_id: str) -> list[dict[str, Any]]:
+    return [
+        {"memory_id": memory_id, "version": version}
+        for memory_id, version in conn.execute(
+            "SELECT source_memory_id, source_version FROM derived.lineage"
+            " WHERE tenant_id = %s AND store = %s AND record_id = %s ORDER BY source_memory_id, source_version",
+            (tenant_id, store, record_id),
+        )
+    ]

@@ -1,0 +1,271 @@
+"""Subject and team summaries: an extractive default that needs no network, or an OpenAI-compatible
+HTTP summarizer. Modes (per subject): full original, summary, hybrid (medical and legal always
+keep the full original). Summaries are ciphertext under the subject key or the team key, with
+lineage to every source version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import defaultdict
+from typing import Any, Protocol
+
+import httpx
+
+from memory_pipelines.lib import crypto, lineage, validation
+from memory_pipelines.lib.errors import MemoryPipelinesError, ValidationError
+from memory_pipelines.lib.store import CurrentVersion, MemoryStore
+
+SUBJECT_STORE = "subject_summaries"
+TEAM_STORE = "team_summaries"
+MODES = ("full", "summary", "hybrid")
+DEFAULT_MODE = "hybrid"
+SENSITIVE_CATEGORIES = frozenset({"medical", "legal"})
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+class SummarizerError(MemoryPipelinesError):
+    """The summarizer failed or answered something unusable; nothing was overwritten."""
+
+    exit_code = 6
+
+    def __init__(self, message: str) -> None:
+        super().__init__("summarizer", message)
+
+
+class Summarizer(Protocol):
+    name: str
+
+    def summarize(self, texts: list[str]) -> str: ...
+
+
+class ExtractiveSummarizer:
+    """Deterministic and offline: the first sentence of each memory, most confident first, bounded."""
+
+    name = "extractive-v1"
+
+    def __init__(self, *, max_chars: int = 2000, max_sentence_chars: int = 200) -> None:
+        self.max_chars = max_chars
+        self.max_sentence_chars = max_sentence_chars
+
+    def summarize(self, texts: list[str]) -> str:
+        lines: list[str] = []
+        seen: set[str] = set()
+        size = 0
+        for text in texts:
+            first = _SENTENCE_END.split(text.strip(), maxsplit=1)[0].strip()
+            if len(first) > self.max_sentence_chars:
+                first = first[: self.max_sentence_chars - 1].rstrip() + "…"
+            if not first or first.casefold() in seen:
+                continue
+            line = f"- {first}"
+            if size + len(line) + 1 > self.max_chars:
+                break
+            seen.add(first.casefold())
+            lines.append(line)
+            size += len(line) + 1
+        return "\n".join(lines)
+
+
+class OpenAICompatibleSummarizer:
+    """POST {base_url}/chat/completions (OpenAI's API shape), e.g. vLLM, Ollama, OpenAI itself."""
+
+    def __init__(self, *, base_url: str, model: str, api_key: str | None = None, timeout: float = 60.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self.timeout = timeout
+        self.name = f"openai-compatible:{model}"
+
+    def summarize(self, texts: list[str]) -> str:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        body = {
+            "model": self.model,
+            "temperature": 0,
+            "messages": [
+                {
+                    "role": "system",
+                    "content": "Summarise these facts a user's assistant remembers about them, as short bullet "
+                    "points. Keep every fact; add nothing.",
+                },
+                {"role": "user", "content": "\n".join(f"- {t}" for t in texts)},
+            ],
+        }
+        url = f"{self.base_url}/chat/completions"
+        try:
+            response = httpx.post(url, json=body, headers=headers, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            raise SummarizerError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise SummarizerError(f"{url} answered HTTP {response.status_code}")
+        try:
+            content = response.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise SummarizerError(f"{url} answered something that is not a chat completion") from exc
+        if not isinstance(content, str) or not content.strip():
+            raise SummarizerError(f"{url} answered an empty summary")
+        return content.strip()
+
+
+def compose(mode: str, rows: list[tuple[CurrentVersion, str]], summarizer: Summarizer) -> str:
+    """The summary text of one subject or team under `mode`."""
+    if mode == "full":
+        return "\n".join(f"- {text}" for _, text in rows)
+    if mode == "summary":
+        return summarizer.summarize([text for _, text in rows])
+    kept = [text for cv, text in rows if cv.category in SENSITIVE_CATEGORIES]
+    summarised = [text for cv, text in rows if cv.category not in SENSITIVE_CATEGORIES]
+    parts = [summarizer.summarize(summarised)] if summarised else []
+    parts += [f"- {text}" for text in kept]
+    return "\n".join(parts)
+
+
+def _sources_hash(mode: str, summarizer: str, sources: list[tuple[str, int]]) -> bytes:
+    digest = hashlib.sha256(f"{mode}\x1f{summarizer}".encode())
+    for memory_id, version in sources:
+        digest.update(f"\x1e{memory_id}:{version}".encode())
+    return digest.digest()
+
+
+def _aad(tenant_id: str, scope: str, scope_id: str) -> bytes:
+    return crypto.aad("summary", tenant_id, scope, scope_id)
+
+
+class SummaryStore:
+    """Builds, stores (encrypted) and reads subject and team summaries."""
+
+    def __init__(self, store: MemoryStore, summarizer: Summarizer) -> None:
+        self.store = store
+        self.summarizer = summarizer
+
+    def set_mode(self, *, tenant_id: str, subject: str, mode: str) -> dict[str, Any]:
+        validation.check_id("subject", subject)
+        if mode not in MODES:
+            raise ValidationError("mode", f"must be one of {', '.join(MODES)}")
+        self.store.require_tenant(tenant_id=tenant_id)
+        with self.store.transaction() as conn:
+            conn.execute(
+                "INSERT INTO derived.summary_modes (tenant_id, user_id, mode) VALUES (%s, %s, %s)"
+                " ON CONFLICT (tenant_id, user_id) DO UPDATE SET mode = EXCLUDED.mode",
+                (tenant_id, subject, mode),
+            )
+        return {"tenant_id": tenant_id, "subject": subject, "mode": mode}
+
+    def _modes(self, tenant_id: str) -> dict[str, str]:
+        with self.store.transaction() as conn:
+            return dict(
+                conn.execute("SELECT user_id, mode FROM derived.summary_modes WHERE tenant_id = %s", (tenant_id,))
+            )
+
+    def sync(self, *, tenant_id: str, scope: str) -> dict[str, int]:
+        """Rebuild the summaries of `scope` ('subject' or 'team') whose sources or mode changed."""
+        current = self.store.current_versions(tenant_id=tenant_id)
+        groups: dict[str, list[CurrentVersion]] = defaultdict(list)
+        for cv in current:
+            if scope == "subject" and cv.team_id is None:
+                groups[cv.user_id].append(cv)
+            elif scope == "team" and cv.team_id is not None:
+                groups[cv.team_id].append(cv)
+        modes = self._modes(tenant_id) if scope == "subject" else {}
+        store_name = SUBJECT_STORE if scope == "subject" else TEAM_STORE
+        with self.store.transaction() as conn:
+            existing = dict(
+                conn.execute(
+                    "SELECT scope_id, sources_hash FROM derived.summaries WHERE tenant_id = %s AND scope = %s",
+                    (tenant_id, scope),
+                ).fetchall()
+            )
+        built = unchanged = 0
+        for scope_id, members in sorted(groups.items()):
+            members.sort(key=lambda cv: (-cv.confidence, cv.version_created_at, cv.memory_id))
+            mode = modes.get(scope_id, DEFAULT_MODE)
+            sources = sorted(cv.source for cv in members)
+            digest = _sources_hash(mode, self.summarizer.name, sources)
+            if existing.get(scope_id) is not None and bytes(existing[scope_id]) == digest:
+                unchanged += 1
+                continue
+            texts = self.store.open_texts(tenant_id=tenant_id, sources=sources)
+            summary = compose(mode, [(cv, texts[cv.source]) for cv in members], self.summarizer)
+            record_id = f"{scope}:{scope_id}"
+            with self.store.transaction() as conn:
+                if scope == "subject":
+                    key_id, key = self.store.keys.subject_key(conn, tenant_id, scope_id)
+                else:
+                    key_id, key = self.store.keys.team_key(conn, tenant_id, scope_id)
+                sealed = crypto.seal(key, summary.encode(), _aad(tenant_id, scope, scope_id))
+                conn.execute(
+                    "INSERT INTO derived.summaries (tenant_id, scope, scope_id, mode, summary_ct, key_id,"
+                    " sources_hash, source_count, summarizer) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                    " ON CONFLICT (tenant_id, scope, scope_id) DO UPDATE SET mode = EXCLUDED.mode,"
+                    " summary_ct = EXCLUDED.summary_ct, key_id = EXCLUDED.key_id,"
+                    " sources_hash = EXCLUDED.sources_hash, source_count = EXCLUDED.source_count,"
+                    " summarizer = EXCLUDED.summarizer, created_at = now()",
+                    (tenant_id, scope, scope_id, mode, sealed, key_id, digest, len(sources), self.summarizer.name),
+                )
+                lineage.record_edges(conn, tenant_id=tenant_id, store=store_name, record_id=record_id, sources=sources)
+            built += 1
+        gone = sorted(set(existing) - set(groups))
+        if gone:
+            with self.store.transaction() as conn:
+                conn.execute(
+                    "DELETE FROM derived.summaries WHERE tenant_id = %s AND scope = %s AND scope_id = ANY(%s)",
+                    (tenant_id, scope, gone),
+                )
+                lineage.remove_records(
+                    conn, tenant_id=tenant_id, store=store_name, record_ids=[f"{scope}:{g}" for g in gone]
+                )
+        return {"summaries": len(groups), "rebuilt": built, "unchanged": unchanged, "removed": len(gone)}
+
+    def read(self, *, tenant_id: str, scope: str, scope_id: str) -> dict[str, Any]:
+        from memory_pipelines.lib.errors import NotFoundError
+
+        self.store.require_tenant(tenant_id=tenant_id)
+        with self.store.transaction() as conn:
+            row = conn.execute(
+                "SELECT mode, summary_ct, source_count, summarizer, created_at FROM derived.summaries"
+                " WHERE tenant_id = %s AND scope = %s AND scope_id = %s",
+                (tenant_id, scope, scope_id),
+            ).fetchone()
+            if row is None:
+                raise NotFoundError("subject" if scope == "subject" else "team", f"no {scope} summary for {scope_id!r}")
+            if scope == "subject":
+                _, key = self.store.keys.subject_key(conn, tenant_id, scope_id, create=False)
+            else:
+                _, key = self.store.keys.team_key(conn, tenant_id, scope_id, create=False)
+            text = crypto.open_sealed(key, bytes(row[1]), _aad(tenant_id, scope, scope_id)).decode()
+            sources = lineage.sources_of_record(
+                conn,
+                tenant_id=tenant_id,
+                store=SUBJECT_STORE if scope == "subject" else TEAM_STORE,
+                record_id=f"{scope}:{scope_id}",
+            )
+        return {
+            "tenant_id": tenant_id,
+            "scope": scope,
+            "scope_id": scope_id,
+            "mode": row[0],
+            "summary": text,
+            "source_count": row[2],
+            "summarizer": row[3],
+            "created_at": row[4].isoformat(),
+            "sources": sources,
+        }
+
+    def check(self, *, tenant_id: str, scope: str) -> dict[str, int]:
+        """Counts that must be zero: summaries without lineage, summaries built from non-current versions."""
+        current = {cv.source for cv in self.store.current_versions(tenant_id=tenant_id)}
+        store_name = SUBJECT_STORE if scope == "subject" else TEAM_STORE
+        with self.store.transaction() as conn:
+            ids = [
+                f"{scope}:{r[0]}"
+                for r in conn.execute(
+                    "SELECT scope_id FROM derived.summaries WHERE tenant_id = %s AND scope = %s", (tenant_id, scope)
+                )
+            ]
+            edges = lineage.records_of_store(conn, tenant_id=tenant_id, store=store_name)
+        return {
+            "records": len(ids),
+            "without_lineage": sum(1 for i in ids if not edges.get(i)),
+            "from_non_current_versions": sum(1 for i in ids if edges.get(i, set()) - current),
+        }

@@ -1,0 +1,70 @@
+"""Runs tenant partitions of the assets through the Dagster instance in-process (CLI `materialize`,
+`demo`), so every run, materialization and check shows in the UI like any other run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from memory_pipelines.lib.errors import ValidationError
+from memory_pipelines.lib.runtime import open_store
+from memory_pipelines.lib.settings import ENV_HOME, Settings
+
+ALL_ASSETS = (
+    "memories",
+    "memory_embeddings",
+    "keyword_index",
+    "subject_summaries",
+    "team_summaries",
+    "analytics_memories",
+)
+
+
+def materialize(settings: Settings, tenant_id: str, select: Sequence[str] | None = None) -> dict[str, Any]:
+    """Materialize `select` (default: every asset) for one tenant; returns counts and check results."""
+    import dagster as dg
+
+    from memory_pipelines.definitions import defs
+
+    chosen = list(select or ALL_ASSETS)
+    unknown = sorted(set(chosen) - set(ALL_ASSETS))
+    if unknown:
+        raise ValidationError("select", f"unknown asset(s) {', '.join(unknown)}; choose from {', '.join(ALL_ASSETS)}")
+    store = open_store(settings)
+    try:
+        store.require_tenant(tenant_id=tenant_id)
+    finally:
+        store.close()
+    os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
+    os.environ[ENV_HOME] = str(settings.home)
+    with dg.DagsterInstance.get() as instance:
+        if not instance.has_dynamic_partition("tenants", tenant_id):
+            instance.add_dynamic_partitions("tenants", [tenant_id])
+        job = defs().resolve_job_def("tenant_refresh")
+        result = job.execute_in_process(
+            instance=instance,
+            partition_key=tenant_id,
+            asset_selection=[dg.AssetKey(name) for name in chosen],
+            raise_on_error=False,
+        )
+        assets: dict[str, Any] = {}
+        for event in result.get_asset_materialization_events():
+            materialization = event.step_materialization_data.materialization
+            assets[materialization.asset_key.to_user_string()] = {
+                name: getattr(value, "value", None) for name, value in materialization.metadata.items()
+            }
+        checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+        failures = [
+            {"step": e.step_key, "error": e.step_failure_data.error.message.strip().splitlines()[-1]}
+            for e in result.all_events
+            if e.event_type_value == "STEP_FAILURE" and e.step_failure_data.error is not None
+        ]
+        return {
+            "tenant": tenant_id,
+            "run_id": result.run_id,
+            "success": result.success,
+            "assets": assets,
+            "checks": checks,
+            "failures": failures,
+        }

@@ -1,0 +1,76 @@
+"""Dagster resources for the derived stores: Chroma, the summarizer and the analytics copy."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import ClassVar
+
+import dagster as dg
+
+from memory_pipelines.lib.analytics import AnalyticsStore
+from memory_pipelines.lib.embedding import Embedder, HashingEmbedder
+from memory_pipelines.lib.settings import DEFAULT_HOME
+from memory_pipelines.lib.summaries import ExtractiveSummarizer, OpenAICompatibleSummarizer, Summarizer
+from memory_pipelines.lib.vectors import VectorStore
+
+EMBEDDING_MODELS = ("all-MiniLM-L6-v2", "hashing-test-only")
+
+
+class ChromaResource(dg.ConfigurableResource):
+    """Chroma vector index: embedded under `home`/chroma, or a Chroma server at `url`."""
+
+    home: str = DEFAULT_HOME
+    url: str | None = None
+    embedding_model: str = "all-MiniLM-L6-v2"
+
+    _stores: ClassVar[dict[tuple[str, str | None, str], VectorStore]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def _embedder(self) -> Embedder:
+        if self.embedding_model == "all-MiniLM-L6-v2":
+            from memory_pipelines.lib.derived import default_embedder
+
+            return default_embedder()
+        if self.embedding_model == "hashing-test-only":
+            return HashingEmbedder()
+        raise dg.Failure(f"embedding_model must be one of {', '.join(EMBEDDING_MODELS)}")
+
+    def vector_store(self) -> VectorStore:
+        key = (str(Path(self.home).resolve()), self.url, self.embedding_model)
+        with self._lock:
+            if key not in self._stores:
+                embedder = self._embedder()
+                self._stores[key] = (
+                    VectorStore(embedder=embedder, url=self.url)
+                    if self.url
+                    else VectorStore(embedder=embedder, path=Path(key[0]) / "chroma")
+                )
+            return self._stores[key]
+
+
+class SummarizerResource(dg.ConfigurableResource):
+    """Extractive summaries offline by default; an OpenAI-compatible endpoint when `base_url` is set."""
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    timeout_seconds: float = 60.0
+
+    def summarizer(self) -> Summarizer:
+        if not self.base_url:
+            return ExtractiveSummarizer()
+        if not self.model:
+            raise dg.Failure("summarizer: a model is required with base_url (MEMORY_PIPELINES_SUMMARIZER_MODEL)")
+        return OpenAICompatibleSummarizer(
+            base_url=self.base_url, model=self.model, api_key=self.api_key, timeout=self.timeout_seconds
+        )
+
+
+class AnalyticsResource(dg.ConfigurableResource):
+    """Parquet analytics copy under `home`/analytics with DuckDB views."""
+
+    home: str = DEFAULT_HOME
+
+    def analytics(self) -> AnalyticsStore:
+        return AnalyticsStore(Path(self.home).resolve() / "analytics")
