@@ -1,18 +1,20 @@
 """The `demo` command: seeds a demo tenant from assets/demo, walks through versions and sharing
-modes, and materializes the tenant's `memories` partition through the Dagster instance."""
+modes, materializes every asset of the tenant through the Dagster instance, then shows a recall,
+a lineage lookup and an analytics query."""
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
+from memory_pipelines.lib.derived import open_derived
 from memory_pipelines.lib.paths import ASSETS_DIR
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.services import ensure_services
-from memory_pipelines.lib.settings import ENV_HOME, Settings
+from memory_pipelines.lib.settings import Settings
 from memory_pipelines.lib.store import MemoryStore
 from memory_pipelines.lib.validation import SHARING_MODES
+from memory_pipelines.materialize import materialize
 
 CORPUS = ASSETS_DIR / "demo" / "corpus.json"
 
@@ -71,28 +73,6 @@ def show_sharing_modes(store: MemoryStore, corpus: dict[str, Any]) -> dict[str, 
     return views
 
 
-def materialize_memories(settings: Settings, tenant: str) -> dict[str, Any]:
-    """Runs the `memories_snapshot` job in-process against the persistent instance (shows in the UI)."""
-    import dagster as dg
-
-    from memory_pipelines.definitions import defs
-
-    os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
-    os.environ[ENV_HOME] = str(settings.home)
-    with dg.DagsterInstance.get() as instance:
-        if not instance.has_dynamic_partition("tenants", tenant):
-            instance.add_dynamic_partitions("tenants", [tenant])
-        job = defs().resolve_job_def("memories_snapshot")
-        result = job.execute_in_process(instance=instance, partition_key=tenant, raise_on_error=True)
-        event = instance.get_latest_materialization_event(dg.AssetKey("memories"))
-        metadata = event.asset_materialization.metadata if event and event.asset_materialization else {}
-        return {
-            "run_id": result.run_id,
-            "success": result.success,
-            "materialized_counts": {k: getattr(v, "value", None) for k, v in metadata.items()},
-        }
-
-
 def run_demo(settings: Settings) -> dict[str, Any]:
     corpus = json.loads(CORPUS.read_text(encoding="utf-8"))
     endpoints = ensure_services(settings)
@@ -104,7 +84,19 @@ def run_demo(settings: Settings) -> dict[str, Any]:
         exported = list(store.iter_export(tenant_id=corpus["tenant"], subject="alice"))
     finally:
         store.close()
-    dagster = materialize_memories(settings, corpus["tenant"])
+    tenant = corpus["tenant"]
+    run = materialize(settings, tenant)
+    derived = open_derived(settings, open_store(settings, endpoints))
+    try:
+        recall_query = "what should the doctor know before prescribing antibiotics?"
+        recalled = derived.recaller.recall(tenant_id=tenant, user_id="alice", query=recall_query, k=2)
+        lineage = derived.lineage_of_memory(tenant_id=tenant, memory_id=versions["memory_id"])
+        analytics = derived.analytics.query(
+            "SELECT tenant_id, category, count(*) AS memories, avg(text_length)::int AS avg_text_length"
+            " FROM memories GROUP BY ALL ORDER BY tenant_id, category"
+        )
+    finally:
+        derived.store.close()
     return {
         "tenant": corpus["tenant"],
         "home": str(settings.home),
@@ -112,11 +104,24 @@ def run_demo(settings: Settings) -> dict[str, Any]:
         "versions": versions,
         "sharing_modes": sharing,
         "export_of_alice": {"versions": len(exported), "memories": len({e["memory_id"] for e in exported})},
-        "dagster": dagster,
+        "dagster": {
+            "run_id": run["run_id"],
+            "success": run["success"],
+            "materialized": run["assets"],
+            "checks": run["checks"],
+        },
+        "recall": {
+            "user": "alice",
+            "query": recall_query,
+            "results": [{k: r[k] for k in ("memory_id", "version", "text", "score")} for r in recalled],
+        },
+        "lineage_of_versioned_memory": lineage,
+        "analytics": analytics,
         "next": {
             "ui": f"memory-pipelines --home {settings.home} dev   # then open http://127.0.0.1:3000/assets/memories",
-            "what_to_look_at": "asset `memories`, partition `demo`: counts per materialization and the "
-            "store_integrity check; sensor `tenant_partitions_sensor` adds tenants as partitions",
+            "what_to_look_at": "Assets: `memories` and the derived_stores group, partition `demo`: counts per "
+            "materialization and the asset checks; Runs: the `tenant_refresh` run above; sensor "
+            "`tenant_partitions_sensor` adds tenants as partitions",
             "stop": f"memory-pipelines --home {settings.home} stop",
         },
     }

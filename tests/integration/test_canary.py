@@ -1,4 +1,5 @@
-"""No plaintext memory text anywhere under HOME: heap, WAL, logs, key files, Dagster storage."""
+"""No plaintext memory text anywhere under HOME: heap, WAL, logs, key files, Dagster storage,
+Chroma, the keyword index, summaries, the recall cache, Parquet and DuckDB."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import uuid
 import psycopg
 import pytest
 
-from memory_pipelines.demo import materialize_memories
 from memory_pipelines.lib import services
+from memory_pipelines.lib.derived import open_derived
+from memory_pipelines.lib.runtime import open_store
+from memory_pipelines.materialize import materialize
 from tests.conftest import run_cli, scan_for, settings_for
 
 pytestmark = pytest.mark.slow
@@ -51,8 +54,16 @@ def test_canary_text_is_in_zero_files_under_home(tmp_path, monkeypatch):
 
         for key in ("DAGSTER_HOME", "MEMORY_PIPELINES_HOME"):
             monkeypatch.setenv(key, "unset-by-test")
-        run = materialize_memories(settings, "canary")
-        assert run["success"] and run["materialized_counts"]["versions"] == 4
+        run = materialize(settings, "canary")
+        assert run["success"], run["failures"]
+        assert run["assets"]["memories"]["versions"] == 4
+        assert run["assets"]["memory_embeddings"]["embedded"] == 2  # current versions only
+        assert all(run["checks"].values()), run["checks"]
+        # Recall through every derived index decrypts the canary for the caller only.
+        derived = open_derived(settings, open_store(settings))
+        hits = derived.recaller.recall(tenant_id="canary", user_id="alice", query="what is my secret?", k=5)
+        assert any(canary in hit["text"] for hit in hits)
+        derived.store.close()
 
         endpoints = services.ensure_services(settings)
         with psycopg.connect(endpoints.store_conninfo, autocommit=True) as conn:
