@@ -21,6 +21,13 @@ ALL_ASSETS = (
 )
 
 
+def _root_cause(error: Any) -> str:
+    """The innermost error's message (ours name the field), not Dagster's wrapper."""
+    while error.cause is not None:
+        error = error.cause
+    return str(error.message).strip().splitlines()[-1]
+
+
 def materialize(settings: Settings, tenant_id: str, select: Sequence[str] | None = None) -> dict[str, Any]:
     """Materialize `select` (default: every asset) for one tenant; returns counts and check results."""
     import dagster as dg
@@ -56,7 +63,7 @@ def materialize(settings: Settings, tenant_id: str, select: Sequence[str] | None
             }
         checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
         failures = [
-            {"step": e.step_key, "error": e.step_failure_data.error.message.strip().splitlines()[-1]}
+            {"step": e.step_key, "error": _root_cause(e.step_failure_data.error)}
             for e in result.all_events
             if e.event_type_value == "STEP_FAILURE" and e.step_failure_data.error is not None
         ]

@@ -129,3 +129,79 @@ def test_oversized_text_is_refused_by_the_cli(cli_env, tenant):
     assert result.returncode == 2 and "text:" in result.stderr and "64 KiB" in result.stderr
     listing = cli(cli_env, "list", "--tenant", tenant, "--user", "alice")
     assert listing.returncode == 3  # the tenant was never created
+
+
+def test_materialize_recall_lineage_analytics_and_summaries(cli_env, tenant):
+    ok(cli_env, "team", "add-member", "--tenant", tenant, "--team", "core", "--user", "alice")
+    first = ok(
+        cli_env,
+        "write",
+        "--tenant",
+        tenant,
+        "--user",
+        "alice",
+        "--category",
+        "medical",
+        "Takes insulin before breakfast",
+    )
+    ok(cli_env, "write", "--tenant", tenant, "--user", "alice", "--team", "core", "Core on-call rotates weekly")
+    run = ok(cli_env, "materialize", "--tenant", tenant)
+    assert run["success"] and set(run["assets"]) == {
+        "memories",
+        "memory_embeddings",
+        "keyword_index",
+        "subject_summaries",
+        "team_summaries",
+        "analytics_memories",
+    }
+    assert run["assets"]["memory_embeddings"]["embedded"] == 2
+    assert all(run["checks"].values()) and len(run["checks"]) == 6
+
+    recalled = ok(cli_env, "recall", "--tenant", tenant, "--user", "alice", "--k", "1", "diabetes medication")
+    assert [(r["memory_id"], r["version"], r["text"]) for r in recalled] == [
+        (first["memory_id"], 1, "Takes insulin before breakfast")
+    ]
+    assert isinstance(recalled[0]["score"], float)
+
+    lineage = ok(cli_env, "lineage", "--tenant", tenant, "--memory-id", first["memory_id"])
+    assert {(e["store"], e["version"]) for e in lineage} >= {
+        ("chroma", 1),
+        ("keyword_index", 1),
+        ("analytics", 1),
+        ("subject_summaries", 1),
+    }
+    back = ok(cli_env, "lineage", "--tenant", tenant, "--record", f"chroma:{first['memory_id']}:1")
+    assert back["sources"] == [{"memory_id": first["memory_id"], "version": 1}]
+
+    table = ok(
+        cli_env,
+        "analytics",
+        "--sql",
+        f"SELECT category, count(*) FROM memories WHERE tenant_id = '{tenant}' GROUP BY 1 ORDER BY 1",
+    )
+    assert table["rows"] == [["general", 1], ["medical", 1]]
+
+    ok(cli_env, "summary-mode", "--tenant", tenant, "--subject", "alice", "--mode", "full")
+    ok(cli_env, "materialize", "--tenant", tenant, "--select", "subject_summaries")
+    summary = ok(cli_env, "summary", "--tenant", tenant, "--subject", "alice")
+    assert (summary["mode"], summary["summary"]) == ("full", "- Takes insulin before breakfast")
+    assert ok(cli_env, "summary", "--tenant", tenant, "--team", "core")["source_count"] == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["recall", "--tenant", "acme", "--user", "alice", "--k", "0", "x"], "k"),
+        (["recall", "--tenant", "acme", "--user", "alice", " "], "query"),
+        (["recall", "--tenant", "no-such-tenant-zz", "--user", "alice", "x"], "tenant"),
+        (["lineage", "--tenant", "acme", "--record", "nowhere:1"], "record"),
+        (["analytics", "--sql", "DELETE FROM memories"], "sql"),
+        (["materialize", "--tenant", "acme", "--select", "memories,nonsense"], "select"),
+        (["summary-mode", "--tenant", "acme", "--subject", "alice", "--mode", "poetry"], "mode"),
+    ],
+)
+def test_derived_store_commands_reject_bad_input(cli_env, args, field):
+    ok(cli_env, "tenant", "create", "--tenant", "acme")
+    result = cli(cli_env, *args)
+    assert result.returncode != 0 and result.stdout == ""
+    assert f"error: {field}:" in result.stderr, result.stderr

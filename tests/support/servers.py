@@ -1,0 +1,95 @@
+"""Small local servers the tests start themselves: a Chroma server and an OpenAI-compatible API."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def chroma_server(path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`chroma run` on 127.0.0.1; yields its URL and process, stops it afterwards."""
+    port = free_port()
+    binary = Path(sys.executable).parent / "chroma"
+    proc = subprocess.Popen(
+        [str(binary), "run", "--path", str(path), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/v2/heartbeat", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("chroma server did not start") from None
+                time.sleep(0.3)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(20)
+
+
+class FakeLLM:
+    """An OpenAI-compatible /v1/chat/completions endpoint whose behaviour a test switches."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"  # ok | garbage | error | empty
+        self.requests: list[dict[str, Any]] = []
+        llm = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                llm.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+                if self.path != "/v1/chat/completions" or llm.mode == "error":
+                    self._send(500, b'{"error": "boom"}')
+                elif llm.mode == "garbage":
+                    self._send(200, b"<html>not json</html>")
+                else:
+                    facts = body["messages"][-1]["content"].count("\n") + 1
+                    content = "" if llm.mode == "empty" else f"LLM summary of {facts} facts"
+                    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+                    self._send(200, json.dumps(answer).encode())
+
+            def _send(self, status: int, payload: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeLLM:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
