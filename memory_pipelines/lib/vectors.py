@@ -125,29 +125,35 @@ class VectorStore:
         existing = self.ids(tenant_id)
         stale = sorted(existing - set(current))
         new = [cv for record_id, cv in current.items() if record_id not in existing]
+        # Sequential on purpose: overlapping upserts with embedding made both slower on 2 cores
+        # (ONNX already uses every core); measured with benchmarks/ingest.py.
         for start in range(0, len(new), EMBED_CHUNK):
             chunk = new[start : start + EMBED_CHUNK]
             texts = store.open_texts(tenant_id=tenant_id, sources=[cv.source for cv in chunk])
             vectors = self.embedder.embed([texts[cv.source] for cv in chunk])
-            # Lineage first: a vector is never in Chroma without its edge (a crash leaves an edge
-            # without a vector, which the next sync fills).
-            with store.transaction() as conn:
-                lineage.record_single_source_edges(
-                    conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in chunk]
-                )
-            self._call(
-                "upserting vectors",
-                lambda chunk=chunk, vectors=vectors: col.upsert(  # type: ignore[misc]
-                    ids=[cv.record_id for cv in chunk],
-                    embeddings=vectors,
-                    metadatas=[metadata_of(cv) for cv in chunk],
-                ),
-            )
+            del texts
+            self._write_chunk(store, tenant_id, col, chunk, vectors)
         if stale:
             self._call("deleting vectors", lambda: col.delete(ids=stale))
             with store.transaction() as conn:
                 lineage.remove_records(conn, tenant_id=tenant_id, store=STORE, record_ids=stale)
         return {"records": len(current), "embedded": len(new), "removed": len(stale)}
+
+    def _write_chunk(
+        self, store: MemoryStore, tenant_id: str, col: Any, chunk: list[CurrentVersion], vectors: Any
+    ) -> None:
+        # Lineage first: a vector is never in Chroma without its edge (a crash leaves an edge
+        # without a vector, which the next sync fills).
+        with store.transaction() as conn:
+            lineage.record_single_source_edges(
+                conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in chunk]
+            )
+        self._call(
+            "upserting vectors",
+            lambda: col.upsert(
+                ids=[cv.record_id for cv in chunk], embeddings=vectors, metadatas=[metadata_of(cv) for cv in chunk]
+            ),
+        )
 
     def query(
         self, *, tenant_id: str, text: str, limit: int, where: dict[str, Any] | None

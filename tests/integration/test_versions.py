@@ -3,7 +3,7 @@
 import psycopg
 import pytest
 
-from memory_pipelines.lib.errors import ConflictError
+from memory_pipelines.lib.errors import ConflictError, NotFoundError
 from tests.conftest import row_counts
 
 
@@ -96,3 +96,46 @@ def test_store_integrity_holds_after_many_versions(store, tenant):
     }
     stats = store.tenant_stats(tenant_id=tenant)
     assert (stats["memories"], stats["versions"]) == (1, 7)
+
+
+def test_write_many_is_all_or_nothing_and_keeps_the_no_op_rule(store, tenant, endpoints):
+    from memory_pipelines.lib.errors import PermissionDeniedError, ValidationError
+
+    existing = store.write(tenant_id=tenant, user_id="alice", text="Already known")
+    results = store.write_many(
+        tenant_id=tenant,
+        items=[
+            {"user_id": "alice", "text": "Already known"},
+            {"user_id": "alice", "text": "Bulk one", "category": "medical", "original_query": "q?"},
+            {"user_id": "bob", "text": "Bulk two", "do_not_sell": True},
+            {"user_id": "bob", "text": "Bulk two"},  # duplicate inside the batch
+        ],
+    )
+    assert [(r.changed, r.version) for r in results] == [(False, 1), (True, 1), (True, 1), (False, 1)]
+    assert results[0].memory_id == existing.memory_id and results[3].memory_id == results[2].memory_id
+    [row] = store.history(tenant_id=tenant, memory_id=results[1].memory_id)
+    assert (row["text"], row["category"], row["original_query"]) == ("Bulk one", "medical", "q?")
+    assert store.list_visible(tenant_id=tenant, user_id="bob")[0]["do_not_sell"] is True
+
+    before = row_counts(endpoints.store_conninfo)
+    bad_batches = [
+        ([{"user_id": "alice", "text": "fine"}, {"user_id": "alice", "text": " "}], ValidationError, "items[1].text"),
+        ([{"user_id": "a'b", "text": "x"}], ValidationError, "items[0].user_id"),
+        ([{"user_id": "alice", "text": "x", "colour": "red"}], ValidationError, "items[0].colour"),
+        ([{"user_id": "alice", "text": "x", "team_id": "nobody-team"}], NotFoundError, "team"),
+    ]
+    for items, error, field in bad_batches:
+        with pytest.raises(error) as err:
+            store.write_many(tenant_id=tenant, items=items)
+        assert err.value.field == field
+    store.add_team_member(tenant_id=tenant, team_id="core", user_id="alice")
+    before = row_counts(endpoints.store_conninfo)
+    with pytest.raises(PermissionDeniedError):
+        store.write_many(
+            tenant_id=tenant,
+            items=[
+                {"user_id": "alice", "text": "ok", "team_id": "core"},
+                {"user_id": "bob", "text": "not a member", "team_id": "core"},
+            ],
+        )
+    assert row_counts(endpoints.store_conninfo) == before
