@@ -56,7 +56,8 @@ def test_derived_assets_follow_memories_per_tenant_with_checks(definitions):
 
 
 def test_sensors_jobs_and_resources(definitions):
-    assert {sensor.name for sensor in definitions.sensors} == {"tenant_partitions_sensor"}
+    assert {sensor.name for sensor in definitions.sensors} == {"tenant_partitions_sensor", "derived_stores_automation"}
+    assert definitions.resolve_sensor_def("derived_stores_automation").default_status == dg.DefaultSensorStatus.RUNNING
     assert definitions.resolve_sensor_def("tenant_partitions_sensor").default_status == dg.DefaultSensorStatus.RUNNING
     assert definitions.resolve_job_def("memories_snapshot").partitions_def.name == "tenants"
     assert isinstance(definitions.resources["memory_store"], MemoryStoreResource)
@@ -64,7 +65,7 @@ def test_sensors_jobs_and_resources(definitions):
     assert definitions.resolve_job_def("tenant_refresh") is not None
 
 
-def test_sensor_adds_tenants_as_partitions_and_observes_counts(store, session_settings, tenant):
+def test_sensor_adds_tenants_as_partitions_and_reports_counts(store, session_settings, tenant):
     store.write(tenant_id=tenant, user_id="alice", text="sensor sees me")
     resource = MemoryStoreResource(home=str(session_settings.home))
     with dg.instance_for_test() as instance:
@@ -73,6 +74,7 @@ def test_sensor_adds_tenants_as_partitions_and_observes_counts(store, session_se
         [request] = result.dynamic_partitions_requests
         assert tenant in request.partition_keys
         observed = {event.partition: event for event in result.asset_events}
+        assert all(isinstance(event, dg.AssetMaterialization) for event in result.asset_events)
         assert observed[tenant].metadata["memories"].value == 1
         assert "sensor sees me" not in json.dumps({k: str(v) for k, v in observed[tenant].metadata.items()})
 

@@ -20,6 +20,8 @@ from tests.conftest import CLI, settings_for
 pytestmark = pytest.mark.slow
 
 ASSET_QUERY = "{ assetNodes { assetKey { path } groupName partitionKeys } }"
+MATERIALIZED_QUERY = "{ assetNodes { assetKey { path } assetMaterializations(limit: 1) { partition } } }"
+DERIVED = {"memory_embeddings", "keyword_index", "subject_summaries", "team_summaries", "analytics_memories"}
 
 
 def free_port() -> int:
@@ -78,6 +80,18 @@ def test_dev_shows_memories_partitioned_by_tenant(tmp_path):
         assert by_key["memories"]["groupName"] == "memory_store"
         assert by_key["memory_embeddings"]["groupName"] == "derived_stores"
         assert all(node["partitionKeys"] == ["acme"] for node in by_key.values())
+
+        # The sensor reported the tenant's memories; eager automation materializes every derived store.
+        deadline, done = time.monotonic() + 240, set()
+        while time.monotonic() < deadline and done != DERIVED:
+            data = graphql(port, MATERIALIZED_QUERY)["data"]["assetNodes"]
+            done = {
+                "/".join(n["assetKey"]["path"])
+                for n in data
+                if n["assetMaterializations"] and n["assetMaterializations"][0]["partition"] == "acme"
+            } & DERIVED
+            time.sleep(3)
+        assert done == DERIVED
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
