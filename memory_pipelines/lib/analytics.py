@@ -89,7 +89,7 @@ class AnalyticsStore:
         os.replace(tmp, target)
         with store.transaction() as conn:
             conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
-            lineage.record_single_source_edges(
+            lineage.insert_edges(
                 conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in kept]
             )
         self.refresh_views()

@@ -78,7 +78,7 @@ class KeywordIndex:
                         for token in tokens(texts[cv.source]):
                             copy.write_row((tenant_id, crypto.mac(key, token.encode()), cv.memory_id, cv.version))
                             postings += 1
-                lineage.record_single_source_edges(
+                lineage.insert_edges(
                     conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in chunk]
                 )
         return {"records": len(current), "indexed": len(new), "removed": len(stale), "postings_written": postings}

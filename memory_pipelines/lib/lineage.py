@@ -21,24 +21,17 @@ def record_edges(
     conn: psycopg.Connection, *, tenant_id: str, store: str, record_id: str, sources: Iterable[Source]
 ) -> int:
     """Replace the sources of one derived record; returns the number of edges now recorded."""
-    rows = [(tenant_id, store, record_id, memory_id, version) for memory_id, version in sorted(set(sources))]
     conn.execute(
         "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s AND record_id = %s",
         (tenant_id, store, record_id),
     )
-    with conn.cursor() as cur:
-        cur.executemany(
-            "INSERT INTO derived.lineage (tenant_id, store, record_id, source_memory_id, source_version)"
-            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            rows,
-        )
-    return len(rows)
+    return insert_edges(
+        conn, tenant_id=tenant_id, store=store, records=[(record_id, source) for source in sorted(set(sources))]
+    )
 
 
-def record_single_source_edges(
-    conn: psycopg.Connection, *, tenant_id: str, store: str, records: Iterable[tuple[str, Source]]
-) -> int:
-    """Bulk edges for stores whose record has exactly one source (embeddings, postings, analytics rows)."""
+def insert_edges(conn: psycopg.Connection, *, tenant_id: str, store: str, records: Iterable[tuple[str, Source]]) -> int:
+    """Bulk (record_id, source) edges, idempotent (e.g. one per vector, posting set or analytics row)."""
     rows = [(tenant_id, store, record_id, memory_id, version) for record_id, (memory_id, version) in records]
     with conn.cursor() as cur:
         cur.executemany(

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import httpx
 
 from memory_pipelines.lib import crypto, lineage, validation
-from memory_pipelines.lib.errors import MemoryPipelinesError, ValidationError
+from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.store import CurrentVersion, MemoryStore
 
 SUBJECT_STORE = "subject_summaries"
@@ -218,8 +218,7 @@ class SummaryStore:
         return {"summaries": len(groups), "rebuilt": built, "unchanged": unchanged, "removed": len(gone)}
 
     def read(self, *, tenant_id: str, scope: str, scope_id: str) -> dict[str, Any]:
-        from memory_pipelines.lib.errors import NotFoundError
-
+        """The decrypted summary of one subject or team, with its sources."""
         self.store.require_tenant(tenant_id=tenant_id)
         with self.store.transaction() as conn:
             row = conn.execute(

@@ -145,7 +145,7 @@ class VectorStore:
         # Lineage first: a vector is never in Chroma without its edge (a crash leaves an edge
         # without a vector, which the next sync fills).
         with store.transaction() as conn:
-            lineage.record_single_source_edges(
+            lineage.insert_edges(
                 conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in chunk]
             )
         self._call(

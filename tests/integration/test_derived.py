@@ -205,7 +205,7 @@ def _checks_only(session_settings, tenant: str) -> dict[str, bool]:
 def test_asset_checks_fail_when_stores_are_corrupted_on_purpose(derived, store, session_settings, team_tenant):
     tenant = team_tenant
     mine = store.write(tenant_id=tenant, user_id="alice", text="Alice collects vinyl records")
-    store.write(tenant_id=tenant, user_id="alice", text="Core uses trunk-based development", team_id="core")
+    team_note = store.write(tenant_id=tenant, user_id="alice", text="Core uses trunk-based development", team_id="core")
     derived.sync_all(tenant_id=tenant)
     assert set(_checks_only(session_settings, tenant).values()) == {True}
 
@@ -232,7 +232,7 @@ def test_asset_checks_fail_when_stores_are_corrupted_on_purpose(derived, store, 
         conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant, keyword_module.STORE))
     # Summaries and analytics: the source changes and the copies are not rebuilt; a do-not-sell opt-out lands late.
     store.write(tenant_id=tenant, user_id="alice", text="Alice sold her vinyl", memory_id=mine.memory_id)
-    store.write(tenant_id=tenant, user_id="bob", text="Core now deploys daily", team_id="core")
+    store.write(tenant_id=tenant, user_id="alice", text="Core moved to release trains", memory_id=team_note.memory_id)
     store.write(tenant_id=tenant, user_id="alice", text="Alice's other hobby is chess", do_not_sell=False)
     derived.analytics.rebuild(store=store, tenant_id=tenant)
     store.set_do_not_sell(tenant_id=tenant, subject="alice")
@@ -242,7 +242,7 @@ def test_asset_checks_fail_when_stores_are_corrupted_on_purpose(derived, store, 
         "embeddings_lineage_and_no_documents": False,
         "keyword_index_lineage": False,
         "subject_summaries_lineage": False,
-        "team_summaries_lineage": True,  # the team summary's sources are all still current
+        "team_summaries_lineage": False,
         "analytics_no_text_no_do_not_sell": False,
     }
 
