@@ -33,6 +33,12 @@ DEFAULT_CONFIDENCE = 1.0
 EXPORT_BATCH = 500
 
 # Query texts are constants; every value travels as a bound parameter.
+# Hide at once: a forgotten subject's memories and tombstoned versions vanish from every read the
+# moment a deletion request is accepted, before any store is touched.
+_NOT_HIDDEN = (
+    " AND s.forgotten_at IS NULL AND NOT EXISTS (SELECT 1 FROM control.tombstones t"
+    " WHERE t.tenant_id = v.tenant_id AND t.memory_id = v.memory_id AND t.version = v.version)"
+)
 _SELECT_MEMORY = (
     "SELECT m.tenant_id, m.memory_id, m.user_id, m.team_id, m.memory_type, m.do_not_sell AS memory_dns,"
     " m.created_at AS memory_created_at, m.updated_at, m.current_version,"
@@ -56,21 +62,26 @@ _VISIBLE_WHERE = {
 _SELECT_VISIBLE = {
     mode: _SELECT_MEMORY
     + " AND v.version = m.current_version WHERE m.tenant_id = %(tenant)s"
+    + _NOT_HIDDEN
     + where
     + " ORDER BY m.created_at, m.memory_id"
     for mode, where in _VISIBLE_WHERE.items()
 }
-_SELECT_CURRENT = (
+_CURRENT_BASE = (
     "SELECT m.memory_id, v.version, m.user_id, m.team_id, m.memory_type, v.shareable, v.category, v.confidence,"
     " (m.do_not_sell OR s.do_not_sell) AS do_not_sell, s.epoch, m.created_at, m.updated_at, v.created_at"
     " FROM memory.memories m"
     " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
     " JOIN memory.memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
     " AND v.version = m.current_version"
-    " WHERE m.tenant_id = %s ORDER BY m.memory_id"
+    " WHERE m.tenant_id = %s"
 )
+_SELECT_CURRENT = _CURRENT_BASE + _NOT_HIDDEN + " ORDER BY m.memory_id"
 _SELECT_EXPORT = (
-    _SELECT_MEMORY + " WHERE m.tenant_id = %s AND m.user_id = %s ORDER BY m.created_at, m.memory_id, v.version"
+    _SELECT_MEMORY
+    + " WHERE m.tenant_id = %s AND m.user_id = %s"
+    + _NOT_HIDDEN
+    + " ORDER BY m.created_at, m.memory_id, v.version"
 )
 
 
@@ -184,19 +195,29 @@ class MemoryStore:
         conn.execute(
             "INSERT INTO memory.tenants (tenant_id) VALUES (%s) ON CONFLICT (tenant_id) DO NOTHING", (tenant_id,)
         )
+        MemoryStore._tenant_mode(conn, tenant_id)  # refuses a deleted tenant
 
     @staticmethod
     def _ensure_subject(conn: psycopg.Connection, tenant_id: str, user_id: str) -> None:
-        conn.execute(
-            "INSERT INTO memory.subjects (tenant_id, user_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+        row = conn.execute(
+            "INSERT INTO memory.subjects (tenant_id, user_id) VALUES (%s, %s)"
+            " ON CONFLICT (tenant_id, user_id) DO UPDATE SET user_id = EXCLUDED.user_id RETURNING forgotten_at",
             (tenant_id, user_id),
-        )
+        ).fetchone()
+        if row is not None and row[0] is not None:
+            raise ConflictError(
+                "user", f"subject {user_id!r} is being forgotten; writes resume when that job completes"
+            )
 
     @staticmethod
     def _tenant_mode(conn: psycopg.Connection, tenant_id: str) -> str:
-        row = conn.execute("SELECT sharing_mode FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)).fetchone()
+        row = conn.execute(
+            "SELECT sharing_mode, deleted_at FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)
+        ).fetchone()
         if row is None:
             raise NotFoundError("tenant", f"unknown tenant {tenant_id!r}")
+        if row[1] is not None:
+            raise NotFoundError("tenant", f"tenant {tenant_id!r} was deleted")
         return str(row[0])
 
     def create_tenant(self, *, tenant_id: str, sharing_mode: str = "strict") -> dict[str, Any]:
@@ -230,7 +251,7 @@ class MemoryStore:
                        (SELECT count(*) FROM memory.memories m WHERE m.tenant_id = t.tenant_id) AS memories,
                        (SELECT count(*) FROM memory.subjects s WHERE s.tenant_id = t.tenant_id) AS subjects,
                        (SELECT count(*) FROM memory.teams tm WHERE tm.tenant_id = t.tenant_id) AS teams
-                FROM memory.tenants t ORDER BY t.tenant_id
+                FROM memory.tenants t WHERE t.deleted_at IS NULL ORDER BY t.tenant_id
                 """
             ).fetchall()
         return [
@@ -249,7 +270,10 @@ class MemoryStore:
     def tenant_watermarks(self) -> dict[str, int]:
         """tenant -> change sequence; grows with every write, so a sensor can tell what changed."""
         with self.transaction() as conn:
-            return {r[0]: int(r[1]) for r in conn.execute("SELECT tenant_id, change_seq FROM memory.tenants")}
+            return {
+                r[0]: int(r[1])
+                for r in conn.execute("SELECT tenant_id, change_seq FROM memory.tenants WHERE deleted_at IS NULL")
+            }
 
     def add_team_member(self, *, tenant_id: str, team_id: str, user_id: str) -> dict[str, Any]:
         """Add a user to a team, creating tenant and team if needed (idempotent)."""
@@ -532,14 +556,19 @@ class MemoryStore:
     @staticmethod
     def _head(conn: psycopg.Connection, tenant_id: str, memory_id: str, *, lock: bool = False) -> dict[str, Any]:
         query = (
-            "SELECT m.*, v.shareable, v.category, v.confidence, v.text_mac, v.original_query_ct, v.key_id "
-            "FROM memory.memories m JOIN memory.memory_versions v "
+            "SELECT m.*, v.shareable, v.category, v.confidence, v.text_mac, v.original_query_ct, v.key_id,"
+            " (s.forgotten_at IS NOT NULL OR EXISTS (SELECT 1 FROM control.tombstones t"
+            "   WHERE t.tenant_id = m.tenant_id AND t.memory_id = m.memory_id AND t.version = m.current_version))"
+            " AS hidden"
+            " FROM memory.memories m"
+            " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
+            " JOIN memory.memory_versions v"
             "  ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id AND v.version = m.current_version "
             "WHERE m.tenant_id = %s AND m.memory_id = %s"
         )
         with conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(query + (" FOR UPDATE OF m" if lock else ""), (tenant_id, memory_id)).fetchone()
-        if row is None:
+        if row is None or row["hidden"]:
             raise NotFoundError("memory_id", f"no memory {memory_id} in tenant {tenant_id!r}")
         return row
 
@@ -825,7 +854,9 @@ class MemoryStore:
             head = self._head(conn, tenant_id, memory_id)
             with conn.cursor(row_factory=dict_row) as cur:
                 rows = cur.execute(
-                    "SELECT * FROM memory.memory_versions WHERE tenant_id = %s AND memory_id = %s ORDER BY version",
+                    "SELECT * FROM memory.memory_versions v WHERE v.tenant_id = %s AND v.memory_id = %s"
+                    " AND NOT EXISTS (SELECT 1 FROM control.tombstones t WHERE t.tenant_id = v.tenant_id"
+                    " AND t.memory_id = v.memory_id AND t.version = v.version) ORDER BY version",
                     (tenant_id, memory_id),
                 ).fetchall()
             return [
