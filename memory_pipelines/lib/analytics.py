@@ -95,11 +95,25 @@ class AnalyticsStore:
         self.refresh_views()
         return {"rows": len(kept), "excluded_do_not_sell": len(current) - len(kept)}
 
+    def drop(self, *, store: MemoryStore, tenant_id: str) -> int:
+        """Remove the tenant's partition and its lineage (tenant offboarding); returns rows removed."""
+        table = self.read_partition(tenant_id)
+        path = self.partition_file(tenant_id)
+        if path.exists():
+            path.unlink()
+            path.parent.rmdir()
+        with store.transaction() as conn:
+            conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
+        self.refresh_views()
+        return 0 if table is None else table.num_rows
+
     def refresh_views(self) -> None:
         """(Re)create the `memories` view over every tenant's partition."""
         pattern = str(self.data_dir / "*" / "*.parquet")
         with _views_lock, duckdb.connect(str(self.database)) as con:
-            if any(self.data_dir.glob("*/*.parquet")):
+            if not any(self.data_dir.glob("*/*.parquet")):
+                con.execute("DROP VIEW IF EXISTS memories")
+            else:
                 # DDL takes no bound parameters; the path is ours (under HOME), quoted as a literal.
                 literal = "'" + pattern.replace("'", "''") + "'"
                 con.execute(

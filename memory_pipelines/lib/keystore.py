@@ -30,6 +30,13 @@ _DATA_KEY_SQL = {
     ),
 }
 _OWNER_FIELD = {"subject": "user", "team": "team"}
+_DESTROY_TENANT_SQL = {
+    "subject_keys": "DELETE FROM keystore.subject_keys WHERE tenant_id = %s RETURNING key_id",
+    "team_keys": "DELETE FROM keystore.team_keys WHERE tenant_id = %s RETURNING key_id",
+    "tenant_keys": "DELETE FROM keystore.tenant_keys WHERE tenant_id = %s RETURNING key_id",
+}
+# Tenant ids start with a letter or digit, so this can never collide with one.
+CONTROL_TENANT = "__control_plane__"
 
 
 class KeyStore:
@@ -103,6 +110,41 @@ class KeyStore:
     ) -> tuple[str, bytes]:
         """The data key of one team; team summaries are sealed under it and rebuilt when an author is forgotten."""
         return self._data_key(conn, "team", tenant_id, team_id, create=create)
+
+    def control_key(self, conn: psycopg.Connection) -> bytes:
+        """The control-plane key (scope HMACs). Never shredded: proofs must stay checkable."""
+        row = conn.execute("SELECT wrapped, provider FROM keystore.control_key WHERE id = 1").fetchone()
+        if row is None:
+            key, wrapped = self.master.new_wrapped_key(tenant_id=CONTROL_TENANT)
+            inserted = conn.execute(
+                "INSERT INTO keystore.control_key (id, wrapped, provider) VALUES (1, %s, %s)"
+                " ON CONFLICT (id) DO NOTHING RETURNING id",
+                (wrapped, self.master.provider),
+            ).fetchone()
+            return key if inserted is not None else self.control_key(conn)
+        cached = self._cached("control")
+        if cached is not None:
+            return cached
+        return self._remember("control", self.master.unwrap(bytes(row[0]), tenant_id=CONTROL_TENANT))
+
+    def destroy_subject_key(self, conn: psycopg.Connection, tenant_id: str, user_id: str) -> str | None:
+        """Delete the subject's wrapped key (crypto-shredding); returns the destroyed key id."""
+        row = conn.execute(
+            "DELETE FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s RETURNING key_id",
+            (tenant_id, user_id),
+        ).fetchone()
+        self.forget_cached()
+        return None if row is None else str(row[0])
+
+    def destroy_tenant_keys(self, conn: psycopg.Connection, tenant_id: str) -> list[str]:
+        """Delete the tenant key and every subject and team key under it; returns destroyed key ids."""
+        destroyed = [
+            str(r[0])
+            for table in ("subject_keys", "team_keys", "tenant_keys")
+            for r in conn.execute(_DESTROY_TENANT_SQL[table], (tenant_id,)).fetchall()
+        ]
+        self.forget_cached()
+        return destroyed
 
     def tenant_subkey(self, conn: psycopg.Connection, tenant_id: str, purpose: str) -> bytes:
         """A key derived from the tenant key for one purpose (blind index, pseudonyms, cache keys)."""

@@ -12,9 +12,10 @@ from typing import Any
 
 import psycopg
 
-Source = tuple[str, int]  # (memory_id, version)
+from memory_pipelines.lib.registry import DERIVED_STORES, require_registered
 
-STORES = ("chroma", "keyword_index", "subject_summaries", "team_summaries", "analytics", "recall_cache")
+Source = tuple[str, int]  # (memory_id, version)
+STORES = DERIVED_STORES
 
 
 def record_edges(
@@ -32,6 +33,7 @@ def record_edges(
 
 def insert_edges(conn: psycopg.Connection, *, tenant_id: str, store: str, records: Iterable[tuple[str, Source]]) -> int:
     """Bulk (record_id, source) edges, idempotent (e.g. one per vector, posting set or analytics row)."""
+    require_registered(store)
     rows = [(tenant_id, store, record_id, memory_id, version) for record_id, (memory_id, version) in records]
     with conn.cursor() as cur:
         cur.executemany(

@@ -110,6 +110,42 @@ class VectorStore:
         with store.transaction() as conn:
             conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
 
+    def drop(self, tenant_id: str) -> bool:
+        """Delete the tenant's collection (its files go with it); True when one existed."""
+        client = self.client()
+        name = collection_name(tenant_id)
+        existing = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+        if name not in existing:
+            return False
+        self._call("deleting the collection", lambda: client.delete_collection(name=name))
+        return True
+
+    def rebuild(self, tenant_id: str) -> int:
+        """Copy the remaining vectors into a fresh collection: deleted vectors leave the HNSW files."""
+        client = self.client()
+        col = self.collection(tenant_id)
+        kept = self._call("reading vectors", lambda: col.get(include=["embeddings", "metadatas"]))
+        metadata = dict(col.metadata or {})
+        self.drop(tenant_id)
+        fresh = self._call(
+            "recreating the collection",
+            lambda: client.get_or_create_collection(
+                name=collection_name(tenant_id), metadata=metadata, embedding_function=None
+            ),
+        )
+        ids = list(kept["ids"])
+        for start in range(0, len(ids), 1000):
+            end = start + 1000
+            self._call(
+                "restoring vectors",
+                lambda start=start, end=end: fresh.add(  # type: ignore[misc]
+                    ids=ids[start:end],
+                    embeddings=kept["embeddings"][start:end],
+                    metadatas=kept["metadatas"][start:end],
+                ),
+            )
+        return len(ids)
+
     def ids(self, tenant_id: str) -> set[str]:
         col = self.collection(tenant_id)
         return set(self._call("listing ids", lambda: col.get(include=[])["ids"]))

@@ -1,0 +1,822 @@
+"""Forgetting: deletion jobs that hide at once, cascade through every registered store via lineage,
+erase physically, destroy keys, verify (exact ids and paraphrase probes) and prove.
+
+States: REQUESTED -> FROZEN -> DELETING -> VERIFYING -> COMPLETE, or BLOCKED from any of the
+middle three. A job never reaches COMPLETE while a target is not DONE; a retry resumes
+idempotently. Jobs, audit rows, the outbox and proofs hold ids, HMACs and counts, never text.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from memory_pipelines.lib import crypto, registry, validation
+from memory_pipelines.lib.analytics import STORE as ANALYTICS_STORE
+from memory_pipelines.lib.derived import DerivedStores
+from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ValidationError
+from memory_pipelines.lib.keyword import tokens
+from memory_pipelines.lib.recall import CACHE_STORE
+from memory_pipelines.lib.summaries import SUBJECT_STORE, TEAM_STORE
+
+POLICY_VERSION = "deletion-policy-2026-11"
+# Days to complete by basis; a regulator's clock, not a target (we finish in seconds).
+DEADLINE_DAYS = {"gdpr-art17": 30, "ccpa": 45, "user-request": 30, "retention": 30, "offboarding": 30}
+OPEN_STATES = ("REQUESTED", "FROZEN", "DELETING", "VERIFYING", "BLOCKED")
+_SUMMARY_SCOPES = {SUBJECT_STORE: "subject", TEAM_STORE: "team"}
+Source = tuple[str, int]
+Hook = Callable[[str, list[str]], None]
+
+
+class DeletionBlocked(MemoryPipelinesError):
+    """A store step or the verification failed; the job is BLOCKED with an error code per target."""
+
+    exit_code = 8
+
+    def __init__(self, store: str, code: str, detail: str) -> None:
+        super().__init__(store, f"{code}: {detail}")
+        self.code = code
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _error_code(store: str, exc: BaseException) -> str:
+    if isinstance(exc, DeletionBlocked):
+        return exc.code
+    if isinstance(exc, psycopg.OperationalError) or type(exc).__name__ == "ServiceError":
+        return f"{store.upper()}_UNAVAILABLE"
+    return f"{store.upper()}_{type(exc).__name__.upper()}"
+
+
+class DeletionService:
+    """Accepts deletion requests and runs them. `hooks` let fault-injection tests act between steps."""
+
+    def __init__(self, derived: DerivedStores, *, hooks: dict[str, Hook] | None = None) -> None:
+        self.derived = derived
+        self.store = derived.store
+        self.hooks = hooks or {}
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def request(
+        self,
+        *,
+        tenant_id: str,
+        subject: str | None = None,
+        memory_id: str | None = None,
+        version: int | None = None,
+        all_tenant: bool = False,
+        confirm: str | None = None,
+        basis: str = "user-request",
+    ) -> dict[str, Any]:
+        """Accept a request, resolved to a stable scope, and hide that scope from every read at once."""
+        validation.check_id("tenant", tenant_id)
+        if basis not in DEADLINE_DAYS:
+            raise ValidationError("basis", f"must be one of {', '.join(DEADLINE_DAYS)}")
+        given = [subject is not None, memory_id is not None, all_tenant]
+        if sum(given) != 1:
+            raise ValidationError("scope", "give exactly one of subject, memory_id or all (the whole tenant)")
+        if version is not None and memory_id is None:
+            raise ValidationError("version", "is only valid with memory_id")
+        if all_tenant:
+            scope = "TENANT"
+            if confirm != tenant_id:
+                raise ValidationError("confirm", "must repeat the tenant id to delete the whole tenant")
+        elif subject is not None:
+            scope = "SUBJECT"
+            validation.check_id("subject", subject)
+        else:
+            scope = "MEMORY"
+            validation.check_memory_id("memory_id", memory_id)
+            if version is not None:
+                validation.check_version(version)
+        self.store.require_tenant(tenant_id=tenant_id)
+        parts = [scope, tenant_id, subject or "", memory_id or "", "" if version is None else str(version)]
+        with self.store.transaction() as conn:
+            scope_hash = crypto.mac(self.store.keys.control_key(conn), json.dumps(parts).encode())
+            open_job = conn.execute(
+                "SELECT job_id FROM control.deletion_jobs WHERE tenant_id = %s AND scope_hash = %s"
+                " AND state <> 'COMPLETE'",
+                (tenant_id, scope_hash),
+            ).fetchone()
+            if open_job is not None:
+                return {**self._job(conn, open_job[0]), "duplicate": True}
+            versions: list[int] = []
+            if scope == "MEMORY":
+                assert memory_id is not None
+                versions = self._memory_versions(conn, tenant_id, memory_id, version)
+            job_id = "del_" + uuid.uuid4().hex
+            deadline = _now() + timedelta(days=DEADLINE_DAYS[basis])
+            conn.execute(
+                "INSERT INTO control.deletion_jobs (job_id, tenant_id, scope, subject_id, memory_id, version,"
+                " scope_hash, basis, policy_version, state, deadline) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s,"
+                " 'REQUESTED', %s)",
+                (job_id, tenant_id, scope, subject, memory_id, version, scope_hash, basis, POLICY_VERSION, deadline),
+            )
+            epoch = self._hide(conn, job_id, scope, tenant_id, subject, memory_id, versions)
+            if epoch is not None:
+                conn.execute("UPDATE control.deletion_jobs SET subject_epoch = %s WHERE job_id = %s", (epoch, job_id))
+            conn.execute(
+                "UPDATE memory.tenants SET change_seq = change_seq + 1, updated_at = now() WHERE tenant_id = %s",
+                (tenant_id,),
+            )
+            self._audit(conn, job_id, tenant_id, "received", "REQUESTED", {"scope": scope, "basis": basis})
+            return {**self._job(conn, job_id), "duplicate": False}
+
+    @staticmethod
+    def _memory_versions(conn: psycopg.Connection, tenant_id: str, memory_id: str, version: int | None) -> list[int]:
+        rows = [
+            r[0]
+            for r in conn.execute(
+                "SELECT v.version FROM memory.memory_versions v JOIN memory.memories m"
+                " ON m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
+                " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
+                " WHERE v.tenant_id = %s AND v.memory_id = %s AND s.forgotten_at IS NULL"
+                " AND NOT EXISTS (SELECT 1 FROM control.tombstones t WHERE t.tenant_id = v.tenant_id"
+                " AND t.memory_id = v.memory_id AND t.version = v.version) ORDER BY v.version",
+                (tenant_id, memory_id),
+            )
+        ]
+        if not rows:
+            raise NotFoundError("memory_id", f"no memory {memory_id} in tenant {tenant_id!r}")
+        if version is not None:
+            if version not in rows:
+                raise NotFoundError("version", f"memory {memory_id} has no version {version}")
+            return [version]
+        return rows
+
+    def _hide(
+        self,
+        conn: psycopg.Connection,
+        job_id: str,
+        scope: str,
+        tenant_id: str,
+        subject: str | None,
+        memory_id: str | None,
+        versions: list[int],
+    ) -> int | None:
+        """Close the scope for every read in the same transaction that accepts the job."""
+        if scope == "SUBJECT":
+            row = conn.execute(
+                "UPDATE memory.subjects SET epoch = epoch + 1, forgotten_at = now()"
+                " WHERE tenant_id = %s AND user_id = %s RETURNING epoch",
+                (tenant_id, subject),
+            ).fetchone()
+            epoch = None if row is None else int(row[0])
+            conn.execute(
+                "INSERT INTO control.journal (tenant_id, kind, subject_id, epoch, job_id)"
+                " VALUES (%s, 'SUBJECT_EPOCH', %s, %s, %s)",
+                (tenant_id, subject, epoch, job_id),
+            )
+            return epoch
+        if scope == "MEMORY":
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO control.tombstones (tenant_id, memory_id, version, job_id) VALUES (%s, %s, %s, %s)"
+                    " ON CONFLICT DO NOTHING",
+                    [(tenant_id, memory_id, v, job_id) for v in versions],
+                )
+                cur.executemany(
+                    "INSERT INTO control.journal (tenant_id, kind, memory_id, version, job_id)"
+                    " VALUES (%s, 'TOMBSTONE', %s, %s, %s)",
+                    [(tenant_id, memory_id, v, job_id) for v in versions],
+                )
+            return None
+        conn.execute("UPDATE memory.tenants SET deleted_at = now() WHERE tenant_id = %s", (tenant_id,))
+        conn.execute(
+            "INSERT INTO control.journal (tenant_id, kind, job_id) VALUES (%s, 'TENANT_DELETED', %s)",
+            (tenant_id, job_id),
+        )
+        return None
+
+    # -- reading jobs ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _job(conn: psycopg.Connection, job_id: str) -> dict[str, Any]:
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute("SELECT * FROM control.deletion_jobs WHERE job_id = %s", (job_id,)).fetchone()
+        if row is None:
+            raise NotFoundError("job_id", f"no deletion job {job_id!r}")
+        return {
+            "job_id": row["job_id"],
+            "tenant_id": row["tenant_id"],
+            "state": row["state"],
+            "scope": {
+                "type": row["scope"],
+                "subject": row["subject_id"],
+                "memory_id": row["memory_id"],
+                "version": row["version"],
+            },
+            "scope_hash": bytes(row["scope_hash"]).hex(),
+            "basis": row["basis"],
+            "deadline": row["deadline"].isoformat(),
+            "targets": row["targets"],
+            "target_versions": row["target_count"],
+            "attempts": row["attempts"],
+            "created_at": row["created_at"].isoformat(),
+            "completed_at": None if row["completed_at"] is None else row["completed_at"].isoformat(),
+        }
+
+    def status(self, *, job_id: str) -> dict[str, Any]:
+        with self.store.transaction() as conn:
+            return self._job(conn, job_id)
+
+    def proof(self, *, job_id: str) -> dict[str, Any]:
+        with self.store.transaction() as conn:
+            job = self._job(conn, job_id)
+            row = conn.execute("SELECT proof FROM control.deletion_jobs WHERE job_id = %s", (job_id,)).fetchone()
+        if row is None or row[0] is None:
+            raise NotFoundError("job_id", f"job {job_id} is {job['state']}; a proof exists once it is COMPLETE")
+        return dict(row[0])
+
+    def list_jobs(self, *, state: str | None = None, tenant_id: str | None = None) -> list[dict[str, Any]]:
+        if state is not None and state not in (*OPEN_STATES, "COMPLETE"):
+            raise ValidationError("state", f"must be one of {', '.join((*OPEN_STATES, 'COMPLETE'))}")
+        with self.store.transaction() as conn:
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT job_id FROM control.deletion_jobs WHERE (%s::text IS NULL OR state = %s)"
+                    " AND (%s::text IS NULL OR tenant_id = %s) ORDER BY created_at",
+                    (state, state, tenant_id, tenant_id),
+                )
+            ]
+            return [self._job(conn, job_id) for job_id in ids]
+
+    def pending(
+        self, *, tenant_id: str | None = None, states: tuple[str, ...] = ("REQUESTED",)
+    ) -> dict[str, list[str]]:
+        """tenant -> job ids in `states` (what the forget sensor batches)."""
+        out: dict[str, list[str]] = {}
+        with self.store.transaction() as conn:
+            for job_tenant, job_id in conn.execute(
+                "SELECT tenant_id, job_id FROM control.deletion_jobs WHERE state = ANY(%s)"
+                " AND (%s::text IS NULL OR tenant_id = %s) ORDER BY created_at",
+                (list(states), tenant_id, tenant_id),
+            ):
+                out.setdefault(job_tenant, []).append(job_id)
+        return out
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def _audit(
+        self, conn: psycopg.Connection, job_id: str, tenant_id: str, event: str, state: str, detail: dict[str, Any]
+    ) -> None:
+        conn.execute(
+            "INSERT INTO control.audit (job_id, tenant_id, event, state, detail) VALUES (%s, %s, %s, %s, %s)",
+            (job_id, tenant_id, event, state, json.dumps(detail)),
+        )
+
+    def _set_state(self, jobs: list[dict[str, Any]], state: str, **detail: Any) -> None:
+        with self.store.transaction() as conn:
+            for job in jobs:
+                conn.execute(
+                    "UPDATE control.deletion_jobs SET state = %s, updated_at = now() WHERE job_id = %s",
+                    (state, job["job_id"]),
+                )
+                self._audit(conn, job["job_id"], job["tenant_id"], "state", state, detail)
+                job["state"] = state
+
+    def _hook(self, step: str, jobs: list[dict[str, Any]]) -> None:
+        if step in self.hooks:
+            self.hooks[step](step, [job["job_id"] for job in jobs])
+
+    def run_batch(self, *, tenant_id: str, job_ids: list[str]) -> dict[str, Any]:
+        """Run deletion jobs of one tenant together: each store is visited once for the whole batch."""
+        with self.store.transaction() as conn:
+            jobs = [self._job(conn, job_id) for job_id in job_ids]
+        for job in jobs:
+            if job["tenant_id"] != tenant_id:
+                raise ValidationError("job_id", f"job {job['job_id']} belongs to another tenant")
+        jobs = [job for job in jobs if job["state"] != "COMPLETE"]
+        if not jobs:
+            return {"tenant_id": tenant_id, "jobs": {}, "stores": {}}
+        with self.store.transaction() as conn:
+            conn.execute(
+                "UPDATE control.deletion_jobs SET attempts = attempts + 1 WHERE job_id = ANY(%s)",
+                ([j["job_id"] for j in jobs],),
+            )
+        timings: dict[str, float] = {}
+        step = "freeze"
+        try:
+            started = time.perf_counter()
+            self._set_state(jobs, "FROZEN")
+            targets = self._resolve_targets(tenant_id, jobs)
+            # Paraphrase probes: built in memory from each target's text before deletion, discarded after.
+            probes = self._build_probes(tenant_id, targets)
+            timings["freeze"] = time.perf_counter() - started
+            self._hook("frozen", jobs)
+            self._set_state(jobs, "DELETING")
+            counts: dict[str, dict[str, int]] = {}
+            for spec in registry.STORES:
+                step = spec.name
+                started = time.perf_counter()
+                counts[spec.name] = self._delete_in(spec.name, tenant_id, jobs, targets)
+                timings[spec.name] = time.perf_counter() - started
+                self._record_targets(jobs, spec.name, counts[spec.name])
+                self._hook(f"deleted:{spec.name}", jobs)
+            step = "verify"
+            self._set_state(jobs, "VERIFYING")
+            started = time.perf_counter()
+            verification = self._verify(tenant_id, jobs, targets, probes)
+            timings["verify"] = time.perf_counter() - started
+            del probes
+            self._hook("verified", jobs)
+            self._complete(tenant_id, jobs, targets, verification)
+        except Exception as exc:
+            code = _error_code(step, exc)
+            self._block(jobs, step, code)
+            raise DeletionBlocked(step, code, f"{type(exc).__name__}: {exc}") from exc
+        return {
+            "tenant_id": tenant_id,
+            "jobs": {job["job_id"]: "COMPLETE" for job in jobs},
+            "stores": {name: sum(c.values()) for name, c in counts.items()},
+            "seconds": {name: round(value, 4) for name, value in timings.items()},
+        }
+
+    def _block(self, jobs: list[dict[str, Any]], step: str, code: str) -> None:
+        try:
+            with self.store.transaction() as conn:
+                for job in jobs:
+                    targets = dict(job["targets"])
+                    targets[step] = f"FAILED:{code}"
+                    conn.execute(
+                        "UPDATE control.deletion_jobs SET state = 'BLOCKED', targets = %s, updated_at = now()"
+                        " WHERE job_id = %s",
+                        (json.dumps(targets), job["job_id"]),
+                    )
+                    self._audit(
+                        conn, job["job_id"], job["tenant_id"], "blocked", "BLOCKED", {"step": step, "code": code}
+                    )
+        except MemoryPipelinesError:
+            pass  # the control plane itself is unreachable: the job stays in its last recorded state
+
+    def _resolve_targets(self, tenant_id: str, jobs: list[dict[str, Any]]) -> dict[str, set[Source]]:
+        """job_id -> exact (memory_id, version) set, fixed at the first run and reused on resume."""
+        out: dict[str, set[Source]] = {}
+        with self.store.transaction() as conn:
+            for job in jobs:
+                fixed = conn.execute(
+                    "SELECT memory_id, version FROM control.deletion_targets WHERE job_id = %s", (job["job_id"],)
+                ).fetchall()
+                attempts = conn.execute(
+                    "SELECT target_count, attempts FROM control.deletion_jobs WHERE job_id = %s", (job["job_id"],)
+                ).fetchone()
+                if fixed or (attempts is not None and attempts[1] > 1):
+                    out[job["job_id"]] = {(m, v) for m, v in fixed}
+                    continue
+                scope = job["scope"]
+                if scope["type"] == "SUBJECT":
+                    query = (
+                        "SELECT v.memory_id, v.version FROM memory.memory_versions v JOIN memory.memories m"
+                        " ON m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
+                        " WHERE v.tenant_id = %s AND m.user_id = %s"
+                    )
+                    rows = conn.execute(query, (tenant_id, scope["subject"])).fetchall()
+                elif scope["type"] == "MEMORY":
+                    rows = conn.execute(
+                        "SELECT memory_id, version FROM control.tombstones WHERE job_id = %s", (job["job_id"],)
+                    ).fetchall()
+                else:
+                    rows = conn.execute(
+                        "SELECT memory_id, version FROM memory.memory_versions WHERE tenant_id = %s", (tenant_id,)
+                    ).fetchall()
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO control.deletion_targets (job_id, memory_id, version) VALUES (%s, %s, %s)"
+                        " ON CONFLICT DO NOTHING",
+                        [(job["job_id"], m, v) for m, v in rows],
+                    )
+                conn.execute(
+                    "UPDATE control.deletion_jobs SET target_count = %s WHERE job_id = %s", (len(rows), job["job_id"])
+                )
+                out[job["job_id"]] = {(m, v) for m, v in rows}
+        return out
+
+    def _build_probes(self, tenant_id: str, targets: dict[str, set[Source]]) -> list[tuple[str, str]]:
+        """(job_id, text) for every target still readable; texts live only in this process's memory."""
+        probes: list[tuple[str, str]] = []
+        for job_id, sources in targets.items():
+            wanted = sorted(sources)
+            with self.store.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
+                rows = cur.execute(
+                    "SELECT v.tenant_id, v.memory_id, v.version, v.text_ct, v.key_id FROM memory.memory_versions v"
+                    " JOIN unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
+                    " ON v.memory_id = w.memory_id AND v.version = w.version WHERE v.tenant_id = %s",
+                    ([m for m, _ in wanted], [v for _, v in wanted], tenant_id),
+                ).fetchall()
+                for row in rows:
+                    try:
+                        probes.append((job_id, self.store._open_text(conn, row)))
+                    except (MemoryPipelinesError, crypto.DecryptionError):
+                        continue  # key already destroyed on a resumed job: exact-id checks still apply
+        return probes
+
+    # -- store adapters -------------------------------------------------------------------------
+
+    def _linked(self, conn: psycopg.Connection, tenant_id: str, store: str, sources: set[Source]) -> set[str]:
+        if not sources:
+            return set()
+        wanted = sorted(sources)
+        return {
+            r[0]
+            for r in conn.execute(
+                "SELECT DISTINCT l.record_id FROM derived.lineage l"
+                " JOIN unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
+                " ON l.source_memory_id = w.memory_id AND l.source_version = w.version"
+                " WHERE l.tenant_id = %s AND l.store = %s",
+                ([m for m, _ in wanted], [v for _, v in wanted], tenant_id, store),
+            )
+        }
+
+    def _delete_in(
+        self, store_name: str, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]]
+    ) -> dict[str, int]:
+        """Delete every record of `store_name` derived from the targets; returns per-job counts."""
+        everything = set().union(*targets.values())
+        lineage_store = {
+            "chroma": "chroma",
+            "keyword_index": "keyword_index",
+            "analytics": ANALYTICS_STORE,
+            "recall_cache": CACHE_STORE,
+            "subject_summaries": SUBJECT_STORE,
+            "team_summaries": TEAM_STORE,
+        }.get(store_name)
+        per_job: dict[str, int] = {}
+        if lineage_store is not None:
+            with self.store.transaction() as conn:
+                for job in jobs:
+                    per_job[job["job_id"]] = len(self._linked(conn, tenant_id, lineage_store, targets[job["job_id"]]))
+                records = self._linked(conn, tenant_id, lineage_store, everything)
+        adapter = getattr(self, f"_delete_{store_name}")
+        primary_counts = adapter(tenant_id, jobs, targets, everything, records if lineage_store else set())
+        return primary_counts if lineage_store is None else per_job
+
+    def _delete_recall_cache(
+        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
+    ) -> dict[str, int]:
+        with self.store.transaction() as conn:
+            conn.execute(
+                "DELETE FROM derived.recall_cache WHERE tenant_id = %s AND encode(cache_key, 'hex') = ANY(%s)",
+                (tenant_id, sorted(records)),
+            )
+            conn.execute(
+                "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s AND record_id = ANY(%s)",
+                (tenant_id, CACHE_STORE, sorted(records)),
+            )
+        return {}
+
+    def _delete_chroma(
+        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
+    ) -> dict[str, int]:
+        vectors = self.derived.vectors
+        ids = sorted(records | {f"{m}:{v}" for m, v in everything})
+        if _tenant_scope(jobs):
+            vectors.drop(tenant_id)
+            if vectors.path is not None:
+                _vacuum_sqlite(vectors.path / "chroma.sqlite3")
+            return {}
+        col = vectors.collection(tenant_id)
+        if ids:
+            vectors._call("deleting vectors", lambda: col.delete(ids=ids))
+        with self.store.transaction() as conn:
+            conn.execute(
+                "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = 'chroma' AND record_id = ANY(%s)",
+                (tenant_id, ids),
+            )
+        # Chroma's delete only flags vectors; rebuilding the collection drops their bytes.
+        vectors.rebuild(tenant_id)
+        if vectors.path is not None:
+            _vacuum_sqlite(vectors.path / "chroma.sqlite3")
+        return {}
+
+    def _delete_keyword_index(
+        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
+    ) -> dict[str, int]:
+        wanted = sorted(everything)
+        with self.store.transaction() as conn:
+            conn.execute(
+                "DELETE FROM derived.keyword_postings p USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
+                " WHERE p.tenant_id = %s AND p.memory_id = w.memory_id AND p.version = w.version",
+                ([m for m, _ in wanted], [v for _, v in wanted], tenant_id),
+            )
+            conn.execute(
+                "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = 'keyword_index' AND record_id = ANY(%s)",
+                (tenant_id, sorted(records)),
+            )
+        return {}
+
+    def _delete_summaries(self, scope: str, tenant_id: str, jobs: list[dict[str, Any]]) -> None:
+        if _tenant_scope(jobs):
+            with self.store.transaction() as conn:
+                conn.execute("DELETE FROM derived.summaries WHERE tenant_id = %s AND scope = %s", (tenant_id, scope))
+                conn.execute(
+                    "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s",
+                    (tenant_id, SUBJECT_STORE if scope == "subject" else TEAM_STORE),
+                )
+            return
+        # Hidden sources are already excluded from current versions: a sync rebuilds every summary
+        # that used a target without it, and removes those left with no source.
+        self.derived.summaries.sync(tenant_id=tenant_id, scope=scope)
+
+    def _delete_subject_summaries(
+        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
+    ) -> dict[str, int]:
+        self._delete_summaries("subject", tenant_id, jobs)
+        return {}
+
+    def _delete_team_summaries(
+        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
+    ) -> dict[str, int]:
+        self._delete_summaries("team", tenant_id, jobs)
+        return {}
+
+    def _delete_analytics(
+        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
+    ) -> dict[str, int]:
+        if _tenant_scope(jobs):
+            self.derived.analytics.drop(store=self.store, tenant_id=tenant_id)
+        else:
+            self.derived.analytics.rebuild(store=self.store, tenant_id=tenant_id)
+        return {}
+
+    def _delete_primary(
+        self,
+        tenant_id: str,
+        jobs: list[dict[str, Any]],
+        targets: dict[str, set[Source]],
+        everything: set[Source],
+        records: set[str],
+    ) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        wanted = sorted(everything)
+        with self.store.transaction() as conn:
+            present = {
+                (m, v)
+                for m, v in conn.execute(
+                    "SELECT v.memory_id, v.version FROM memory.memory_versions v"
+                    " JOIN unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
+                    " ON v.memory_id = w.memory_id AND v.version = w.version WHERE v.tenant_id = %s",
+                    ([m for m, _ in wanted], [v for _, v in wanted], tenant_id),
+                )
+            }
+            for job in jobs:
+                counts[job["job_id"]] = len(targets[job["job_id"]] & present)
+            conn.execute(
+                "DELETE FROM memory.memory_versions v USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
+                " WHERE v.tenant_id = %s AND v.memory_id = w.memory_id AND v.version = w.version",
+                ([m for m, _ in wanted], [v for _, v in wanted], tenant_id),
+            )
+            memory_ids = sorted({m for m, _ in everything})
+            # A memory that lost only some versions points at its newest remaining one.
+            conn.execute(
+                "UPDATE memory.memories m SET current_version = latest.version, updated_at = now()"
+                " FROM (SELECT memory_id, max(version) AS version FROM memory.memory_versions"
+                "       WHERE tenant_id = %s AND memory_id = ANY(%s) GROUP BY memory_id) latest"
+                " WHERE m.tenant_id = %s AND m.memory_id = latest.memory_id AND m.current_version <> latest.version",
+                (tenant_id, memory_ids, tenant_id),
+            )
+            conn.execute(
+                "UPDATE memory.memory_versions v SET superseded_at = NULL FROM memory.memories m"
+                " WHERE v.tenant_id = %s AND m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
+                " AND v.version = m.current_version AND m.memory_id = ANY(%s) AND v.superseded_at IS NOT NULL",
+                (tenant_id, memory_ids),
+            )
+            conn.execute(
+                "DELETE FROM memory.memories m WHERE m.tenant_id = %s AND m.memory_id = ANY(%s)"
+                " AND NOT EXISTS (SELECT 1 FROM memory.memory_versions v WHERE v.tenant_id = m.tenant_id"
+                " AND v.memory_id = m.memory_id)",
+                (tenant_id, memory_ids),
+            )
+            conn.execute(
+                "DELETE FROM derived.lineage l USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
+                " WHERE l.tenant_id = %s AND l.source_memory_id = w.memory_id AND l.source_version = w.version",
+                ([m for m, _ in wanted], [v for _, v in wanted], tenant_id),
+            )
+            for job in jobs:
+                if job["scope"]["type"] == "SUBJECT":
+                    conn.execute(
+                        "DELETE FROM memory.team_members WHERE tenant_id = %s AND user_id = %s",
+                        (tenant_id, job["scope"]["subject"]),
+                    )
+                elif job["scope"]["type"] == "TENANT":
+                    for query in _TENANT_ROWS:
+                        conn.execute(query, (tenant_id,))
+        self._vacuum_full(
+            [
+                "memory.memory_versions",
+                "memory.memories",
+                "derived.keyword_postings",
+                "derived.summaries",
+                "derived.recall_cache",
+                "derived.lineage",
+            ]
+        )
+        return counts
+
+    def _delete_key_store(
+        self, tenant_id: str, jobs: list[dict[str, Any]], targets: Any, everything: set[Source], records: set[str]
+    ) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        with self.store.transaction() as conn:
+            for job in jobs:
+                scope = job["scope"]
+                destroyed: list[str] = []
+                if scope["type"] == "SUBJECT":
+                    key_id = self.store.keys.destroy_subject_key(conn, tenant_id, scope["subject"])
+                    destroyed = [] if key_id is None else [key_id]
+                elif scope["type"] == "TENANT":
+                    destroyed = self.store.keys.destroy_tenant_keys(conn, tenant_id)
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO control.journal (tenant_id, kind, subject_id, key_id, job_id)"
+                        " VALUES (%s, 'KEY_DESTROYED', %s, %s, %s)",
+                        [(tenant_id, scope["subject"], key_id, job["job_id"]) for key_id in destroyed],
+                    )
+                counts[job["job_id"]] = len(destroyed)
+        # Compact the key tables so no wrapped copy of a destroyed key lingers in their files.
+        self._vacuum_full(["keystore.subject_keys", "keystore.team_keys", "keystore.tenant_keys"])
+        return counts
+
+    def _vacuum_full(self, tables: list[str]) -> None:
+        from psycopg import sql
+
+        with psycopg.connect(self.store.conninfo, autocommit=True) as conn:
+            for table in tables:
+                schema, name = table.split(".")
+                conn.execute(sql.SQL("VACUUM FULL {}.{}").format(sql.Identifier(schema), sql.Identifier(name)))
+
+    def _record_targets(self, jobs: list[dict[str, Any]], store_name: str, counts: dict[str, int]) -> None:
+        with self.store.transaction() as conn:
+            for job in jobs:
+                targets = dict(job["targets"])
+                targets[store_name] = f"DONE:{counts.get(job['job_id'], 0)}"
+                job["targets"] = targets
+                conn.execute(
+                    "UPDATE control.deletion_jobs SET targets = %s, updated_at = now() WHERE job_id = %s",
+                    (json.dumps(targets), job["job_id"]),
+                )
+
+    # -- verification and proof ---------------------------------------------------------------
+
+    def _verify(
+        self, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]], probes: list[tuple[str, str]]
+    ) -> dict[str, dict[str, int]]:
+        """Exact-id queries on every store plus paraphrase probes; any hit blocks the job."""
+        everything = set().union(*targets.values())
+        wanted = sorted(everything)
+        ids = [f"{m}:{v}" for m, v in wanted]
+        leftovers: dict[str, int] = {}
+        with self.store.transaction() as conn:
+            arrays = ([m for m, _ in wanted], [v for _, v in wanted], tenant_id)
+            leftovers["primary"] = conn.execute(
+                "SELECT count(*) FROM memory.memory_versions v JOIN unnest(%s::text[], %s::int[])"
+                " AS w(memory_id, version) ON v.memory_id = w.memory_id AND v.version = w.version"
+                " WHERE v.tenant_id = %s",
+                arrays,
+            ).fetchone()[0]  # type: ignore[index]
+            leftovers["keyword_index"] = conn.execute(
+                "SELECT count(*) FROM derived.keyword_postings p JOIN unnest(%s::text[], %s::int[])"
+                " AS w(memory_id, version) ON p.memory_id = w.memory_id AND p.version = w.version"
+                " WHERE p.tenant_id = %s",
+                arrays,
+            ).fetchone()[0]  # type: ignore[index]
+            leftovers["lineage"] = conn.execute(
+                "SELECT count(*) FROM derived.lineage l JOIN unnest(%s::text[], %s::int[])"
+                " AS w(memory_id, version) ON l.source_memory_id = w.memory_id AND l.source_version = w.version"
+                " WHERE l.tenant_id = %s",
+                arrays,
+            ).fetchone()[0]  # type: ignore[index]
+            keys_left = 0
+            for job in jobs:
+                scope = job["scope"]
+                if scope["type"] == "SUBJECT":
+                    keys_left += conn.execute(
+                        "SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s",
+                        (tenant_id, scope["subject"]),
+                    ).fetchone()[0]  # type: ignore[index]
+                elif scope["type"] == "TENANT":
+                    keys_left += conn.execute(
+                        "SELECT (SELECT count(*) FROM keystore.tenant_keys WHERE tenant_id = %s)"
+                        " + (SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s)",
+                        (tenant_id, tenant_id),
+                    ).fetchone()[0]  # type: ignore[index]
+            leftovers["key_store"] = keys_left
+        col = self.derived.vectors.collection(tenant_id)
+        found = self.derived.vectors._call("verifying", lambda: col.get(ids=ids, include=[])["ids"]) if ids else []
+        leftovers["chroma"] = len(found)
+        table = self.derived.analytics.read_partition(tenant_id)
+        if table is not None:
+            rows = {
+                f"{m}:{v}" for m, v in zip(table["memory_id"].to_pylist(), table["version"].to_pylist(), strict=True)
+            }
+            leftovers["analytics"] = len(rows & set(ids))
+        else:
+            leftovers["analytics"] = 0
+        probe_hits = 0
+        for _, text in probes:
+            hits = self.derived.vectors.query(tenant_id=tenant_id, text=text, limit=10, where=None)
+            probe_hits += sum(1 for source, _ in hits if source in everything)
+            if tokens(text):
+                probe_hits += sum(
+                    1
+                    for source, _ in self.derived.keywords.search(tenant_id=tenant_id, query=text, limit=50)
+                    if source in everything
+                )
+        leftovers["paraphrase_probes"] = probe_hits
+        bad = {store: n for store, n in leftovers.items() if n}
+        if bad:
+            store, count = next(iter(bad.items()))
+            raise DeletionBlocked(store, f"VERIFICATION_{store.upper()}", f"{count} record(s) of forgotten data found")
+        return {
+            "exact_id_queries": {store: 0 for store in leftovers if store != "paraphrase_probes"},
+            "paraphrase_probes": {"probes": len(probes), "hits": 0},
+        }
+
+    def _complete(
+        self, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]], verification: dict[str, Any]
+    ) -> None:
+        with self.store.transaction() as conn:
+            for job in jobs:
+                if any(not str(v).startswith("DONE:") for v in job["targets"].values()) or set(job["targets"]) != {
+                    spec.name for spec in registry.STORES
+                }:
+                    raise DeletionBlocked("targets", "TARGET_NOT_DONE", "a store has not confirmed its deletion")
+                completed = _now()
+                row = conn.execute(
+                    "SELECT subject_epoch, created_at FROM control.deletion_jobs WHERE job_id = %s", (job["job_id"],)
+                ).fetchone()
+                assert row is not None
+                proof = {
+                    "jobId": job["job_id"],
+                    "scope": {"type": job["scope"]["type"], "tenant": tenant_id},
+                    "scopeHash": job["scope_hash"],
+                    "subjectEpoch": row[0],
+                    "basis": job["basis"],
+                    "policyVersion": POLICY_VERSION,
+                    "targetVersions": len(targets[job["job_id"]]),
+                    "targets": job["targets"],
+                    "adapterVersions": {spec.name: spec.adapter_version for spec in registry.STORES},
+                    "verification": verification,
+                    "requestedAt": row[1].isoformat(),
+                    "completedAt": completed.isoformat(),
+                    "deadline": job["deadline"],
+                }
+                conn.execute(
+                    "UPDATE control.deletion_jobs SET state = 'COMPLETE', proof = %s, completed_at = %s,"
+                    " updated_at = now() WHERE job_id = %s",
+                    (json.dumps(proof), completed, job["job_id"]),
+                )
+                if job["scope"]["type"] == "SUBJECT":
+                    # Everything of the subject is gone: new writes start afresh under a new key.
+                    conn.execute(
+                        "UPDATE memory.subjects SET forgotten_at = NULL WHERE tenant_id = %s AND user_id = %s",
+                        (tenant_id, job["scope"]["subject"]),
+                    )
+                conn.execute(
+                    "INSERT INTO control.outbox (job_id, tenant_id, kind, payload)"
+                    " VALUES (%s, %s, 'deletion.completed', %s)",
+                    (job["job_id"], tenant_id, json.dumps({"jobId": job["job_id"], "scopeHash": job["scope_hash"]})),
+                )
+                self._audit(conn, job["job_id"], tenant_id, "completed", "COMPLETE", {"targets": job["targets"]})
+                job["state"] = "COMPLETE"
+
+
+def _tenant_scope(jobs: list[dict[str, Any]]) -> bool:
+    return any(job["scope"]["type"] == "TENANT" for job in jobs)
+
+
+_TENANT_ROWS = (
+    "DELETE FROM memory.team_members WHERE tenant_id = %s",
+    "DELETE FROM memory.teams WHERE tenant_id = %s",
+    "DELETE FROM memory.subjects WHERE tenant_id = %s AND NOT EXISTS (SELECT 1 FROM memory.memories m"
+    " WHERE m.tenant_id = memory.subjects.tenant_id AND m.user_id = memory.subjects.user_id)",
+    "DELETE FROM derived.summaries WHERE tenant_id = %s",
+    "DELETE FROM derived.summary_modes WHERE tenant_id = %s",
+    "DELETE FROM derived.recall_cache WHERE tenant_id = %s",
+    "DELETE FROM derived.lineage WHERE tenant_id = %s",
+)
+
+
+def _vacuum_sqlite(path: Any) -> None:
+    """Chroma's SQLite keeps deleted rows in free pages until vacuumed."""
+    if not path.exists():
+        return
+    for attempt in range(5):
+        try:
+            with sqlite3.connect(str(path), timeout=10) as db:
+                db.execute("VACUUM")
+            return
+        except sqlite3.OperationalError:
+            time.sleep(0.2 * (attempt + 1))
+    raise DeletionBlocked("chroma", "CHROMA_SQLITE_BUSY", "could not vacuum the Chroma database")
