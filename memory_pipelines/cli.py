@@ -20,6 +20,7 @@ from memory_pipelines.lib.settings import ENV_HOME, Settings
 from memory_pipelines.lib.store import MemoryStore
 
 if TYPE_CHECKING:
+    from memory_pipelines.lib.deletion import DeletionService
     from memory_pipelines.lib.derived import DerivedStores
 
 PROG = "memory-pipelines"
@@ -167,6 +168,48 @@ def cmd_summary_mode(args: argparse.Namespace) -> None:
     _emit(_derived(args).summaries.set_mode(tenant_id=args.tenant, subject=args.subject, mode=args.mode))
 
 
+def _deletions(args: argparse.Namespace) -> DeletionService:
+    from memory_pipelines.lib.deletion import DeletionService
+
+    return DeletionService(_derived(args))
+
+
+def _wait_for(args: argparse.Namespace, service: DeletionService, job: dict[str, Any]) -> dict[str, Any]:
+    from memory_pipelines.materialize import run_forget
+
+    run = run_forget(_settings(args), job["tenant_id"], [job["job_id"]])
+    return {**service.status(job_id=job["job_id"]), "run_id": run["run_id"], "run_failures": run["failures"]}
+
+
+def cmd_forget(args: argparse.Namespace) -> None:
+    service = _deletions(args)
+    job = service.request(
+        tenant_id=args.tenant,
+        subject=args.subject,
+        memory_id=args.memory_id,
+        version=args.version,
+        all_tenant=args.all,
+        confirm=args.confirm,
+        basis=args.basis,
+    )
+    if args.wait and job["state"] != "COMPLETE":
+        job = {**_wait_for(args, service, job), "duplicate": job["duplicate"]}
+    _emit(job)
+
+
+def cmd_deletion(args: argparse.Namespace) -> None:
+    service = _deletions(args)
+    if args.deletion_command == "status":
+        _emit(service.status(job_id=args.job_id))
+    elif args.deletion_command == "proof":
+        _emit(service.proof(job_id=args.job_id))
+    elif args.deletion_command == "list":
+        _emit(service.list_jobs(state=args.state, tenant_id=args.tenant))
+    else:
+        job = service.status(job_id=args.job_id)
+        _emit(_wait_for(args, service, job) if job["state"] != "COMPLETE" else job)
+
+
 def cmd_stop(args: argparse.Namespace) -> None:
     from memory_pipelines.lib.services import stop_services
 
@@ -299,6 +342,28 @@ def build_parser() -> argparse.ArgumentParser:
     summary_mode.add_argument("--tenant", required=True)
     summary_mode.add_argument("--subject", required=True)
     summary_mode.add_argument("--mode", required=True, help="full, summary or hybrid (default)")
+
+    forget = add("forget", cmd_forget, "request deletion of a subject, a memory (version) or a whole tenant")
+    forget.add_argument("--tenant", required=True)
+    scope = forget.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--subject", help="everything the subject wrote, personal and team")
+    scope.add_argument("--memory-id", help="all versions of the memory, or --version V only")
+    scope.add_argument("--all", action="store_true", help="the whole tenant (needs --confirm TENANT)")
+    forget.add_argument("--version", type=int)
+    forget.add_argument("--confirm")
+    forget.add_argument(
+        "--basis", default="user-request", help="gdpr-art17, ccpa, user-request (default), retention or offboarding"
+    )
+    forget.add_argument("--wait", action="store_true", help="run the forget job now and return its final state")
+
+    deletion = add("deletion", cmd_deletion, "deletion jobs: status, proof, list, retry")
+    deletion_sub = deletion.add_subparsers(dest="deletion_command", required=True, metavar="ACTION")
+    for action in ("status", "proof", "retry"):
+        one = deletion_sub.add_parser(action)
+        one.add_argument("job_id", metavar="JOB")
+    listing_jobs = deletion_sub.add_parser("list")
+    listing_jobs.add_argument("--state")
+    listing_jobs.add_argument("--tenant")
 
     add("stop", cmd_stop, "stop the embedded services of this HOME")
     dev = add("dev", cmd_dev, "embedded services + dagster dev")

@@ -28,6 +28,35 @@ def _root_cause(error: Any) -> str:
     return str(error.message).strip().splitlines()[-1]
 
 
+def run_forget(settings: Settings, tenant_id: str, job_ids: Sequence[str]) -> dict[str, Any]:
+    """Run the `forget` job for one tenant now, in-process, through the Dagster instance."""
+    import dagster as dg
+
+    from memory_pipelines.definitions import defs
+
+    os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
+    os.environ[ENV_HOME] = str(settings.home)
+    with dg.DagsterInstance.get() as instance:
+        if not instance.has_dynamic_partition("tenants", tenant_id):
+            instance.add_dynamic_partitions("tenants", [tenant_id])
+        result = (
+            defs()
+            .resolve_job_def("forget")
+            .execute_in_process(
+                instance=instance,
+                partition_key=tenant_id,
+                run_config={"ops": {"forget_batch": {"config": {"job_ids": list(job_ids)}}}},
+                raise_on_error=False,
+            )
+        )
+        failures = [
+            {"step": e.step_key, "error": _root_cause(e.step_failure_data.error)}
+            for e in result.all_events
+            if e.event_type_value == "STEP_FAILURE" and e.step_failure_data.error is not None
+        ]
+        return {"run_id": result.run_id, "success": result.success, "failures": failures}
+
+
 def materialize(settings: Settings, tenant_id: str, select: Sequence[str] | None = None) -> dict[str, Any]:
     """Materialize `select` (default: every asset) for one tenant; returns counts and check results."""
     import dagster as dg

@@ -21,6 +21,7 @@ CREATE TABLE control.deletion_jobs (
     deadline         timestamptz NOT NULL,
     targets          jsonb NOT NULL DEFAULT '{}'::jsonb,
     target_count     integer NOT NULL DEFAULT 0,
+    targets_fixed    boolean NOT NULL DEFAULT false,
     proof            jsonb,
     attempts         integer NOT NULL DEFAULT 0,
     created_at       timestamptz NOT NULL DEFAULT now(),

@@ -292,7 +292,20 @@ class DeletionService:
             self.hooks[step](step, [job["job_id"] for job in jobs])
 
     def run_batch(self, *, tenant_id: str, job_ids: list[str]) -> dict[str, Any]:
-        """Run deletion jobs of one tenant together: each store is visited once for the whole batch."""
+        """Run deletion jobs of one tenant together: each store is visited once for the whole batch.
+
+        One runner per tenant at a time (a session advisory lock): a sensor-launched run and a
+        `forget --wait` never interleave; the second finds the jobs COMPLETE and returns.
+        """
+        validation.check_id("tenant", tenant_id)
+        with psycopg.connect(self.store.conninfo, autocommit=True) as lock_conn:
+            lock_conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"forget\x1f{tenant_id}",))
+            try:
+                return self._run_locked(tenant_id, job_ids)
+            finally:
+                lock_conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (f"forget\x1f{tenant_id}",))
+
+    def _run_locked(self, tenant_id: str, job_ids: list[str]) -> dict[str, Any]:
         with self.store.transaction() as conn:
             jobs = [self._job(conn, job_id) for job_id in job_ids]
         for job in jobs:
@@ -366,13 +379,13 @@ class DeletionService:
         out: dict[str, set[Source]] = {}
         with self.store.transaction() as conn:
             for job in jobs:
-                fixed = conn.execute(
-                    "SELECT memory_id, version FROM control.deletion_targets WHERE job_id = %s", (job["job_id"],)
-                ).fetchall()
-                attempts = conn.execute(
-                    "SELECT target_count, attempts FROM control.deletion_jobs WHERE job_id = %s", (job["job_id"],)
+                is_fixed = conn.execute(
+                    "SELECT targets_fixed FROM control.deletion_jobs WHERE job_id = %s", (job["job_id"],)
                 ).fetchone()
-                if fixed or (attempts is not None and attempts[1] > 1):
+                if is_fixed is not None and is_fixed[0]:
+                    fixed = conn.execute(
+                        "SELECT memory_id, version FROM control.deletion_targets WHERE job_id = %s", (job["job_id"],)
+                    ).fetchall()
                     out[job["job_id"]] = {(m, v) for m, v in fixed}
                     continue
                 scope = job["scope"]
@@ -398,7 +411,8 @@ class DeletionService:
                         [(job["job_id"], m, v) for m, v in rows],
                     )
                 conn.execute(
-                    "UPDATE control.deletion_jobs SET target_count = %s WHERE job_id = %s", (len(rows), job["job_id"])
+                    "UPDATE control.deletion_jobs SET target_count = %s, targets_fixed = true WHERE job_id = %s",
+                    (len(rows), job["job_id"]),
                 )
                 out[job["job_id"]] = {(m, v) for m, v in rows}
         return out
