@@ -56,7 +56,16 @@ def test_derived_assets_follow_memories_per_tenant_with_checks(definitions):
 
 
 def test_sensors_jobs_and_resources(definitions):
-    assert {sensor.name for sensor in definitions.sensors} == {"tenant_partitions_sensor", "derived_stores_automation"}
+    assert {sensor.name for sensor in definitions.sensors} == {
+        "tenant_partitions_sensor",
+        "derived_stores_automation",
+        "forget_requests_sensor",
+        "deletion_alerts_sensor",
+    }
+    forget = definitions.resolve_job_def("forget")
+    assert forget.partitions_def.name == "tenants"
+    assert forget.executor_def.name == "in_process"
+    assert definitions.resolve_sensor_def("forget_requests_sensor").default_status == dg.DefaultSensorStatus.RUNNING
     assert definitions.resolve_sensor_def("derived_stores_automation").default_status == dg.DefaultSensorStatus.RUNNING
     assert definitions.resolve_sensor_def("tenant_partitions_sensor").default_status == dg.DefaultSensorStatus.RUNNING
     assert definitions.resolve_job_def("memories_snapshot").partitions_def.name == "tenants"

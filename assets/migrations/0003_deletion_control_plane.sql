@@ -22,6 +22,7 @@ CREATE TABLE control.deletion_jobs (
     targets          jsonb NOT NULL DEFAULT '{}'::jsonb,
     target_count     integer NOT NULL DEFAULT 0,
     targets_fixed    boolean NOT NULL DEFAULT false,
+    found            jsonb,
     proof            jsonb,
     attempts         integer NOT NULL DEFAULT 0,
     created_at       timestamptz NOT NULL DEFAULT now(),

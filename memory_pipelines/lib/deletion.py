@@ -298,12 +298,21 @@ class DeletionService:
         `forget --wait` never interleave; the second finds the jobs COMPLETE and returns.
         """
         validation.check_id("tenant", tenant_id)
-        with psycopg.connect(self.store.conninfo, autocommit=True) as lock_conn:
-            lock_conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"forget\x1f{tenant_id}",))
+        lock_key = f"forget\x1f{tenant_id}"
+        try:
+            lock_conn = psycopg.connect(self.store.conninfo, autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise DeletionBlocked("postgres", "POSTGRES_UNAVAILABLE", str(exc)) from exc
+        try:
+            lock_conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lock_key,))
+            return self._run_locked(tenant_id, job_ids)
+        finally:
+            # A session that died has released its advisory lock already; nothing to undo then.
             try:
-                return self._run_locked(tenant_id, job_ids)
-            finally:
-                lock_conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (f"forget\x1f{tenant_id}",))
+                lock_conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key,))
+            except psycopg.Error:
+                pass
+            lock_conn.close()
 
     def _run_locked(self, tenant_id: str, job_ids: list[str]) -> dict[str, Any]:
         with self.store.transaction() as conn:
@@ -312,6 +321,9 @@ class DeletionService:
             if job["tenant_id"] != tenant_id:
                 raise ValidationError("job_id", f"job {job['job_id']} belongs to another tenant")
         jobs = [job for job in jobs if job["state"] != "COMPLETE"]
+        for job in jobs:
+            # A retry starts from the stores' last statuses; failures of other steps are history (audit).
+            job["targets"] = {k: v for k, v in job["targets"].items() if k in registry.BY_NAME}
         if not jobs:
             return {"tenant_id": tenant_id, "jobs": {}, "stores": {}}
         with self.store.transaction() as conn:
@@ -325,6 +337,7 @@ class DeletionService:
             started = time.perf_counter()
             self._set_state(jobs, "FROZEN")
             targets = self._resolve_targets(tenant_id, jobs)
+            found = self._found(tenant_id, jobs, targets)
             # Paraphrase probes: built in memory from each target's text before deletion, discarded after.
             probes = self._build_probes(tenant_id, targets)
             timings["freeze"] = time.perf_counter() - started
@@ -336,7 +349,9 @@ class DeletionService:
                 started = time.perf_counter()
                 counts[spec.name] = self._delete_in(spec.name, tenant_id, jobs, targets)
                 timings[spec.name] = time.perf_counter() - started
-                self._record_targets(jobs, spec.name, counts[spec.name])
+                # DONE:n counts what existed when the job first froze, so a retry after a lost
+                # answer still reports what was deleted (the adapters are idempotent and find 0).
+                self._record_targets(jobs, spec.name, {job_id: f[spec.name] for job_id, f in found.items()})
                 self._hook(f"deleted:{spec.name}", jobs)
             step = "verify"
             self._set_state(jobs, "VERIFYING")
@@ -415,6 +430,45 @@ class DeletionService:
                     (len(rows), job["job_id"]),
                 )
                 out[job["job_id"]] = {(m, v) for m, v in rows}
+        return out
+
+    def _found(
+        self, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]]
+    ) -> dict[str, dict[str, int]]:
+        """job_id -> store -> records that existed at the job's first freeze (kept across retries)."""
+        out: dict[str, dict[str, int]] = {}
+        with self.store.transaction() as conn:
+            for job in jobs:
+                row = conn.execute(
+                    "SELECT found FROM control.deletion_jobs WHERE job_id = %s", (job["job_id"],)
+                ).fetchone()
+                if row is not None and row[0] is not None:
+                    out[job["job_id"]] = dict(row[0])
+                    continue
+                sources = targets[job["job_id"]]
+                counts = {
+                    spec.name: len(self._linked(conn, tenant_id, _LINEAGE_STORE[spec.name], sources))
+                    for spec in registry.STORES
+                    if spec.name in _LINEAGE_STORE
+                }
+                counts["primary"] = len(sources)
+                scope = job["scope"]
+                if scope["type"] == "SUBJECT":
+                    counts["key_store"] = conn.execute(
+                        "SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s",
+                        (tenant_id, scope["subject"]),
+                    ).fetchone()[0]  # type: ignore[index]
+                elif scope["type"] == "TENANT":
+                    counts["key_store"] = sum(
+                        conn.execute(query, (tenant_id,)).fetchone()[0]  # type: ignore[index]
+                        for query in _COUNT_TENANT_KEYS
+                    )
+                else:
+                    counts["key_store"] = 0
+                conn.execute(
+                    "UPDATE control.deletion_jobs SET found = %s WHERE job_id = %s", (json.dumps(counts), job["job_id"])
+                )
+                out[job["job_id"]] = counts
         return out
 
     def _build_probes(self, tenant_id: str, targets: dict[str, set[Source]]) -> list[tuple[str, str]]:
@@ -500,7 +554,9 @@ class DeletionService:
             if vectors.path is not None:
                 _vacuum_sqlite(vectors.path / "chroma.sqlite3")
             return {}
-        col = vectors.collection(tenant_id)
+        col = vectors.existing(tenant_id)
+        if col is None:
+            return {}
         if ids:
             vectors._call("deleting vectors", lambda: col.delete(ids=ids))
         with self.store.transaction() as conn:
@@ -726,8 +782,12 @@ class DeletionService:
                         (tenant_id, tenant_id),
                     ).fetchone()[0]  # type: ignore[index]
             leftovers["key_store"] = keys_left
-        col = self.derived.vectors.collection(tenant_id)
-        found = self.derived.vectors._call("verifying", lambda: col.get(ids=ids, include=[])["ids"]) if ids else []
+        col = self.derived.vectors.existing(tenant_id)
+        found = (
+            self.derived.vectors._call("verifying", lambda: col.get(ids=ids, include=[])["ids"])
+            if ids and col is not None
+            else []
+        )
         leftovers["chroma"] = len(found)
         table = self.derived.analytics.read_partition(tenant_id)
         if table is not None:
@@ -762,9 +822,8 @@ class DeletionService:
     ) -> None:
         with self.store.transaction() as conn:
             for job in jobs:
-                if any(not str(v).startswith("DONE:") for v in job["targets"].values()) or set(job["targets"]) != {
-                    spec.name for spec in registry.STORES
-                }:
+                statuses = [str(job["targets"].get(spec.name, "PENDING")) for spec in registry.STORES]
+                if not all(status.startswith("DONE:") for status in statuses):
                     raise DeletionBlocked("targets", "TARGET_NOT_DONE", "a store has not confirmed its deletion")
                 completed = _now()
                 row = conn.execute(
@@ -804,6 +863,21 @@ class DeletionService:
                 )
                 self._audit(conn, job["job_id"], tenant_id, "completed", "COMPLETE", {"targets": job["targets"]})
                 job["state"] = "COMPLETE"
+
+
+_LINEAGE_STORE = {
+    "chroma": "chroma",
+    "keyword_index": "keyword_index",
+    "analytics": ANALYTICS_STORE,
+    "recall_cache": CACHE_STORE,
+    "subject_summaries": SUBJECT_STORE,
+    "team_summaries": TEAM_STORE,
+}
+_COUNT_TENANT_KEYS = (
+    "SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s",
+    "SELECT count(*) FROM keystore.team_keys WHERE tenant_id = %s",
+    "SELECT count(*) FROM keystore.tenant_keys WHERE tenant_id = %s",
+)
 
 
 def _tenant_scope(jobs: list[dict[str, Any]]) -> bool:

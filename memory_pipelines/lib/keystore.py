@@ -146,9 +146,9 @@ class KeyStore:
         self.forget_cached()
         return destroyed
 
-    def tenant_subkey(self, conn: psycopg.Connection, tenant_id: str, purpose: str) -> bytes:
+    def tenant_subkey(self, conn: psycopg.Connection, tenant_id: str, purpose: str, *, create: bool = True) -> bytes:
         """A key derived from the tenant key for one purpose (blind index, pseudonyms, cache keys)."""
-        _, tenant_key = self.tenant_key(conn, tenant_id)
+        _, tenant_key = self.tenant_key(conn, tenant_id, create=create)
         return crypto.derive_key(tenant_key, b"tenant-subkey:" + purpose.encode())
 
     def _data_key(

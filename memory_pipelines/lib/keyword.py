@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from memory_pipelines.lib import crypto, lineage
+from memory_pipelines.lib.errors import NotFoundError
 from memory_pipelines.lib.store import MemoryStore
 
 STORE = "keyword_index"
@@ -39,9 +40,9 @@ class KeywordIndex:
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
 
-    def _key(self, tenant_id: str) -> bytes:
+    def _key(self, tenant_id: str, *, create: bool = True) -> bytes:
         with self.store.transaction() as conn:
-            return self.store.keys.tenant_subkey(conn, tenant_id, "keyword-index")
+            return self.store.keys.tenant_subkey(conn, tenant_id, "keyword-index", create=create)
 
     def sync(self, *, tenant_id: str) -> dict[str, int]:
         """Index every current version not yet indexed; drop postings of versions no longer current."""
@@ -88,7 +89,10 @@ class KeywordIndex:
         wanted = tokens(query)
         if not wanted:
             return []
-        key = self._key(tenant_id)
+        try:
+            key = self._key(tenant_id, create=False)
+        except NotFoundError:
+            return []  # no tenant key (never indexed, or shredded): nothing can match
         macs = [crypto.mac(key, token.encode()) for token in sorted(wanted)]
         with self.store.transaction() as conn:
             rows = conn.execute(

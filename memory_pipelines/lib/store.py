@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from memory_pipelines.lib.errors import (
 from memory_pipelines.lib.keystore import KeyStore
 
 DEFAULT_CATEGORY = "general"
+_IDLE_PING_SECONDS = 1.0
 DEFAULT_CONFIDENCE = 1.0
 EXPORT_BATCH = 500
 
@@ -151,6 +153,7 @@ class MemoryStore:
         self.conninfo = conninfo
         self.keys = keys
         self._conn: psycopg.Connection | None = None
+        self._last_used = 0.0
         self._lock = threading.RLock()
 
     # -- connections ---------------------------------------------------------------------
@@ -165,15 +168,29 @@ class MemoryStore:
     def transaction(self) -> Iterator[psycopg.Connection]:
         """One transaction on the store's connection; reconnects if the previous one broke."""
         with self._lock:
-            if self._conn is None or self._conn.closed or self._conn.broken:
-                self._conn = self._connect()
-            conn = self._conn
+            conn = self._live_connection()
             try:
                 with conn.transaction():
                     yield conn
             except psycopg.OperationalError as exc:
                 conn.close()
                 raise ServiceError("postgres", f"lost the connection to the memory database: {exc}") from exc
+            finally:
+                self._last_used = time.monotonic()
+
+    def _live_connection(self) -> psycopg.Connection:
+        # A connection idle for a while may have been dropped by the server (restart, failover,
+        # pg_terminate_backend); one cheap ping then saves the caller a spurious failure.
+        if self._conn is not None and not (self._conn.closed or self._conn.broken):
+            if time.monotonic() - self._last_used < _IDLE_PING_SECONDS:
+                return self._conn
+            try:
+                self._conn.execute("SELECT 1")
+                return self._conn
+            except psycopg.OperationalError:
+                self._conn.close()
+        self._conn = self._connect()
+        return self._conn
 
     def close(self) -> None:
         with self._lock:

@@ -110,6 +110,13 @@ class VectorStore:
         with store.transaction() as conn:
             conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
 
+    def existing(self, tenant_id: str) -> Any | None:
+        """The tenant's collection if it exists; reads must never create one (a forgotten tenant stays gone)."""
+        client = self.client()
+        name = collection_name(tenant_id)
+        names = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+        return self._call("opening the collection", lambda: client.get_collection(name=name)) if name in names else None
+
     def drop(self, tenant_id: str) -> bool:
         """Delete the tenant's collection (its files go with it); True when one existed."""
         client = self.client()
@@ -195,7 +202,9 @@ class VectorStore:
         self, *, tenant_id: str, text: str, limit: int, where: dict[str, Any] | None
     ) -> list[tuple[tuple[str, int], float]]:
         """(memory_id, version) and cosine similarity of the nearest vectors, best first."""
-        col = self.collection(tenant_id)
+        col = self.existing(tenant_id)
+        if col is None:
+            return []
         count = self._call("counting", col.count)
         if count == 0:
             return []
