@@ -1,20 +1,21 @@
 """The `demo` command: seeds a demo tenant from assets/demo, walks through versions and sharing
-modes, materializes every asset of the tenant through the Dagster instance, then shows a recall,
-a lineage lookup and an analytics query."""
+modes, materializes every asset of the tenant through the Dagster instance, shows a recall, a
+lineage lookup and an analytics query, then forgets bob (GDPR Art. 17) and prints the proof."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from memory_pipelines.lib.derived import open_derived
+from memory_pipelines.lib.deletion import DeletionService
+from memory_pipelines.lib.derived import DerivedStores, open_derived
 from memory_pipelines.lib.paths import ASSETS_DIR
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.services import ensure_services
 from memory_pipelines.lib.settings import Settings
 from memory_pipelines.lib.store import MemoryStore
 from memory_pipelines.lib.validation import SHARING_MODES
-from memory_pipelines.materialize import materialize
+from memory_pipelines.materialize import materialize, run_forget
 
 CORPUS = ASSETS_DIR / "demo" / "corpus.json"
 
@@ -73,6 +74,10 @@ def show_sharing_modes(store: MemoryStore, corpus: dict[str, Any]) -> dict[str, 
     return views
 
 
+def store_rows(derived: DerivedStores, tenant: str, user: str) -> list[str]:
+    return [m["text"] for m in derived.store.list_visible(tenant_id=tenant, user_id=user)]
+
+
 def run_demo(settings: Settings) -> dict[str, Any]:
     corpus = json.loads(CORPUS.read_text(encoding="utf-8"))
     endpoints = ensure_services(settings)
@@ -95,6 +100,16 @@ def run_demo(settings: Settings) -> dict[str, Any]:
             "SELECT tenant_id, category, count(*) AS memories, avg(text_length)::int AS avg_text_length"
             " FROM memories GROUP BY ALL ORDER BY tenant_id, category"
         )
+        forget_request = DeletionService(derived).request(tenant_id=tenant, subject="bob", basis="gdpr-art17")
+        forget_run = run_forget(settings, tenant, [forget_request["job_id"]])
+        service = DeletionService(derived)
+        forgotten = service.status(job_id=forget_request["job_id"])
+        proof = service.proof(job_id=forget_request["job_id"]) if forgotten["state"] == "COMPLETE" else None
+        bob_after = {
+            "list": store_rows(derived, tenant, "bob"),
+            "recall_mortgage": derived.recaller.recall(tenant_id=tenant, user_id="bob", query="mortgage payments"),
+            "team_summary": derived.summaries.read(tenant_id=tenant, scope="team", scope_id=corpus["team"])["summary"],
+        }
     finally:
         derived.store.close()
     return {
@@ -117,6 +132,13 @@ def run_demo(settings: Settings) -> dict[str, Any]:
         },
         "lineage_of_versioned_memory": lineage,
         "analytics": analytics,
+        "forget_bob": {
+            "run_id": forget_run["run_id"],
+            "state": forgotten["state"],
+            "targets": forgotten["targets"],
+            "proof": proof,
+            "after": bob_after,
+        },
         "next": {
             "ui": f"memory-pipelines --home {settings.home} dev   # then open http://127.0.0.1:3000/assets/memories",
             "what_to_look_at": "Assets: `memories` and the derived_stores group, partition `demo`: counts per "

@@ -686,7 +686,9 @@ class MemoryStore:
                 "WHERE tenant_id = %s AND memory_id = %s",
                 (do_not_sell, tenant_id, memory_id),
             )
-        same_query = original_query is None
+        same_query = original_query is None or original_query == self._open_query(
+            conn, {**head, "version": head["current_version"]}
+        )
         same = (
             bytes(head["text_mac"]) == text_mac
             and same_query

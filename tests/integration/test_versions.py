@@ -139,3 +139,11 @@ def test_write_many_is_all_or_nothing_and_keeps_the_no_op_rule(store, tenant, en
             ],
         )
     assert row_counts(endpoints.store_conninfo) == before
+
+
+def test_rewriting_the_same_text_and_original_query_is_a_no_op(store, tenant):
+    first = store.write(tenant_id=tenant, user_id="alice", text="Likes tea", original_query="drinks?", category="food")
+    again = store.write(tenant_id=tenant, user_id="alice", text="Likes tea", original_query="drinks?", category="food")
+    assert (again.memory_id, again.version, again.changed) == (first.memory_id, 1, False)
+    changed = store.write(tenant_id=tenant, user_id="alice", text="Likes tea", original_query="beverages?")
+    assert (changed.version, changed.changed) == (2, True)
