@@ -210,6 +210,16 @@ def cmd_deletion(args: argparse.Namespace) -> None:
         _emit(_wait_for(args, service, job) if job["state"] != "COMPLETE" else job)
 
 
+def cmd_canary(args: argparse.Namespace) -> None:
+    from memory_pipelines.lib.canary import run_canary_drill
+
+    settings = _settings(args)
+    result = run_canary_drill(_derived(args), home=None if settings.pg_url else settings.home)
+    _emit(result)
+    if not result["passed"]:
+        raise MemoryPipelinesError("canary", f"drill found leftovers: {result['leftovers']}")
+
+
 def cmd_stop(args: argparse.Namespace) -> None:
     from memory_pipelines.lib.services import stop_services
 
@@ -365,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing_jobs.add_argument("--state")
     listing_jobs.add_argument("--tenant")
 
+    add("canary", cmd_canary, "end-to-end deletion drill in an isolated tenant; fails if anything is left")
     add("stop", cmd_stop, "stop the embedded services of this HOME")
     dev = add("dev", cmd_dev, "embedded services + dagster dev")
     dev.add_argument("--host", default="127.0.0.1")

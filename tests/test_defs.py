@@ -26,7 +26,10 @@ DERIVED = {"memory_embeddings", "keyword_index", "subject_summaries", "team_summ
 
 
 def test_assets_partitions_and_checks(definitions):
-    assert {key.to_user_string() for key in definitions.resolve_all_asset_keys()} == {"memories"} | DERIVED
+    assert {key.to_user_string() for key in definitions.resolve_all_asset_keys()} == {
+        "memories",
+        "deletion_canary",
+    } | DERIVED
     memories = definitions.resolve_assets_def("memories")
     partitions = memories.partitions_def
     assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name == "tenants"
@@ -62,6 +65,7 @@ def test_sensors_jobs_and_resources(definitions):
         "forget_requests_sensor",
         "deletion_alerts_sensor",
     }
+    assert [s.name for s in definitions.schedules] == ["canary_drill_schedule"]
     forget = definitions.resolve_job_def("forget")
     assert forget.partitions_def.name == "tenants"
     assert forget.executor_def.name == "in_process"

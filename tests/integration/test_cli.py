@@ -205,3 +205,25 @@ def test_derived_store_commands_reject_bad_input(cli_env, args, field):
     result = cli(cli_env, *args)
     assert result.returncode != 0 and result.stdout == ""
     assert f"error: {field}:" in result.stderr, result.stderr
+
+
+def test_forget_wait_status_proof_list_and_canary(cli_env, tenant):
+    first = ok(cli_env, "write", "--tenant", tenant, "--user", "dana", "Dana's passport expires in May")
+    ok(cli_env, "materialize", "--tenant", tenant)
+    job = ok(cli_env, "forget", "--tenant", tenant, "--subject", "dana", "--basis", "gdpr-art17", "--wait")
+    assert job["state"] == "COMPLETE" and job["targets"]["primary"] == "DONE:1" and job["run_failures"] == []
+    status = ok(cli_env, "deletion", "status", job["job_id"])
+    assert status["state"] == "COMPLETE" and status["basis"] == "gdpr-art17"
+    proof = ok(cli_env, "deletion", "proof", job["job_id"])
+    assert proof["jobId"] == job["job_id"] and proof["scopeHash"] == job["scope_hash"]
+    assert "passport" not in json.dumps(proof)
+    listed = ok(cli_env, "deletion", "list", "--tenant", tenant, "--state", "COMPLETE")
+    assert [j["job_id"] for j in listed] == [job["job_id"]]
+    gone = cli(cli_env, "history", "--tenant", tenant, "--memory-id", first["memory_id"])
+    assert gone.returncode == 3
+    unknown = cli(cli_env, "forget", "--tenant", tenant, "--memory-id", "m_" + "0" * 32)
+    assert unknown.returncode == 3 and "memory_id" in unknown.stderr
+    result = cli(cli_env, "forget", "--tenant", tenant, "--all")
+    assert result.returncode == 2 and "confirm" in result.stderr
+    drill = ok(cli_env, "canary")
+    assert drill["passed"] is True and drill["state"] == "COMPLETE"

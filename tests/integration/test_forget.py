@@ -408,3 +408,26 @@ def test_chroma_server_down_blocks_then_completes_when_it_is_back(store, derived
         DeletionService(back).run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
         assert service.status(job_id=job["job_id"])["state"] == "COMPLETE"
         assert back.vectors.ids(tenant) == set()
+
+
+def test_canary_drill_passes_through_dagster_and_reports_figures(session_settings):
+    import dagster as dg
+
+    from memory_pipelines.definitions import defs
+
+    os.environ["MEMORY_PIPELINES_HOME"] = str(session_settings.home)
+    with dg.instance_for_test() as instance:
+        result = defs().resolve_job_def("canary_drill").execute_in_process(instance=instance)
+        assert result.success
+        [materialization] = result.asset_materializations_for_node("deletion_canary")
+        metadata = materialization.metadata
+        assert metadata["passed"].value is True
+        assert {k: v.value for k, v in metadata.items() if k.startswith("leftover_")} == {
+            "leftover_recall": 0,
+            "leftover_lineage": 0,
+            "leftover_primary": 0,
+            "leftover_vectors": 0,
+            "leftover_files_under_home": 0,
+        }
+        [check] = result.get_asset_check_evaluations()
+        assert check.passed

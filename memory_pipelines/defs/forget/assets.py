@@ -1,0 +1,40 @@
+from pathlib import Path
+
+import dagster as dg
+
+from memory_pipelines.defs.forget.jobs import deletion_service
+from memory_pipelines.lib.canary import run_canary_drill
+from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
+
+
+@dg.asset(
+    group_name="forget",
+    kinds={"python"},
+    owners=["team:memory-platform"],
+    check_specs=[dg.AssetCheckSpec("nothing_left_behind", asset="deletion_canary")],
+)
+def deletion_canary(
+    context: dg.AssetExecutionContext,
+    memory_store: MemoryStoreResource,
+    chroma: ChromaResource,
+    summarizer: SummarizerResource,
+    analytics: AnalyticsResource,
+) -> dg.MaterializeResult:
+    """Weekly proof that forgetting works end to end: canary memories written, copied, forgotten, gone."""
+    service = deletion_service(memory_store, chroma, summarizer, analytics)
+    home = None if memory_store.pg_url else Path(memory_store.home).resolve()
+    result = run_canary_drill(service.derived, home=home)
+    context.log.info(f"canary drill in {result['tenant']}: passed={result['passed']}")
+    figures = {name: dg.MetadataValue.int(int(count)) for name, count in result["leftovers"].items()}
+    return dg.MaterializeResult(
+        metadata={
+            "passed": dg.MetadataValue.bool(result["passed"]),
+            "canaries": dg.MetadataValue.int(result["canaries"]),
+            "job_id": dg.MetadataValue.text(result["job_id"]),
+            "seconds": dg.MetadataValue.float(result["seconds"]),
+            **{f"leftover_{name}": value for name, value in figures.items()},
+        },
+        check_results=[
+            dg.AssetCheckResult(check_name="nothing_left_behind", passed=bool(result["passed"]), metadata=figures)
+        ],
+    )

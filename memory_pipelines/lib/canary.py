@@ -1,0 +1,108 @@
+"""End-to-end canary drill: write unique canary memories in an isolated tenant, push them through
+every derived store, forget them, and check that nothing of them is left anywhere."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from memory_pipelines.lib.deletion import DeletionService
+from memory_pipelines.lib.derived import DerivedStores
+
+
+def scan_files(root: Path, needles: list[bytes]) -> int:
+    """How many files under `root` contain any needle (raw bytes: heap, WAL, SQLite, Parquet, logs)."""
+    hits = 0
+    for path in root.rglob("*"):
+        if not path.is_file() or path.is_symlink():
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        hits += any(needle in data for needle in needles)
+    return hits
+
+
+def run_canary_drill(derived: DerivedStores, *, home: Path | None) -> dict[str, Any]:
+    """Run the drill; `passed` is true only when every count of leftovers is zero."""
+    started = time.perf_counter()
+    store = derived.store
+    stamp = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
+    tenant = f"canary-{stamp}-{uuid.uuid4().hex[:6]}"
+    secrets = [f"canary{uuid.uuid4().hex}" for _ in range(3)]
+    store.create_tenant(tenant_id=tenant, sharing_mode="shared_pool")
+    store.add_team_member(tenant_id=tenant, team_id="drill", user_id="canary-subject")
+    store.add_team_member(tenant_id=tenant, team_id="drill", user_id="canary-witness")
+    written = [
+        store.write(
+            tenant_id=tenant,
+            user_id="canary-subject",
+            text=f"My locker code is {secrets[0]}",
+            original_query=f"what is {secrets[0]}?",
+        ),
+        store.write(
+            tenant_id=tenant, user_id="canary-subject", text=f"Travel plan reference {secrets[1]}", category="general"
+        ),
+        store.write(
+            tenant_id=tenant, user_id="canary-subject", text=f"Team vault phrase {secrets[2]}", team_id="drill"
+        ),
+    ]
+    store.write(tenant_id=tenant, user_id="canary-witness", text="The witness stays: it likes crosswords")
+    materialized = derived.sync_all(tenant_id=tenant)
+    recalled_before = derived.recaller.recall(
+        tenant_id=tenant, user_id="canary-witness", team_id="drill", query="team vault phrase", k=5
+    )
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="canary-subject", basis="user-request")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    status = service.status(job_id=job["job_id"])
+    leftovers: dict[str, int] = {}
+    probes = [f"My locker code is {secrets[0]}", f"travel plan {secrets[1]}", f"vault phrase {secrets[2]}"]
+    leftovers["recall"] = sum(
+        1
+        for probe in probes
+        for hit in derived.recaller.recall(
+            tenant_id=tenant, user_id="canary-witness", team_id="drill", query=probe, k=10
+        )
+        if any(secret in hit["text"] for secret in secrets)
+    )
+    with store.transaction() as conn:
+        leftovers["lineage"] = conn.execute(
+            "SELECT count(*) FROM derived.lineage WHERE tenant_id = %s AND source_memory_id = ANY(%s)",
+            (tenant, [w.memory_id for w in written]),
+        ).fetchone()[0]  # type: ignore[index]
+    with store.transaction() as conn:
+        leftovers["primary"] = conn.execute(
+            "SELECT count(*) FROM memory.memories WHERE tenant_id = %s AND memory_id = ANY(%s)",
+            (tenant, [w.memory_id for w in written]),
+        ).fetchone()[0]  # type: ignore[index]
+    leftovers["vectors"] = len({f"{w.memory_id}:{w.version}" for w in written} & derived.vectors.ids(tenant))
+    if home is not None:
+        try:
+            with psycopg.connect(store.conninfo, autocommit=True) as conn:
+                conn.execute("CHECKPOINT")  # heap pages reach the data files under HOME
+        except psycopg.Error:
+            pass  # an external server: its files are not under HOME anyway
+        leftovers["files_under_home"] = scan_files(home, [s.encode() for s in secrets])
+    witness = store.list_visible(tenant_id=tenant, user_id="canary-witness")
+    return {
+        "tenant": tenant,
+        "job_id": job["job_id"],
+        "state": status["state"],
+        "canaries": len(written),
+        "recalled_before_forget": len(recalled_before),
+        "materialized": {
+            name: counts.get("records", counts.get("rows", counts.get("summaries", 0)))
+            for name, counts in materialized.items()
+        },
+        "leftovers": leftovers,
+        "witness_memories_kept": len(witness),
+        "passed": status["state"] == "COMPLETE" and not any(leftovers.values()) and len(witness) == 1,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
