@@ -23,7 +23,6 @@ from memory_pipelines.lib import crypto, registry, validation
 from memory_pipelines.lib.analytics import STORE as ANALYTICS_STORE
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ValidationError
-from memory_pipelines.lib.keyword import tokens
 from memory_pipelines.lib.recall import CACHE_STORE
 from memory_pipelines.lib.summaries import SUBJECT_STORE, TEAM_STORE
 
@@ -797,16 +796,14 @@ class DeletionService:
             leftovers["analytics"] = len(rows & set(ids))
         else:
             leftovers["analytics"] = 0
-        probe_hits = 0
-        for _, text in probes:
-            hits = self.derived.vectors.query(tenant_id=tenant_id, text=text, limit=10, where=None)
-            probe_hits += sum(1 for source, _ in hits if source in everything)
-            if tokens(text):
-                probe_hits += sum(
-                    1
-                    for source, _ in self.derived.keywords.search(tenant_id=tenant_id, query=text, limit=50)
-                    if source in everything
-                )
+        texts = [text for _, text in probes]
+        probe_hits = sum(
+            1
+            for hits in self.derived.vectors.query_many(tenant_id=tenant_id, texts=texts, limit=10)
+            for source in hits
+            if source in everything
+        )
+        probe_hits += self.derived.keywords.probe_hits(tenant_id=tenant_id, texts=texts, sources=everything)
         leftovers["paraphrase_probes"] = probe_hits
         bad = {store: n for store, n in leftovers.items() if n}
         if bad:

@@ -125,6 +125,12 @@ class KeyStore:
         cached = self._cached("control")
         if cached is not None:
             return cached
+        if row[1] != self.master.provider:
+            raise ServiceError(
+                "master_key",
+                f"the control-plane key is wrapped by {row[1]}, but the configured master key is "
+                f"{self.master.provider}; every process sharing this database needs the same master key",
+            )
         return self._remember("control", self.master.unwrap(bytes(row[0]), tenant_id=CONTROL_TENANT))
 
     def destroy_subject_key(self, conn: psycopg.Connection, tenant_id: str, user_id: str) -> str | None:

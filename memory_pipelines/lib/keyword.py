@@ -103,6 +103,27 @@ class KeywordIndex:
             ).fetchall()
         return [((memory_id, version), count / len(wanted)) for memory_id, version, count in rows]
 
+    def probe_hits(self, *, tenant_id: str, texts: list[str], sources: set[tuple[str, int]]) -> int:
+        """Postings of `sources` reachable from any token of `texts` (one query for every probe)."""
+        wanted = sorted(set().union(*(tokens(text) for text in texts))) if texts else []
+        if not wanted or not sources:
+            return 0
+        try:
+            key = self._key(tenant_id, create=False)
+        except NotFoundError:
+            return 0
+        macs = [crypto.mac(key, token.encode()) for token in wanted]
+        memory_ids, versions = _pairs(sorted(sources))
+        with self.store.transaction() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM derived.keyword_postings p"
+                " JOIN unnest(%s::text[], %s::int[]) AS s(memory_id, version)"
+                " ON p.memory_id = s.memory_id AND p.version = s.version"
+                " WHERE p.tenant_id = %s AND p.token_mac = ANY(%s)",
+                (memory_ids, versions, tenant_id, macs),
+            ).fetchone()
+        return int(row[0]) if row else 0
+
     def check(self, *, tenant_id: str) -> dict[str, Any]:
         """Counts that must be zero: postings without lineage, postings of versions that are not current."""
         current = {cv.source for cv in self.store.current_versions(tenant_id=tenant_id)}

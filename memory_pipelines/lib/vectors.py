@@ -220,6 +220,20 @@ class VectorStore:
             out.append(((str(meta["memory_id"]), int(meta["version"])), 1.0 - float(distance)))
         return out
 
+    def query_many(self, *, tenant_id: str, texts: list[str], limit: int) -> list[list[tuple[str, int]]]:
+        """Nearest (memory_id, version) for many texts: one embedding batch, one Chroma call."""
+        col = self.existing(tenant_id)
+        if col is None or not texts:
+            return [[] for _ in texts]
+        count = self._call("counting", col.count)
+        if count == 0:
+            return [[] for _ in texts]
+        vectors = self.embedder.embed(texts)
+        result = self._call(
+            "querying", lambda: col.query(query_embeddings=vectors, n_results=min(limit, count), include=["metadatas"])
+        )
+        return [[(str(m["memory_id"]), int(m["version"])) for m in metas] for metas in result["metadatas"]]
+
     def check(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
         """Counts that must be zero: documents stored, vectors without lineage, vectors not current."""
         col = self.collection(tenant_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -12,9 +13,15 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cli_env(endpoints, tmp_path_factory):
-    """The CLI against the session server through MEMORY_PIPELINES_PG_URL: no second server to start."""
-    return {"home": tmp_path_factory.mktemp("cli-home"), "env": {"MEMORY_PIPELINES_PG_URL": endpoints.store_conninfo}}
+def cli_env(endpoints, session_settings, store, tmp_path_factory):
+    """The CLI against the session server through MEMORY_PIPELINES_PG_URL: no second server to start.
+
+    It shares the session's master key, as every process sharing one database must.
+    """
+    home = tmp_path_factory.mktemp("cli-home")
+    (home / "keys").mkdir(mode=0o700)
+    shutil.copy2(session_settings.master_key_path, home / "keys" / "master.key")
+    return {"home": home, "env": {"MEMORY_PIPELINES_PG_URL": endpoints.store_conninfo}}
 
 
 def cli(cli_env, *args, input_text=None):
