@@ -748,24 +748,8 @@ class DeletionService:
         leftovers: dict[str, int] = {}
         with self.store.transaction() as conn:
             arrays = ([m for m, _ in wanted], [v for _, v in wanted], tenant_id)
-            leftovers["primary"] = conn.execute(
-                "SELECT count(*) FROM memory.memory_versions v JOIN unnest(%s::text[], %s::int[])"
-                " AS w(memory_id, version) ON v.memory_id = w.memory_id AND v.version = w.version"
-                " WHERE v.tenant_id = %s",
-                arrays,
-            ).fetchone()[0]  # type: ignore[index]
-            leftovers["keyword_index"] = conn.execute(
-                "SELECT count(*) FROM derived.keyword_postings p JOIN unnest(%s::text[], %s::int[])"
-                " AS w(memory_id, version) ON p.memory_id = w.memory_id AND p.version = w.version"
-                " WHERE p.tenant_id = %s",
-                arrays,
-            ).fetchone()[0]  # type: ignore[index]
-            leftovers["lineage"] = conn.execute(
-                "SELECT count(*) FROM derived.lineage l JOIN unnest(%s::text[], %s::int[])"
-                " AS w(memory_id, version) ON l.source_memory_id = w.memory_id AND l.source_version = w.version"
-                " WHERE l.tenant_id = %s",
-                arrays,
-            ).fetchone()[0]  # type: ignore[index]
+            for store_name, query in _LEFTOVER_QUERIES.items():
+                leftovers[store_name] = conn.execute(query, arrays).fetchone()[0]  # type: ignore[index]
             keys_left = 0
             for job in jobs:
                 scope = job["scope"]
@@ -869,6 +853,16 @@ _LINEAGE_STORE = {
     "recall_cache": CACHE_STORE,
     "subject_summaries": SUBJECT_STORE,
     "team_summaries": TEAM_STORE,
+}
+# Exact-id verification: rows of the target (memory_id, version) pairs left in each table.
+_LEFTOVER_QUERIES = {
+    "primary": "SELECT count(*) FROM memory.memory_versions x JOIN unnest(%s::text[], %s::int[])"
+    " AS w(memory_id, version) ON x.memory_id = w.memory_id AND x.version = w.version WHERE x.tenant_id = %s",
+    "keyword_index": "SELECT count(*) FROM derived.keyword_postings x JOIN unnest(%s::text[], %s::int[])"
+    " AS w(memory_id, version) ON x.memory_id = w.memory_id AND x.version = w.version WHERE x.tenant_id = %s",
+    "lineage": "SELECT count(*) FROM derived.lineage x JOIN unnest(%s::text[], %s::int[])"
+    " AS w(memory_id, version) ON x.source_memory_id = w.memory_id AND x.source_version = w.version"
+    " WHERE x.tenant_id = %s",
 }
 _COUNT_TENANT_KEYS = (
     "SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s",
