@@ -11,6 +11,7 @@ import subprocess
 import time
 import urllib.request
 
+import psutil
 import pytest
 
 from memory_pipelines.lib import services
@@ -88,10 +89,15 @@ def test_dev_shows_memories_partitioned_by_tenant(tmp_path):
             time.sleep(3)
         assert done == DERIVED
     finally:
+        # dagster dev's code servers may run in sessions of their own: stop every descendant too.
+        children = psutil.Process(proc.pid).children(recursive=True)
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+        for child in children:
+            if child.is_running():
+                child.kill()
         services.stop_services(settings)
