@@ -338,15 +338,18 @@ class DeletionService:
             targets = self._resolve_targets(tenant_id, jobs)
             found = self._found(tenant_id, jobs, targets)
             # Paraphrase probes: built in memory from each target's text before deletion, discarded after.
-            probes = self._build_probes(tenant_id, targets)
+            probes = list(
+                self.store.open_texts(
+                    tenant_id=tenant_id, sources=sorted(set().union(*targets.values())), skip_unreadable=True
+                ).values()
+            )
             timings["freeze"] = time.perf_counter() - started
             self._hook("frozen", jobs)
             self._set_state(jobs, "DELETING")
-            counts: dict[str, dict[str, int]] = {}
             for spec in registry.STORES:
                 step = spec.name
                 started = time.perf_counter()
-                counts[spec.name] = self._delete_in(spec.name, tenant_id, jobs, targets)
+                self._delete_in(spec.name, tenant_id, jobs, targets)
                 timings[spec.name] = time.perf_counter() - started
                 # DONE:n counts what existed when the job first froze, so a retry after a lost
                 # answer still reports what was deleted (the adapters are idempotent and find 0).
@@ -367,7 +370,7 @@ class DeletionService:
         return {
             "tenant_id": tenant_id,
             "jobs": {job["job_id"]: "COMPLETE" for job in jobs},
-            "stores": {name: sum(c.values()) for name, c in counts.items()},
+            "stores": {spec.name: sum(f[spec.name] for f in found.values()) for spec in registry.STORES},
             "seconds": {name: round(value, 4) for name, value in timings.items()},
         }
 
@@ -470,25 +473,6 @@ class DeletionService:
                 out[job["job_id"]] = counts
         return out
 
-    def _build_probes(self, tenant_id: str, targets: dict[str, set[Source]]) -> list[tuple[str, str]]:
-        """(job_id, text) for every target still readable; texts live only in this process's memory."""
-        probes: list[tuple[str, str]] = []
-        for job_id, sources in targets.items():
-            wanted = sorted(sources)
-            with self.store.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
-                rows = cur.execute(
-                    "SELECT v.tenant_id, v.memory_id, v.version, v.text_ct, v.key_id FROM memory.memory_versions v"
-                    " JOIN unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-                    " ON v.memory_id = w.memory_id AND v.version = w.version WHERE v.tenant_id = %s",
-                    ([m for m, _ in wanted], [v for _, v in wanted], tenant_id),
-                ).fetchall()
-                for row in rows:
-                    try:
-                        probes.append((job_id, self.store._open_text(conn, row)))
-                    except (MemoryPipelinesError, crypto.DecryptionError):
-                        continue  # key already destroyed on a resumed job: exact-id checks still apply
-        return probes
-
     # -- store adapters -------------------------------------------------------------------------
 
     def _linked(self, conn: psycopg.Connection, tenant_id: str, store: str, sources: set[Source]) -> set[str]:
@@ -508,30 +492,18 @@ class DeletionService:
 
     def _delete_in(
         self, store_name: str, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]]
-    ) -> dict[str, int]:
-        """Delete every record of `store_name` derived from the targets; returns per-job counts."""
+    ) -> None:
+        """Delete every record of `store_name` derived from the targets (counts come from `_found`)."""
         everything = set().union(*targets.values())
-        lineage_store = {
-            "chroma": "chroma",
-            "keyword_index": "keyword_index",
-            "analytics": ANALYTICS_STORE,
-            "recall_cache": CACHE_STORE,
-            "subject_summaries": SUBJECT_STORE,
-            "team_summaries": TEAM_STORE,
-        }.get(store_name)
-        per_job: dict[str, int] = {}
-        if lineage_store is not None:
+        records: set[str] = set()
+        if store_name in _LINEAGE_STORE:
             with self.store.transaction() as conn:
-                for job in jobs:
-                    per_job[job["job_id"]] = len(self._linked(conn, tenant_id, lineage_store, targets[job["job_id"]]))
-                records = self._linked(conn, tenant_id, lineage_store, everything)
-        adapter = getattr(self, f"_delete_{store_name}")
-        primary_counts = adapter(tenant_id, jobs, targets, everything, records if lineage_store else set())
-        return primary_counts if lineage_store is None else per_job
+                records = self._linked(conn, tenant_id, _LINEAGE_STORE[store_name], everything)
+        getattr(self, f"_delete_{store_name}")(tenant_id, jobs, targets, everything, records)
 
     def _delete_recall_cache(
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
-    ) -> dict[str, int]:
+    ) -> None:
         with self.store.transaction() as conn:
             conn.execute(
                 "DELETE FROM derived.recall_cache WHERE tenant_id = %s AND encode(cache_key, 'hex') = ANY(%s)",
@@ -541,21 +513,20 @@ class DeletionService:
                 "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s AND record_id = ANY(%s)",
                 (tenant_id, CACHE_STORE, sorted(records)),
             )
-        return {}
 
     def _delete_chroma(
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
-    ) -> dict[str, int]:
+    ) -> None:
         vectors = self.derived.vectors
         ids = sorted(records | {f"{m}:{v}" for m, v in everything})
         if _tenant_scope(jobs):
             vectors.drop(tenant_id)
             if vectors.path is not None:
                 _vacuum_sqlite(vectors.path / "chroma.sqlite3")
-            return {}
+            return
         col = vectors.existing(tenant_id)
         if col is None:
-            return {}
+            return
         if ids:
             vectors._call("deleting vectors", lambda: col.delete(ids=ids))
         with self.store.transaction() as conn:
@@ -567,11 +538,10 @@ class DeletionService:
         vectors.rebuild(tenant_id)
         if vectors.path is not None:
             _vacuum_sqlite(vectors.path / "chroma.sqlite3")
-        return {}
 
     def _delete_keyword_index(
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
-    ) -> dict[str, int]:
+    ) -> None:
         wanted = sorted(everything)
         with self.store.transaction() as conn:
             conn.execute(
@@ -583,7 +553,6 @@ class DeletionService:
                 "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = 'keyword_index' AND record_id = ANY(%s)",
                 (tenant_id, sorted(records)),
             )
-        return {}
 
     def _delete_summaries(self, scope: str, tenant_id: str, jobs: list[dict[str, Any]]) -> None:
         if _tenant_scope(jobs):
@@ -600,24 +569,21 @@ class DeletionService:
 
     def _delete_subject_summaries(
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
-    ) -> dict[str, int]:
+    ) -> None:
         self._delete_summaries("subject", tenant_id, jobs)
-        return {}
 
     def _delete_team_summaries(
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
-    ) -> dict[str, int]:
+    ) -> None:
         self._delete_summaries("team", tenant_id, jobs)
-        return {}
 
     def _delete_analytics(
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
-    ) -> dict[str, int]:
+    ) -> None:
         if _tenant_scope(jobs):
             self.derived.analytics.drop(store=self.store, tenant_id=tenant_id)
         else:
             self.derived.analytics.rebuild(store=self.store, tenant_id=tenant_id)
-        return {}
 
     def _delete_primary(
         self,
@@ -626,21 +592,9 @@ class DeletionService:
         targets: dict[str, set[Source]],
         everything: set[Source],
         records: set[str],
-    ) -> dict[str, int]:
-        counts: dict[str, int] = {}
+    ) -> None:
         wanted = sorted(everything)
         with self.store.transaction() as conn:
-            present = {
-                (m, v)
-                for m, v in conn.execute(
-                    "SELECT v.memory_id, v.version FROM memory.memory_versions v"
-                    " JOIN unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-                    " ON v.memory_id = w.memory_id AND v.version = w.version WHERE v.tenant_id = %s",
-                    ([m for m, _ in wanted], [v for _, v in wanted], tenant_id),
-                )
-            }
-            for job in jobs:
-                counts[job["job_id"]] = len(targets[job["job_id"]] & present)
             conn.execute(
                 "DELETE FROM memory.memory_versions v USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
                 " WHERE v.tenant_id = %s AND v.memory_id = w.memory_id AND v.version = w.version",
@@ -691,12 +645,10 @@ class DeletionService:
                 "derived.lineage",
             ]
         )
-        return counts
 
     def _delete_key_store(
         self, tenant_id: str, jobs: list[dict[str, Any]], targets: Any, everything: set[Source], records: set[str]
-    ) -> dict[str, int]:
-        counts: dict[str, int] = {}
+    ) -> None:
         with self.store.transaction() as conn:
             for job in jobs:
                 scope = job["scope"]
@@ -712,10 +664,8 @@ class DeletionService:
                         " VALUES (%s, 'KEY_DESTROYED', %s, %s, %s)",
                         [(tenant_id, scope["subject"], key_id, job["job_id"]) for key_id in destroyed],
                     )
-                counts[job["job_id"]] = len(destroyed)
         # Compact the key tables so no wrapped copy of a destroyed key lingers in their files.
         self._vacuum_full(["keystore.subject_keys", "keystore.team_keys", "keystore.tenant_keys"])
-        return counts
 
     def _vacuum_full(self, tables: list[str]) -> None:
         from psycopg import sql
@@ -739,7 +689,7 @@ class DeletionService:
     # -- verification and proof ---------------------------------------------------------------
 
     def _verify(
-        self, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]], probes: list[tuple[str, str]]
+        self, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]], probes: list[str]
     ) -> dict[str, dict[str, int]]:
         """Exact-id queries on every store plus paraphrase probes; any hit blocks the job."""
         everything = set().union(*targets.values())
@@ -780,14 +730,13 @@ class DeletionService:
             leftovers["analytics"] = len(rows & set(ids))
         else:
             leftovers["analytics"] = 0
-        texts = [text for _, text in probes]
         probe_hits = sum(
             1
-            for hits in self.derived.vectors.query_many(tenant_id=tenant_id, texts=texts, limit=10)
+            for hits in self.derived.vectors.query_many(tenant_id=tenant_id, texts=probes, limit=10)
             for source in hits
             if source in everything
         )
-        probe_hits += self.derived.keywords.probe_hits(tenant_id=tenant_id, texts=texts, sources=everything)
+        probe_hits += self.derived.keywords.probe_hits(tenant_id=tenant_id, texts=probes, sources=everything)
         leftovers["paraphrase_probes"] = probe_hits
         bad = {store: n for store, n in leftovers.items() if n}
         if bad:

@@ -1007,8 +1007,13 @@ class MemoryStore:
             self._tenant_mode(conn, tenant_id)
             return [CurrentVersion(*row) for row in conn.execute(_SELECT_CURRENT, (tenant_id,))]
 
-    def open_texts(self, *, tenant_id: str, sources: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
-        """Decrypt the text of exactly these versions (what a derived store or a recall answer needs)."""
+    def open_texts(
+        self, *, tenant_id: str, sources: list[tuple[str, int]], skip_unreadable: bool = False
+    ) -> dict[tuple[str, int], str]:
+        """Decrypt the text of exactly these versions (what a derived store or a recall answer needs).
+
+        `skip_unreadable` leaves out versions whose key is already destroyed (a resumed deletion).
+        """
         out: dict[tuple[str, int], str] = {}
         if not sources:
             return out
@@ -1022,7 +1027,11 @@ class MemoryStore:
                     ([m for m, _ in chunk], [v for _, v in chunk], tenant_id),
                 ).fetchall()
                 for row in rows:
-                    out[(row["memory_id"], row["version"])] = self._open_text(conn, row)
+                    try:
+                        out[(row["memory_id"], row["version"])] = self._open_text(conn, row)
+                    except (NotFoundError, crypto.DecryptionError):
+                        if not skip_unreadable:
+                            raise
         return out
 
     def teams(self, *, tenant_id: str) -> dict[str, list[str]]:
