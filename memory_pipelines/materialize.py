@@ -28,8 +28,8 @@ def _root_cause(error: Any) -> str:
     return str(error.message).strip().splitlines()[-1]
 
 
-def run_forget(settings: Settings, tenant_id: str, job_ids: Sequence[str]) -> dict[str, Any]:
-    """Run the `forget` job for one tenant now, in-process, through the Dagster instance."""
+def _execute(settings: Settings, job_name: str, tenant_id: str, **kwargs: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """Run one tenant partition of `job_name` in-process against the persistent instance."""
     import dagster as dg
 
     from memory_pipelines.definitions import defs
@@ -41,27 +41,28 @@ def run_forget(settings: Settings, tenant_id: str, job_ids: Sequence[str]) -> di
             instance.add_dynamic_partitions("tenants", [tenant_id])
         result = (
             defs()
-            .resolve_job_def("forget")
-            .execute_in_process(
-                instance=instance,
-                partition_key=tenant_id,
-                run_config={"ops": {"forget_batch": {"config": {"job_ids": list(job_ids)}}}},
-                raise_on_error=False,
-            )
+            .resolve_job_def(job_name)
+            .execute_in_process(instance=instance, partition_key=tenant_id, raise_on_error=False, **kwargs)
         )
-        failures = [
-            {"step": e.step_key, "error": _root_cause(e.step_failure_data.error)}
-            for e in result.all_events
-            if e.event_type_value == "STEP_FAILURE" and e.step_failure_data.error is not None
-        ]
-        return {"run_id": result.run_id, "success": result.success, "failures": failures}
+    failures = [
+        {"step": e.step_key, "error": _root_cause(e.step_failure_data.error)}
+        for e in result.all_events
+        if e.event_type_value == "STEP_FAILURE" and e.step_failure_data.error is not None
+    ]
+    return result, failures
+
+
+def run_forget(settings: Settings, tenant_id: str, job_ids: Sequence[str]) -> dict[str, Any]:
+    """Run the `forget` job for one tenant now, in-process, through the Dagster instance."""
+    result, failures = _execute(
+        settings, "forget", tenant_id, run_config={"ops": {"forget_batch": {"config": {"job_ids": list(job_ids)}}}}
+    )
+    return {"run_id": result.run_id, "success": result.success, "failures": failures}
 
 
 def materialize(settings: Settings, tenant_id: str, select: Sequence[str] | None = None) -> dict[str, Any]:
     """Materialize `select` (default: every asset) for one tenant; returns counts and check results."""
     import dagster as dg
-
-    from memory_pipelines.definitions import defs
 
     chosen = list(select or ALL_ASSETS)
     unknown = sorted(set(chosen) - set(ALL_ASSETS))
@@ -72,35 +73,20 @@ def materialize(settings: Settings, tenant_id: str, select: Sequence[str] | None
         store.require_tenant(tenant_id=tenant_id)
     finally:
         store.close()
-    os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
-    os.environ[ENV_HOME] = str(settings.home)
-    with dg.DagsterInstance.get() as instance:
-        if not instance.has_dynamic_partition("tenants", tenant_id):
-            instance.add_dynamic_partitions("tenants", [tenant_id])
-        job = defs().resolve_job_def("tenant_refresh")
-        result = job.execute_in_process(
-            instance=instance,
-            partition_key=tenant_id,
-            asset_selection=[dg.AssetKey(name) for name in chosen],
-            raise_on_error=False,
-        )
-        assets: dict[str, Any] = {}
-        for event in result.get_asset_materialization_events():
-            materialization = event.step_materialization_data.materialization
-            assets[materialization.asset_key.to_user_string()] = {
-                name: getattr(value, "value", None) for name, value in materialization.metadata.items()
-            }
-        checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-        failures = [
-            {"step": e.step_key, "error": _root_cause(e.step_failure_data.error)}
-            for e in result.all_events
-            if e.event_type_value == "STEP_FAILURE" and e.step_failure_data.error is not None
-        ]
-        return {
-            "tenant": tenant_id,
-            "run_id": result.run_id,
-            "success": result.success,
-            "assets": assets,
-            "checks": checks,
-            "failures": failures,
+    result, failures = _execute(
+        settings, "tenant_refresh", tenant_id, asset_selection=[dg.AssetKey(name) for name in chosen]
+    )
+    assets: dict[str, Any] = {}
+    for event in result.get_asset_materialization_events():
+        materialization = event.step_materialization_data.materialization
+        assets[materialization.asset_key.to_user_string()] = {
+            name: getattr(value, "value", None) for name, value in materialization.metadata.items()
         }
+    return {
+        "tenant": tenant_id,
+        "run_id": result.run_id,
+        "success": result.success,
+        "assets": assets,
+        "checks": {e.check_name: e.passed for e in result.get_asset_check_evaluations()},
+        "failures": failures,
+    }
