@@ -84,19 +84,3 @@ def run_cli(
         timeout=timeout,
         check=False,
     )
-
-
-def scan_for(root: Path, needles: list[bytes]) -> dict[bytes, list[str]]:
-    """Every file under `root` that contains any needle, read as raw bytes (heap, WAL, logs, yaml...)."""
-    hits: dict[bytes, list[str]] = {needle: [] for needle in needles}
-    for path in root.rglob("*"):
-        if not path.is_file() or path.is_symlink():
-            continue
-        try:
-            data = path.read_bytes()
-        except OSError:
-            continue
-        for needle in needles:
-            if needle in data:
-                hits[needle].append(str(path.relative_to(root)))
-    return hits

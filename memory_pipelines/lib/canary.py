@@ -15,9 +15,9 @@ from memory_pipelines.lib.deletion import DeletionService
 from memory_pipelines.lib.derived import DerivedStores
 
 
-def scan_files(root: Path, needles: list[bytes]) -> int:
-    """How many files under `root` contain any needle (raw bytes: heap, WAL, SQLite, Parquet, logs)."""
-    hits = 0
+def files_containing(root: Path, needles: list[bytes]) -> dict[bytes, list[str]]:
+    """needle -> files under `root` holding it, read as raw bytes (heap, WAL, SQLite, Parquet, logs)."""
+    hits: dict[bytes, list[str]] = {needle: [] for needle in needles}
     for path in root.rglob("*"):
         if not path.is_file() or path.is_symlink():
             continue
@@ -25,7 +25,9 @@ def scan_files(root: Path, needles: list[bytes]) -> int:
             data = path.read_bytes()
         except OSError:
             continue
-        hits += any(needle in data for needle in needles)
+        for needle in needles:
+            if needle in data:
+                hits[needle].append(str(path.relative_to(root)))
     return hits
 
 
@@ -89,7 +91,8 @@ def run_canary_drill(derived: DerivedStores, *, home: Path | None) -> dict[str, 
                 conn.execute("CHECKPOINT")  # heap pages reach the data files under HOME
         except psycopg.Error:
             pass  # an external server: its files are not under HOME anyway
-        leftovers["files_under_home"] = scan_files(home, [s.encode() for s in secrets])
+        found = files_containing(home, [s.encode() for s in secrets])
+        leftovers["files_under_home"] = len(set().union(*found.values()))
     witness = store.list_visible(tenant_id=tenant, user_id="canary-witness")
     return {
         "tenant": tenant,

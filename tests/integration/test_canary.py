@@ -10,10 +10,11 @@ import psycopg
 import pytest
 
 from memory_pipelines.lib import services
+from memory_pipelines.lib.canary import files_containing as scan_for
 from memory_pipelines.lib.derived import open_derived
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.materialize import materialize
-from tests.conftest import run_cli, scan_for, settings_for
+from tests.conftest import run_cli, settings_for
 
 pytestmark = pytest.mark.slow
 
