@@ -9,10 +9,10 @@ idempotently. Jobs, audit rows, the outbox and proofs hold ids, HMACs and counts
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,9 +22,10 @@ from psycopg.rows import dict_row
 from memory_pipelines.lib import crypto, registry, validation
 from memory_pipelines.lib.analytics import STORE as ANALYTICS_STORE
 from memory_pipelines.lib.derived import DerivedStores
-from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ValidationError
+from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ServiceError, ValidationError
 from memory_pipelines.lib.recall import CACHE_STORE
 from memory_pipelines.lib.summaries import SUBJECT_STORE, TEAM_STORE
+from memory_pipelines.lib.vectors import vacuum_sqlite
 
 POLICY_VERSION = "deletion-policy-2026-11"
 # Days to complete by basis; a regulator's clock, not a target (we finish in seconds).
@@ -33,6 +34,14 @@ OPEN_STATES = ("REQUESTED", "FROZEN", "DELETING", "VERIFYING", "BLOCKED")
 _SUMMARY_SCOPES = {SUBJECT_STORE: "subject", TEAM_STORE: "team"}
 Source = tuple[str, int]
 Hook = Callable[[str, list[str]], None]
+
+
+@dataclass
+class Probes:
+    """Recall probes of the deleted content; held in memory for one run, never stored."""
+
+    texts: list[str]
+    vectors: list[Any]
 
 
 class DeletionBlocked(MemoryPipelinesError):
@@ -337,12 +346,7 @@ class DeletionService:
             self._set_state(jobs, "FROZEN")
             targets = self._resolve_targets(tenant_id, jobs)
             found = self._found(tenant_id, jobs, targets)
-            # Paraphrase probes: built in memory from each target's text before deletion, discarded after.
-            probes = list(
-                self.store.open_texts(
-                    tenant_id=tenant_id, sources=sorted(set().union(*targets.values())), skip_unreadable=True
-                ).values()
-            )
+            probes = self._probes(tenant_id, set().union(*targets.values()))
             timings["freeze"] = time.perf_counter() - started
             self._hook("frozen", jobs)
             self._set_state(jobs, "DELETING")
@@ -373,6 +377,24 @@ class DeletionService:
             "stores": {spec.name: sum(f[spec.name] for f in found.values()) for spec in registry.STORES},
             "seconds": {name: round(value, 4) for name, value in timings.items()},
         }
+
+    def _probes(self, tenant_id: str, sources: set[Source]) -> Probes:
+        """Paraphrase probes, built in memory from each target before deletion and discarded after.
+
+        The texts feed the keyword probes; the semantic probes reuse each target's stored vector
+        (the embedding of that very text) and embed only targets that have none, such as
+        superseded versions.
+        """
+        texts = self.store.open_texts(tenant_id=tenant_id, sources=sorted(sources), skip_unreadable=True)
+        try:
+            stored = self.derived.vectors.vectors_of(tenant_id, [f"{m}:{v}" for m, v in sorted(texts)])
+        except ServiceError:
+            stored = {}  # Chroma down: embed every probe; the Chroma step itself will block the job
+        missing = [source for source in sorted(texts) if f"{source[0]}:{source[1]}" not in stored]
+        vectors = list(stored.values())
+        if missing:
+            vectors += list(self.derived.vectors.embedder.embed([texts[source] for source in missing]))
+        return Probes(texts=list(texts.values()), vectors=vectors)
 
     def _block(self, jobs: list[dict[str, Any]], step: str, code: str) -> None:
         try:
@@ -518,26 +540,18 @@ class DeletionService:
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
     ) -> None:
         vectors = self.derived.vectors
-        ids = sorted(records | {f"{m}:{v}" for m, v in everything})
         if _tenant_scope(jobs):
             vectors.drop(tenant_id)
             if vectors.path is not None:
-                _vacuum_sqlite(vectors.path / "chroma.sqlite3")
+                vacuum_sqlite(vectors.path / "chroma.sqlite3")
             return
-        col = vectors.existing(tenant_id)
-        if col is None:
-            return
-        if ids:
-            vectors._call("deleting vectors", lambda: col.delete(ids=ids))
+        ids = sorted(records | {f"{m}:{v}" for m, v in everything})
+        vectors.erase(tenant_id, ids)
         with self.store.transaction() as conn:
             conn.execute(
                 "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = 'chroma' AND record_id = ANY(%s)",
                 (tenant_id, ids),
             )
-        # Chroma's delete only flags vectors; rebuilding the collection drops their bytes.
-        vectors.rebuild(tenant_id)
-        if vectors.path is not None:
-            _vacuum_sqlite(vectors.path / "chroma.sqlite3")
 
     def _delete_keyword_index(
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
@@ -689,7 +703,7 @@ class DeletionService:
     # -- verification and proof ---------------------------------------------------------------
 
     def _verify(
-        self, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]], probes: list[str]
+        self, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]], probes: Probes
     ) -> dict[str, dict[str, int]]:
         """Exact-id queries on every store plus paraphrase probes; any hit blocks the job."""
         everything = set().union(*targets.values())
@@ -732,11 +746,11 @@ class DeletionService:
             leftovers["analytics"] = 0
         probe_hits = sum(
             1
-            for hits in self.derived.vectors.query_many(tenant_id=tenant_id, texts=probes, limit=10)
+            for hits in self.derived.vectors.query_vectors(tenant_id=tenant_id, vectors=probes.vectors, limit=10)
             for source in hits
             if source in everything
         )
-        probe_hits += self.derived.keywords.probe_hits(tenant_id=tenant_id, texts=probes, sources=everything)
+        probe_hits += self.derived.keywords.probe_hits(tenant_id=tenant_id, texts=probes.texts, sources=everything)
         leftovers["paraphrase_probes"] = probe_hits
         bad = {store: n for store, n in leftovers.items() if n}
         if bad:
@@ -744,7 +758,7 @@ class DeletionService:
             raise DeletionBlocked(store, f"VERIFICATION_{store.upper()}", f"{count} record(s) of forgotten data found")
         return {
             "exact_id_queries": {store: 0 for store in leftovers if store != "paraphrase_probes"},
-            "paraphrase_probes": {"probes": len(probes), "hits": 0},
+            "paraphrase_probes": {"probes": len(probes.texts), "hits": 0},
         }
 
     def _complete(
@@ -834,17 +848,3 @@ _TENANT_ROWS = (
     "DELETE FROM derived.recall_cache WHERE tenant_id = %s",
     "DELETE FROM derived.lineage WHERE tenant_id = %s",
 )
-
-
-def _vacuum_sqlite(path: Any) -> None:
-    """Chroma's SQLite keeps deleted rows in free pages until vacuumed."""
-    if not path.exists():
-        return
-    for attempt in range(5):
-        try:
-            with sqlite3.connect(str(path), timeout=10) as db:
-                db.execute("VACUUM")
-            return
-        except sqlite3.OperationalError:
-            time.sleep(0.2 * (attempt + 1))
-    raise DeletionBlocked("chroma", "CHROMA_SQLITE_BUSY", "could not vacuum the Chroma database")

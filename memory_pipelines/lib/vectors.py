@@ -8,8 +8,10 @@ Chroma server (`chroma run`) through HttpClient.
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -21,12 +23,51 @@ from memory_pipelines.lib.store import CurrentVersion, MemoryStore
 
 STORE = "chroma"
 EMBED_CHUNK = 512
+# Chroma's default: the local HNSW files are rewritten after this many writes.
+SYNC_THRESHOLD = 1000
 T = TypeVar("T")
+
+# One embedded client per path for the whole process. Chroma caches a loaded HNSW index per
+# client system, and a stale copy held by a second client would write erased vectors back into
+# the index files at its next persist (measured: see VectorStore.erase).
+_EMBEDDED: dict[str, Any] = {}
+_EMBEDDED_LOCK = threading.RLock()
+# Collection metadata key counting erasures; another process that loaded the index before an
+# erasure sees the count change and reloads from disk (see VectorStore._fresh).
+ERASURES = "erasures"
+_SEEN: dict[tuple[str, str], int] = {}
+
+
+def _embedded_client(path: Path) -> Any:
+    with _EMBEDDED_LOCK:
+        key = str(path.resolve())
+        if key not in _EMBEDDED:
+            import chromadb
+            from chromadb.config import Settings as ChromaSettings
+
+            path.mkdir(parents=True, exist_ok=True)
+            _EMBEDDED[key] = chromadb.PersistentClient(path=key, settings=ChromaSettings(anonymized_telemetry=False))
+        return _EMBEDDED[key]
+
+
+def _reopen_embedded() -> None:
+    """Drop every loaded index in this process; the next call loads them from disk afresh."""
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    with _EMBEDDED_LOCK:
+        SharedSystemClient.clear_system_cache()
+        _EMBEDDED.clear()
+        _SEEN.clear()
 
 
 def collection_name(tenant_id: str) -> str:
     # Chroma names allow fewer characters than tenant ids; a digest is always valid and stable.
     return "mem-" + hashlib.sha256(tenant_id.encode()).hexdigest()[:32]
+
+
+def _source(record_id: str) -> tuple[str, int]:
+    memory_id, _, version = record_id.rpartition(":")
+    return memory_id, int(version)
 
 
 def metadata_of(cv: CurrentVersion) -> dict[str, Any]:
@@ -66,39 +107,54 @@ class VectorStore:
             raise ServiceError("chroma", f"{what} failed against {self.location}: {type(exc).__name__}: {exc}") from exc
 
     def client(self) -> Any:
+        if self.path is not None:
+            return _embedded_client(self.path)
         with self._lock:
             if self._client is None:
                 import chromadb
                 from chromadb.config import Settings as ChromaSettings
 
-                settings = ChromaSettings(anonymized_telemetry=False)
-                if self.url is not None:
-                    parts = urlsplit(self.url)
-                    self._client = self._call(
-                        "connecting",
-                        lambda: chromadb.HttpClient(
-                            host=parts.hostname or "localhost",
-                            port=parts.port or (443 if parts.scheme == "https" else 8000),
-                            ssl=parts.scheme == "https",
-                            settings=settings,
-                        ),
-                    )
-                else:
-                    assert self.path is not None
-                    self.path.mkdir(parents=True, exist_ok=True)
-                    self._client = chromadb.PersistentClient(path=str(self.path), settings=settings)
+                assert self.url is not None
+                parts = urlsplit(self.url)
+                self._client = self._call(
+                    "connecting",
+                    lambda: chromadb.HttpClient(
+                        host=parts.hostname or "localhost",
+                        port=parts.port or (443 if parts.scheme == "https" else 8000),
+                        ssl=parts.scheme == "https",
+                        settings=ChromaSettings(anonymized_telemetry=False),
+                    ),
+                )
             return self._client
 
     def collection(self, tenant_id: str) -> Any:
-        client = self.client()
-        return self._call(
-            "opening the collection",
-            lambda: client.get_or_create_collection(
-                name=collection_name(tenant_id),
-                metadata={"tenant_id": tenant_id, "hnsw:space": "cosine", "embedding_model": self.embedder.name},
-                embedding_function=None,
-            ),
-        )
+        def open_it() -> Any:
+            client = self.client()
+            return self._call(
+                "opening the collection",
+                lambda: client.get_or_create_collection(
+                    name=collection_name(tenant_id),
+                    metadata={"tenant_id": tenant_id, "hnsw:space": "cosine", "embedding_model": self.embedder.name},
+                    embedding_function=None,
+                ),
+            )
+
+        return self._fresh(open_it)
+
+    def _fresh(self, open_it: Callable[[], Any]) -> Any:
+        """The collection, reloaded from disk first if another process erased vectors since we loaded it."""
+        col = open_it()
+        if self.path is None or col is None:
+            return col
+        key = (str(self.path.resolve()), col.name)
+        generation = int((col.metadata or {}).get(ERASURES, 0))
+        with _EMBEDDED_LOCK:
+            seen = _SEEN.setdefault(key, generation)
+            if seen == generation:
+                return col
+            _reopen_embedded()
+            _SEEN[key] = generation
+        return open_it()
 
     def reset(self, *, store: MemoryStore, tenant_id: str) -> None:
         """Drop the tenant's collection and its lineage; the next sync re-embeds everything."""
@@ -112,10 +168,18 @@ class VectorStore:
 
     def existing(self, tenant_id: str) -> Any | None:
         """The tenant's collection if it exists; reads must never create one (a forgotten tenant stays gone)."""
-        client = self.client()
         name = collection_name(tenant_id)
-        names = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
-        return self._call("opening the collection", lambda: client.get_collection(name=name)) if name in names else None
+
+        def open_it() -> Any:
+            client = self.client()
+            names = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+            return (
+                self._call("opening the collection", lambda: client.get_collection(name=name))
+                if name in names
+                else None
+            )
+
+        return self._fresh(open_it)
 
     def drop(self, tenant_id: str) -> bool:
         """Delete the tenant's collection (its files go with it); True when one existed."""
@@ -152,6 +216,55 @@ class VectorStore:
                 ),
             )
         return len(ids)
+
+    def vectors_of(self, tenant_id: str, record_ids: Sequence[str]) -> dict[str, Any]:
+        """Stored vectors of the given records; records without one are left out."""
+        col = self.existing(tenant_id)
+        if col is None or not record_ids:
+            return {}
+        got = self._call("reading vectors", lambda: col.get(ids=list(record_ids), include=["embeddings"]))
+        return dict(zip(got["ids"], got["embeddings"], strict=True))
+
+    def erase(self, tenant_id: str, record_ids: Sequence[str]) -> int:
+        """Delete vectors so that their bytes leave the index files, not only flag them; returns how many.
+
+        Chroma's delete only flags a vector, and the embedded index files are rewritten every
+        SYNC_THRESHOLD writes. So the vectors are first overwritten with noise under a threshold
+        of 1 (the files are rewritten at once), then deleted, then the threshold is restored; the
+        SQLite log is vacuumed. Cost: one rewrite of the tenant's index files, not a re-insert. A
+        Chroma server gets the collection rebuilt (copied) instead: its files are not ours to time.
+        """
+        col: Any = self.existing(tenant_id)
+        if col is None or not record_ids:
+            return 0
+        present = self._call("reading ids", lambda: col.get(ids=list(record_ids), include=[])["ids"])
+        if not present:
+            return 0
+        if self.path is None:
+            self._call("deleting vectors", lambda: col.delete(ids=present))
+            self.rebuild(tenant_id)
+            return len(present)
+        import numpy as np
+
+        self._set_sync_threshold(tenant_id, 1)
+        col = self.collection(tenant_id)
+        noise = np.random.default_rng().standard_normal((len(present), self.embedder.dimension)).astype(np.float32)
+        self._call("overwriting vectors", lambda: col.update(ids=present, embeddings=noise))
+        self._call("deleting vectors", lambda: col.delete(ids=present))
+        # hnsw:* keys may not be restated in a modify; the rest of the metadata is kept.
+        metadata = {k: v for k, v in (col.metadata or {}).items() if not k.startswith("hnsw:")}
+        metadata[ERASURES] = int(metadata.get(ERASURES, 0)) + 1
+        self._call("marking the erasure", lambda: col.modify(metadata=metadata))
+        self._set_sync_threshold(tenant_id, SYNC_THRESHOLD)
+        vacuum_sqlite(self.path / "chroma.sqlite3")
+        return len(present)
+
+    def _set_sync_threshold(self, tenant_id: str, threshold: int) -> None:
+        col = self.existing(tenant_id)
+        if col is not None:
+            self._call("configuring", lambda: col.modify(configuration={"hnsw": {"sync_threshold": threshold}}))
+            # A loaded index keeps the threshold it was loaded with.
+            _reopen_embedded()
 
     def ids(self, tenant_id: str) -> set[str]:
         col = self.collection(tenant_id)
@@ -222,17 +335,22 @@ class VectorStore:
 
     def query_many(self, *, tenant_id: str, texts: list[str], limit: int) -> list[list[tuple[str, int]]]:
         """Nearest (memory_id, version) for many texts: one embedding batch, one Chroma call."""
-        col = self.existing(tenant_id)
-        if col is None or not texts:
+        if not texts or self.existing(tenant_id) is None:
             return [[] for _ in texts]
+        return self.query_vectors(tenant_id=tenant_id, vectors=list(self.embedder.embed(texts)), limit=limit)
+
+    def query_vectors(self, *, tenant_id: str, vectors: list[Any], limit: int) -> list[list[tuple[str, int]]]:
+        """Nearest (memory_id, version) for query vectors already computed, in one Chroma call."""
+        col = self.existing(tenant_id)
+        if col is None or not vectors:
+            return [[] for _ in vectors]
         count = self._call("counting", col.count)
         if count == 0:
-            return [[] for _ in texts]
-        vectors = self.embedder.embed(texts)
+            return [[] for _ in vectors]
         result = self._call(
-            "querying", lambda: col.query(query_embeddings=vectors, n_results=min(limit, count), include=["metadatas"])
+            "querying", lambda: col.query(query_embeddings=vectors, n_results=min(limit, count), include=[])
         )
-        return [[(str(m["memory_id"]), int(m["version"])) for m in metas] for metas in result["metadatas"]]
+        return [[_source(record_id) for record_id in ids] for ids in result["ids"]]
 
     def check(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
         """Counts that must be zero: documents stored, vectors without lineage, vectors not current."""
@@ -249,3 +367,17 @@ class VectorStore:
             "without_lineage": len(ids - set(edges)),
             "not_current": len(ids - current),
         }
+
+
+def vacuum_sqlite(path: Path) -> None:
+    """Chroma's SQLite keeps deleted rows (and its purged write log, vectors included) in free pages."""
+    if not path.exists():
+        return
+    for attempt in range(5):
+        try:
+            with sqlite3.connect(str(path), timeout=10) as db:
+                db.execute("VACUUM")
+            return
+        except sqlite3.OperationalError:
+            time.sleep(0.2 * (attempt + 1))
+    raise ServiceError("chroma", f"could not vacuum {path}: the database stays busy")

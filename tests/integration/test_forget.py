@@ -431,3 +431,49 @@ def test_canary_drill_passes_through_dagster_and_reports_figures(session_setting
         }
         [check] = result.get_asset_check_evaluations()
         assert check.passed
+
+
+def _files_with_vector(root, vector) -> list[str]:
+    """Files holding `vector` as float32 at any offset, allowing for the rounding of Chroma's normalisation."""
+    import numpy as np
+
+    unit = np.asarray(vector, dtype=np.float64)
+    unit /= np.linalg.norm(unit)
+    out = []
+    for path in root.rglob("*"):
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        for align in range(4):
+            usable = (len(data) - align) // 4
+            if usable < len(unit):
+                continue
+            floats = np.nan_to_num(np.frombuffer(data, dtype="<f4", count=usable, offset=align).astype(np.float64))
+            floats = np.clip(floats, -1e3, 1e3)
+            windows = np.lib.stride_tricks.sliding_window_view(floats, len(unit))
+            dots = windows @ unit
+            for i in np.nonzero(dots > 0.999)[0]:
+                if abs(np.linalg.norm(windows[i]) - 1.0) < 1e-3:
+                    out.append(str(path.relative_to(root)))
+                    break
+            else:
+                continue
+            break
+    return sorted(out)
+
+
+def test_erased_vectors_leave_the_chroma_files_while_kept_vectors_stay(store, derived, world):
+    """Chroma's delete only flags a vector; the erasure must remove its bytes from every file."""
+    tenant = world["tenant"]
+    gone = f"{world['alice_personal'].memory_id}:2"
+    kept = f"{world['bob_personal'].memory_id}:1"
+    stored = derived.vectors.vectors_of(tenant, [gone, kept])
+    root = derived.vectors.path
+    assert _files_with_vector(root, stored[gone]), "the control: a vector to erase is in the files beforehand"
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, memory_id=world["alice_personal"].memory_id)
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    assert service.status(job_id=job["job_id"])["state"] == "COMPLETE"
+    assert _files_with_vector(root, stored[gone]) == []
+    assert _files_with_vector(root, stored[kept]) != []
+    assert gone not in derived.vectors.ids(tenant) and kept in derived.vectors.ids(tenant)
