@@ -20,7 +20,7 @@ from memory_pipelines.lib.settings import ENV_HOME, Settings
 from memory_pipelines.lib.store import MemoryStore
 
 if TYPE_CHECKING:
-    from memory_pipelines.lib.deletion import DeletionService
+    from memory_pipelines.lib.deletion import DeletionLedger, DeletionService
     from memory_pipelines.lib.derived import DerivedStores
 
 PROG = "memory-pipelines"
@@ -174,7 +174,7 @@ def _deletions(args: argparse.Namespace) -> DeletionService:
     return DeletionService(_derived(args))
 
 
-def _wait_for(args: argparse.Namespace, service: DeletionService, job: dict[str, Any]) -> dict[str, Any]:
+def _wait_for(args: argparse.Namespace, service: DeletionLedger, job: dict[str, Any]) -> dict[str, Any]:
     from memory_pipelines.materialize import run_forget
 
     run = run_forget(_settings(args), job["tenant_id"], [job["job_id"]])
@@ -198,7 +198,11 @@ def cmd_forget(args: argparse.Namespace) -> None:
 
 
 def cmd_deletion(args: argparse.Namespace) -> None:
-    service = _deletions(args)
+    from memory_pipelines.lib.deletion import DeletionLedger
+    from memory_pipelines.lib.runtime import open_store
+
+    # Reading jobs needs only the control plane, not Chroma or the embedding model.
+    service = DeletionLedger(open_store(_settings(args)))
     if args.deletion_command == "status":
         _emit(service.status(job_id=args.job_id))
     elif args.deletion_command == "proof":

@@ -19,11 +19,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from memory_pipelines.lib import crypto, registry, validation
+from memory_pipelines.lib import crypto, lineage, registry, validation
 from memory_pipelines.lib.analytics import STORE as ANALYTICS_STORE
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ServiceError, ValidationError
 from memory_pipelines.lib.recall import CACHE_STORE
+from memory_pipelines.lib.store import MemoryStore
 from memory_pipelines.lib.summaries import SUBJECT_STORE, TEAM_STORE
 from memory_pipelines.lib.vectors import vacuum_sqlite
 
@@ -66,12 +67,85 @@ def _error_code(store: str, exc: BaseException) -> str:
     return f"{store.upper()}_{type(exc).__name__.upper()}"
 
 
-class DeletionService:
+class DeletionLedger:
+    """Reads the deletion control plane (jobs, proofs, pending batches); needs only the memory store."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    @staticmethod
+    def _job(conn: psycopg.Connection, job_id: str) -> dict[str, Any]:
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute("SELECT * FROM control.deletion_jobs WHERE job_id = %s", (job_id,)).fetchone()
+        if row is None:
+            raise NotFoundError("job_id", f"no deletion job {job_id!r}")
+        return {
+            "job_id": row["job_id"],
+            "tenant_id": row["tenant_id"],
+            "state": row["state"],
+            "scope": {
+                "type": row["scope"],
+                "subject": row["subject_id"],
+                "memory_id": row["memory_id"],
+                "version": row["version"],
+            },
+            "scope_hash": bytes(row["scope_hash"]).hex(),
+            "basis": row["basis"],
+            "deadline": row["deadline"].isoformat(),
+            "targets": row["targets"],
+            "target_versions": row["target_count"],
+            "attempts": row["attempts"],
+            "created_at": row["created_at"].isoformat(),
+            "completed_at": None if row["completed_at"] is None else row["completed_at"].isoformat(),
+        }
+
+    def status(self, *, job_id: str) -> dict[str, Any]:
+        with self.store.transaction() as conn:
+            return self._job(conn, job_id)
+
+    def proof(self, *, job_id: str) -> dict[str, Any]:
+        with self.store.transaction() as conn:
+            job = self._job(conn, job_id)
+            row = conn.execute("SELECT proof FROM control.deletion_jobs WHERE job_id = %s", (job_id,)).fetchone()
+        if row is None or row[0] is None:
+            raise NotFoundError("job_id", f"job {job_id} is {job['state']}; a proof exists once it is COMPLETE")
+        return dict(row[0])
+
+    def list_jobs(self, *, state: str | None = None, tenant_id: str | None = None) -> list[dict[str, Any]]:
+        if state is not None and state not in (*OPEN_STATES, "COMPLETE"):
+            raise ValidationError("state", f"must be one of {', '.join((*OPEN_STATES, 'COMPLETE'))}")
+        with self.store.transaction() as conn:
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT job_id FROM control.deletion_jobs WHERE (%s::text IS NULL OR state = %s)"
+                    " AND (%s::text IS NULL OR tenant_id = %s) ORDER BY created_at",
+                    (state, state, tenant_id, tenant_id),
+                )
+            ]
+            return [self._job(conn, job_id) for job_id in ids]
+
+    def pending(
+        self, *, tenant_id: str | None = None, states: tuple[str, ...] = ("REQUESTED",)
+    ) -> dict[str, list[str]]:
+        """tenant -> job ids in `states` (what the forget sensor batches)."""
+        out: dict[str, list[str]] = {}
+        with self.store.transaction() as conn:
+            for job_tenant, job_id in conn.execute(
+                "SELECT tenant_id, job_id FROM control.deletion_jobs WHERE state = ANY(%s)"
+                " AND (%s::text IS NULL OR tenant_id = %s) ORDER BY created_at",
+                (list(states), tenant_id, tenant_id),
+            ):
+                out.setdefault(job_tenant, []).append(job_id)
+        return out
+
+
+class DeletionService(DeletionLedger):
     """Accepts deletion requests and runs them. `hooks` let fault-injection tests act between steps."""
 
     def __init__(self, derived: DerivedStores, *, hooks: dict[str, Hook] | None = None) -> None:
+        super().__init__(derived.store)
         self.derived = derived
-        self.store = derived.store
         self.hooks = hooks or {}
 
     # -- requests ------------------------------------------------------------------------------
@@ -206,74 +280,6 @@ class DeletionService:
             (tenant_id, job_id),
         )
         return None
-
-    # -- reading jobs ----------------------------------------------------------------------------
-
-    @staticmethod
-    def _job(conn: psycopg.Connection, job_id: str) -> dict[str, Any]:
-        with conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute("SELECT * FROM control.deletion_jobs WHERE job_id = %s", (job_id,)).fetchone()
-        if row is None:
-            raise NotFoundError("job_id", f"no deletion job {job_id!r}")
-        return {
-            "job_id": row["job_id"],
-            "tenant_id": row["tenant_id"],
-            "state": row["state"],
-            "scope": {
-                "type": row["scope"],
-                "subject": row["subject_id"],
-                "memory_id": row["memory_id"],
-                "version": row["version"],
-            },
-            "scope_hash": bytes(row["scope_hash"]).hex(),
-            "basis": row["basis"],
-            "deadline": row["deadline"].isoformat(),
-            "targets": row["targets"],
-            "target_versions": row["target_count"],
-            "attempts": row["attempts"],
-            "created_at": row["created_at"].isoformat(),
-            "completed_at": None if row["completed_at"] is None else row["completed_at"].isoformat(),
-        }
-
-    def status(self, *, job_id: str) -> dict[str, Any]:
-        with self.store.transaction() as conn:
-            return self._job(conn, job_id)
-
-    def proof(self, *, job_id: str) -> dict[str, Any]:
-        with self.store.transaction() as conn:
-            job = self._job(conn, job_id)
-            row = conn.execute("SELECT proof FROM control.deletion_jobs WHERE job_id = %s", (job_id,)).fetchone()
-        if row is None or row[0] is None:
-            raise NotFoundError("job_id", f"job {job_id} is {job['state']}; a proof exists once it is COMPLETE")
-        return dict(row[0])
-
-    def list_jobs(self, *, state: str | None = None, tenant_id: str | None = None) -> list[dict[str, Any]]:
-        if state is not None and state not in (*OPEN_STATES, "COMPLETE"):
-            raise ValidationError("state", f"must be one of {', '.join((*OPEN_STATES, 'COMPLETE'))}")
-        with self.store.transaction() as conn:
-            ids = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT job_id FROM control.deletion_jobs WHERE (%s::text IS NULL OR state = %s)"
-                    " AND (%s::text IS NULL OR tenant_id = %s) ORDER BY created_at",
-                    (state, state, tenant_id, tenant_id),
-                )
-            ]
-            return [self._job(conn, job_id) for job_id in ids]
-
-    def pending(
-        self, *, tenant_id: str | None = None, states: tuple[str, ...] = ("REQUESTED",)
-    ) -> dict[str, list[str]]:
-        """tenant -> job ids in `states` (what the forget sensor batches)."""
-        out: dict[str, list[str]] = {}
-        with self.store.transaction() as conn:
-            for job_tenant, job_id in conn.execute(
-                "SELECT tenant_id, job_id FROM control.deletion_jobs WHERE state = ANY(%s)"
-                " AND (%s::text IS NULL OR tenant_id = %s) ORDER BY created_at",
-                (list(states), tenant_id, tenant_id),
-            ):
-                out.setdefault(job_tenant, []).append(job_id)
-        return out
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -508,7 +514,7 @@ class DeletionService:
                 " JOIN unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
                 " ON l.source_memory_id = w.memory_id AND l.source_version = w.version"
                 " WHERE l.tenant_id = %s AND l.store = %s",
-                ([m for m, _ in wanted], [v for _, v in wanted], tenant_id, store),
+                (*lineage.pair_arrays(wanted), tenant_id, store),
             )
         }
 
@@ -561,7 +567,7 @@ class DeletionService:
             conn.execute(
                 "DELETE FROM derived.keyword_postings p USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
                 " WHERE p.tenant_id = %s AND p.memory_id = w.memory_id AND p.version = w.version",
-                ([m for m, _ in wanted], [v for _, v in wanted], tenant_id),
+                (*lineage.pair_arrays(wanted), tenant_id),
             )
             conn.execute(
                 "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = 'keyword_index' AND record_id = ANY(%s)",
@@ -612,7 +618,7 @@ class DeletionService:
             conn.execute(
                 "DELETE FROM memory.memory_versions v USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
                 " WHERE v.tenant_id = %s AND v.memory_id = w.memory_id AND v.version = w.version",
-                ([m for m, _ in wanted], [v for _, v in wanted], tenant_id),
+                (*lineage.pair_arrays(wanted), tenant_id),
             )
             memory_ids = sorted({m for m, _ in everything})
             # A memory that lost only some versions points at its newest remaining one.
@@ -638,7 +644,7 @@ class DeletionService:
             conn.execute(
                 "DELETE FROM derived.lineage l USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
                 " WHERE l.tenant_id = %s AND l.source_memory_id = w.memory_id AND l.source_version = w.version",
-                ([m for m, _ in wanted], [v for _, v in wanted], tenant_id),
+                (*lineage.pair_arrays(wanted), tenant_id),
             )
             for job in jobs:
                 if job["scope"]["type"] == "SUBJECT":
@@ -711,7 +717,7 @@ class DeletionService:
         ids = [f"{m}:{v}" for m, v in wanted]
         leftovers: dict[str, int] = {}
         with self.store.transaction() as conn:
-            arrays = ([m for m, _ in wanted], [v for _, v in wanted], tenant_id)
+            arrays = (*lineage.pair_arrays(wanted), tenant_id)
             for store_name, query in _LEFTOVER_QUERIES.items():
                 leftovers[store_name] = conn.execute(query, arrays).fetchone()[0]  # type: ignore[index]
             keys_left = 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable
 from typing import Any
 
 from memory_pipelines.lib import crypto, lineage
@@ -27,11 +26,6 @@ def tokens(text: str) -> set[str]:
     """Normalised tokens: NFKC, case-folded, word characters, stop words and 1-letter words dropped."""
     normal = unicodedata.normalize("NFKC", text).casefold()
     return {t for t in _TOKEN.findall(normal) if (len(t) > 1 or t.isdigit()) and t not in _STOPWORDS}
-
-
-def _pairs(sources: Iterable[tuple[str, int]]) -> tuple[list[str], list[int]]:
-    listed = list(sources)
-    return [m for m, _ in listed], [v for _, v in listed]
 
 
 class KeywordIndex:
@@ -56,7 +50,7 @@ class KeywordIndex:
         with self.store.transaction() as conn:
             if stale:
                 stale_sources = [src for record_id in stale for src in existing[record_id]]
-                memory_ids, versions = _pairs(stale_sources)
+                memory_ids, versions = lineage.pair_arrays(stale_sources)
                 conn.execute(
                     "DELETE FROM derived.keyword_postings p"
                     " USING unnest(%s::text[], %s::int[]) AS s(memory_id, version)"
@@ -113,7 +107,7 @@ class KeywordIndex:
         except NotFoundError:
             return 0
         macs = [crypto.mac(key, token.encode()) for token in wanted]
-        memory_ids, versions = _pairs(sorted(sources))
+        memory_ids, versions = lineage.pair_arrays(sorted(sources))
         with self.store.transaction() as conn:
             row = conn.execute(
                 "SELECT count(*) FROM derived.keyword_postings p"

@@ -18,6 +18,12 @@ Source = tuple[str, int]  # (memory_id, version)
 STORES = DERIVED_STORES
 
 
+def pair_arrays(sources: Iterable[Source]) -> tuple[list[str], list[int]]:
+    """(memory_ids, versions) arrays for `unnest(%s::text[], %s::int[])`: one parameter pair for any set size."""
+    listed = sorted(sources)
+    return [m for m, _ in listed], [v for _, v in listed]
+
+
 def record_edges(
     conn: psycopg.Connection, *, tenant_id: str, store: str, record_id: str, sources: Iterable[Source]
 ) -> int:

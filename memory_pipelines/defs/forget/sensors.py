@@ -3,9 +3,10 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from memory_pipelines.defs.forget.jobs import deletion_service, forget_job
+from memory_pipelines.defs.forget.jobs import forget_job
 from memory_pipelines.defs.memories.partitions import tenants_partitions
-from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
+from memory_pipelines.lib.deletion import DeletionLedger
+from memory_pipelines.resources import MemoryStoreResource
 
 NEAR_DEADLINE = timedelta(days=3)
 
@@ -19,12 +20,8 @@ NEAR_DEADLINE = timedelta(days=3)
 def forget_requests_sensor(
     context: dg.SensorEvaluationContext,
     memory_store: MemoryStoreResource,
-    chroma: ChromaResource,
-    summarizer: SummarizerResource,
-    analytics: AnalyticsResource,
 ) -> dg.SensorResult:
-    service = deletion_service(memory_store, chroma, summarizer, analytics)
-    pending = service.pending(states=("REQUESTED",))
+    pending = DeletionLedger(memory_store.store()).pending(states=("REQUESTED",))
     known = set(context.instance.get_dynamic_partitions(tenants_partitions.name or "tenants"))
     requests = []
     for tenant_id, job_ids in sorted(pending.items()):
@@ -52,14 +49,11 @@ def forget_requests_sensor(
 def deletion_alerts_sensor(
     context: dg.SensorEvaluationContext,
     memory_store: MemoryStoreResource,
-    chroma: ChromaResource,
-    summarizer: SummarizerResource,
-    analytics: AnalyticsResource,
 ) -> dg.SkipReason:
-    service = deletion_service(memory_store, chroma, summarizer, analytics)
+    ledger = DeletionLedger(memory_store.store())
     now = datetime.now(UTC)
     alerts = []
-    for job in service.list_jobs():
+    for job in ledger.list_jobs():
         if job["state"] == "COMPLETE":
             continue
         deadline = datetime.fromisoformat(job["deadline"])
