@@ -13,6 +13,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memory_pipelines.lib import crypto, lineage
@@ -82,11 +83,7 @@ class AnalyticsStore:
             ],
             schema=SCHEMA,
         )
-        target = self.partition_file(tenant_id)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".parquet.tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, target)
+        self._write(tenant_id, table)
         with store.transaction() as conn:
             conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
             lineage.insert_edges(
@@ -94,6 +91,35 @@ class AnalyticsStore:
             )
         self.refresh_views()
         return {"rows": len(kept), "excluded_do_not_sell": len(current) - len(kept)}
+
+    def remove(self, *, store: MemoryStore, tenant_id: str, sources: set[tuple[str, int]]) -> int:
+        """Rewrite the tenant's partition without the rows of `sources`; returns rows removed.
+
+        Used by forgetting when no other version becomes current (SUBJECT scope): filtering the
+        file is proportional to its bytes, while a rebuild decrypts every text again.
+        """
+        table = self.read_partition(tenant_id)
+        if table is None or not sources:
+            return 0
+        gone = pa.array(sorted(f"{m}:{v}" for m, v in sources))
+        record_ids = pc.binary_join_element_wise(table["memory_id"], pc.cast(table["version"], pa.string()), ":")
+        drop = pc.is_in(record_ids, value_set=gone)
+        removed = pc.sum(drop).as_py() or 0
+        if removed:
+            self._write(tenant_id, table.filter(pc.invert(drop)))
+        with store.transaction() as conn:
+            lineage.remove_records(
+                conn, tenant_id=tenant_id, store=STORE, record_ids=[f"{m}:{v}" for m, v in sorted(sources)]
+            )
+        return int(removed)
+
+    def _write(self, tenant_id: str, table: pa.Table) -> None:
+        # Written aside and renamed: readers see the old partition or the new one, never half of one.
+        target = self.partition_file(tenant_id)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".parquet.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, target)
 
     def drop(self, *, store: MemoryStore, tenant_id: str) -> int:
         """Remove the tenant's partition and its lineage (tenant offboarding); returns rows removed."""

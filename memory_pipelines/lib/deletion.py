@@ -602,8 +602,11 @@ class DeletionService(DeletionLedger):
     ) -> None:
         if _tenant_scope(jobs):
             self.derived.analytics.drop(store=self.store, tenant_id=tenant_id)
-        else:
+        elif any(job["scope"]["type"] == "MEMORY" for job in jobs):
+            # Deleting a current version makes an older one current: the partition must show it.
             self.derived.analytics.rebuild(store=self.store, tenant_id=tenant_id)
+        else:
+            self.derived.analytics.remove(store=self.store, tenant_id=tenant_id, sources=everything)
 
     def _delete_primary(
         self,
@@ -655,16 +658,7 @@ class DeletionService(DeletionLedger):
                 elif job["scope"]["type"] == "TENANT":
                     for query in _TENANT_ROWS:
                         conn.execute(query, (tenant_id,))
-        self._vacuum_full(
-            [
-                "memory.memory_versions",
-                "memory.memories",
-                "derived.keyword_postings",
-                "derived.summaries",
-                "derived.recall_cache",
-                "derived.lineage",
-            ]
-        )
+        self._vacuum_full(_tables_to_compact(jobs))
 
     def _delete_key_store(
         self, tenant_id: str, jobs: list[dict[str, Any]], targets: Any, everything: set[Source], records: set[str]
@@ -838,6 +832,23 @@ _COUNT_TENANT_KEYS = (
     "SELECT count(*) FROM keystore.team_keys WHERE tenant_id = %s",
     "SELECT count(*) FROM keystore.tenant_keys WHERE tenant_id = %s",
 )
+
+
+def _tables_to_compact(jobs: list[dict[str, Any]]) -> list[str]:
+    """Tables whose dead tuples would still be readable after this batch, so VACUUM FULL must rewrite them.
+
+    Text and its MAC are sealed under the author's subject key, so SUBJECT and TENANT scopes shred
+    them with the key; a MEMORY scope leaves that key alive. Keyword MACs use a tenant subkey and team
+    summaries a team key, both alive unless the tenant goes. Ids-only tables (memories, lineage,
+    recall cache) hold no content. Compaction is the costly part of a cascade, so it is kept to these.
+    """
+    kinds = {job["scope"]["type"] for job in jobs}
+    tables = []
+    if "MEMORY" in kinds:
+        tables.append("memory.memory_versions")
+    if kinds & {"MEMORY", "SUBJECT"}:
+        tables += ["derived.keyword_postings", "derived.summaries"]
+    return tables
 
 
 def _tenant_scope(jobs: list[dict[str, Any]]) -> bool:
