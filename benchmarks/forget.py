@@ -2,8 +2,9 @@
 naive deletion of the seed article (DELETE rows, Chroma delete by where, cache delete; no
 verification) on an identical copy of the tenant, measured in the same run.
 
-    .venv/bin/python benchmarks/forget.py                       # 100,000 memories, 1,000 subjects
-    .venv/bin/python benchmarks/forget.py --n 20000 --subjects 200
+    .venv/bin/python -m benchmarks.forget                        # 100,000 memories, 1,000 subjects
+    .venv/bin/python -m benchmarks.forget --n 20000 --subjects 200
+    .venv/bin/python -m benchmarks.forget --home DIR             # keep the tenants; rerun measures again
 
 Targets: one subject's cascade with verification within 2x the naive baseline; the batch of 100
 within 10x one subject.
@@ -87,15 +88,30 @@ def main() -> None:
             item["user_id"] = f"user{(n // 10 % 10) * 7 % args.subjects:04d}"
 
     setup = time.perf_counter()
-    full_ids = build(derived, "bench-full", items)
-    derived.sync_all(tenant_id="bench-full")
-    naive_ids = build(derived, "bench-naive", items)
-    copy_vectors(derived, "bench-full", "bench-naive", dict(zip(full_ids, naive_ids, strict=True)))
-    sync_embeddings(store, derived.vectors, tenant_id="bench-naive")
-    print(f"setup: {args.n:,} memories from {args.subjects} subjects, twice, in {time.perf_counter() - setup:.1f} s")
+    with store.transaction() as conn:
+        built = conn.execute("SELECT count(*) FROM memory.tenants WHERE tenant_id = 'bench-naive'").fetchone()
+    if built and built[0] and args.home is not None:
+        print(f"reusing the tenants built earlier under {home}")
+    else:
+        full_ids = build(derived, "bench-full", items)
+        derived.sync_all(tenant_id="bench-full")
+        naive_ids = build(derived, "bench-naive", items)
+        copy_vectors(derived, "bench-full", "bench-naive", dict(zip(full_ids, naive_ids, strict=True)))
+        sync_embeddings(store, derived.vectors, tenant_id="bench-naive")
+        took = time.perf_counter() - setup
+        print(f"setup: {args.n:,} memories from {args.subjects} subjects, twice, in {took:.1f} s")
+    # Subjects not forgotten yet in both copies, so a kept --home can be measured again.
+    with store.transaction() as conn:
+        rows = conn.execute(
+            "SELECT user_id FROM memory.memories WHERE tenant_id = 'bench-full' INTERSECT"
+            " SELECT user_id FROM memory.memories WHERE tenant_id = 'bench-naive' ORDER BY 1"
+        ).fetchall()
+    available = [r[0] for r in rows]
+    if len(available) < 1 + args.batch:
+        raise SystemExit(f"only {len(available)} subjects left to forget under {home}; use a new --home")
 
     service = DeletionService(derived)
-    one = "user0001"
+    one = available[0]
     naive_seconds = naive_forget(derived, "bench-naive", one)
     job = service.request(tenant_id="bench-full", subject=one)
     started = time.perf_counter()
@@ -108,7 +124,7 @@ def main() -> None:
     )
     print("  per step (s):", report["seconds"])
 
-    batch_users = [f"user{i:04d}" for i in range(2, 2 + args.batch)]
+    batch_users = available[1 : 1 + args.batch]
     jobs = [service.request(tenant_id="bench-full", subject=u)["job_id"] for u in batch_users]
     started = time.perf_counter()
     report = service.run_batch(tenant_id="bench-full", job_ids=jobs)

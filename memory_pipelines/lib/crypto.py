@@ -12,7 +12,7 @@ import hmac
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -66,6 +66,70 @@ def aad(*parts: str | int) -> bytes:
         raw = str(part).encode("utf-8")
         out += len(raw).to_bytes(4, "big") + raw
     return bytes(out)
+
+
+STREAM_MAGIC = b"MPSTREAM1"
+STREAM_CHUNK = 1 << 20
+
+
+def encrypt_stream(key: bytes, source: BinaryIO, sink: BinaryIO, aad: bytes, *, chunk_size: int = STREAM_CHUNK) -> int:
+    """AES-256-GCM over a stream in independently sealed chunks, so memory stays flat; returns bytes written.
+
+    Layout: magic, 8-byte random nonce prefix, then per chunk a final flag (1 byte), the sealed
+    length (4 bytes) and the sealed bytes. Each chunk's nonce is the prefix plus its index, and its
+    associated data binds `aad`, the index and the flag: chunks cannot be reordered, dropped,
+    or cut off after the last one without failing authentication.
+    """
+    prefix = secrets.token_bytes(8)
+    cipher = AESGCM(key)
+    written = sink.write(STREAM_MAGIC + prefix)
+    index = 0
+    current = source.read(chunk_size)
+    while True:
+        following = source.read(chunk_size)
+        final = not following
+        sealed = cipher.encrypt(prefix + index.to_bytes(4, "big"), current, _chunk_aad(aad, index, final))
+        written += sink.write(bytes([final]) + len(sealed).to_bytes(4, "big"))
+        written += sink.write(sealed)
+        if final:
+            return written
+        index += 1
+        current = following
+
+
+def decrypt_stream(key: bytes, source: BinaryIO, sink: BinaryIO, aad: bytes) -> int:
+    """Inverse of encrypt_stream; raises DecryptionError on any tampering or truncation. Returns plaintext bytes."""
+    head = source.read(len(STREAM_MAGIC) + 8)
+    if len(head) < len(STREAM_MAGIC) + 8 or not head.startswith(STREAM_MAGIC):
+        raise DecryptionError("not an encrypted stream of this format, or truncated in its header")
+    prefix = head[len(STREAM_MAGIC) :]
+    cipher = AESGCM(key)
+    index = 0
+    plain = 0
+    while True:
+        frame = source.read(5)
+        if len(frame) < 5:
+            raise DecryptionError(f"stream truncated before its final chunk (after chunk {index})")
+        final, length = frame[0], int.from_bytes(frame[1:], "big")
+        if final not in (0, 1) or length > STREAM_CHUNK * 64 + 16:
+            raise DecryptionError(f"chunk {index} has a corrupt frame")
+        sealed = source.read(length)
+        if len(sealed) < length:
+            raise DecryptionError(f"stream truncated inside chunk {index}")
+        try:
+            data = cipher.decrypt(prefix + index.to_bytes(4, "big"), sealed, _chunk_aad(aad, index, bool(final)))
+        except InvalidTag as exc:
+            raise DecryptionError(f"chunk {index} failed authentication") from exc
+        plain += sink.write(data)
+        if final:
+            if source.read(1):
+                raise DecryptionError("bytes follow the final chunk")
+            return plain
+        index += 1
+
+
+def _chunk_aad(aad: bytes, index: int, final: bool) -> bytes:
+    return aad + index.to_bytes(4, "big") + bytes([final])
 
 
 class MasterKey(Protocol):
