@@ -574,7 +574,7 @@ class DeletionService(DeletionLedger):
                 (tenant_id, sorted(records)),
             )
 
-    def _delete_summaries(self, scope: str, tenant_id: str, jobs: list[dict[str, Any]]) -> None:
+    def _delete_summaries(self, scope: str, tenant_id: str, jobs: list[dict[str, Any]], records: set[str]) -> None:
         if _tenant_scope(jobs):
             with self.store.transaction() as conn:
                 conn.execute("DELETE FROM derived.summaries WHERE tenant_id = %s AND scope = %s", (tenant_id, scope))
@@ -583,19 +583,22 @@ class DeletionService(DeletionLedger):
                     (tenant_id, SUBJECT_STORE if scope == "subject" else TEAM_STORE),
                 )
             return
-        # Hidden sources are already excluded from current versions: a sync rebuilds every summary
-        # that used a target without it, and removes those left with no source.
-        self.derived.summaries.sync(tenant_id=tenant_id, scope=scope)
+        # Hidden sources are already excluded from current versions: a sync of the summaries whose
+        # lineage reaches a target (records "subject:<id>" / "team:<id>") rebuilds them without it,
+        # and removes those left with no source.
+        touched = sorted(record.partition(":")[2] for record in records)
+        if touched:
+            self.derived.summaries.sync(tenant_id=tenant_id, scope=scope, scope_ids=touched)
 
     def _delete_subject_summaries(
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
     ) -> None:
-        self._delete_summaries("subject", tenant_id, jobs)
+        self._delete_summaries("subject", tenant_id, jobs, records)
 
     def _delete_team_summaries(
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
     ) -> None:
-        self._delete_summaries("team", tenant_id, jobs)
+        self._delete_summaries("team", tenant_id, jobs, records)
 
     def _delete_analytics(
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]

@@ -79,6 +79,9 @@ _CURRENT_BASE = (
     " WHERE m.tenant_id = %s"
 )
 _SELECT_CURRENT = _CURRENT_BASE + _NOT_HIDDEN + " ORDER BY m.memory_id"
+_SELECT_CURRENT_OF_OWNERS = (
+    _CURRENT_BASE + _NOT_HIDDEN + " AND (m.user_id = ANY(%s) OR m.team_id = ANY(%s)) ORDER BY m.memory_id"
+)
 _SELECT_EXPORT = (
     _SELECT_MEMORY
     + " WHERE m.tenant_id = %s AND m.user_id = %s"
@@ -1000,12 +1003,20 @@ class MemoryStore:
                 yield ",\n" + json.dumps(row)
         yield "\n]}\n"
 
-    def current_versions(self, *, tenant_id: str) -> list[CurrentVersion]:
-        """Every current version of the tenant with its metadata (no text), ordered by memory_id."""
+    def current_versions(
+        self, *, tenant_id: str, user_ids: list[str] | None = None, team_ids: list[str] | None = None
+    ) -> list[CurrentVersion]:
+        """Every current version of the tenant with its metadata (no text), ordered by memory_id.
+
+        With `user_ids` or `team_ids`, only memories authored by those users or shared in those teams.
+        """
         validation.check_id("tenant", tenant_id)
         with self.transaction() as conn:
             self._tenant_mode(conn, tenant_id)
-            return [CurrentVersion(*row) for row in conn.execute(_SELECT_CURRENT, (tenant_id,))]
+            if user_ids is None and team_ids is None:
+                return [CurrentVersion(*row) for row in conn.execute(_SELECT_CURRENT, (tenant_id,))]
+            params = (tenant_id, user_ids or [], team_ids or [])
+            return [CurrentVersion(*row) for row in conn.execute(_SELECT_CURRENT_OF_OWNERS, params)]
 
     def open_texts(
         self, *, tenant_id: str, sources: list[tuple[str, int]], skip_unreadable: bool = False

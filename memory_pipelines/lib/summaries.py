@@ -158,22 +158,33 @@ class SummaryStore:
                 conn.execute("SELECT user_id, mode FROM derived.summary_modes WHERE tenant_id = %s", (tenant_id,))
             )
 
-    def sync(self, *, tenant_id: str, scope: str) -> dict[str, int]:
-        """Rebuild the summaries of `scope` ('subject' or 'team') whose sources or mode changed."""
-        current = self.store.current_versions(tenant_id=tenant_id)
+    def sync(self, *, tenant_id: str, scope: str, scope_ids: list[str] | None = None) -> dict[str, int]:
+        """Rebuild the summaries of `scope` ('subject' or 'team') whose sources or mode changed.
+
+        `scope_ids` limits the work to those subjects or teams (a deletion knows which it touched).
+        """
+        if scope_ids is None:
+            current = self.store.current_versions(tenant_id=tenant_id)
+        elif scope == "subject":
+            current = self.store.current_versions(tenant_id=tenant_id, user_ids=scope_ids)
+        else:
+            current = self.store.current_versions(tenant_id=tenant_id, team_ids=scope_ids)
         groups: dict[str, list[CurrentVersion]] = defaultdict(list)
         for cv in current:
             if scope == "subject" and cv.team_id is None:
                 groups[cv.user_id].append(cv)
             elif scope == "team" and cv.team_id is not None:
                 groups[cv.team_id].append(cv)
+        if scope_ids is not None:
+            groups = defaultdict(list, {k: v for k, v in groups.items() if k in set(scope_ids)})
         modes = self._modes(tenant_id) if scope == "subject" else {}
         store_name = SUBJECT_STORE if scope == "subject" else TEAM_STORE
         with self.store.transaction() as conn:
             existing = dict(
                 conn.execute(
-                    "SELECT scope_id, sources_hash FROM derived.summaries WHERE tenant_id = %s AND scope = %s",
-                    (tenant_id, scope),
+                    "SELECT scope_id, sources_hash FROM derived.summaries WHERE tenant_id = %s AND scope = %s"
+                    " AND (%s::text[] IS NULL OR scope_id = ANY(%s))",
+                    (tenant_id, scope, scope_ids, scope_ids),
                 ).fetchall()
             )
         built = unchanged = 0

@@ -249,8 +249,14 @@ class VectorStore:
         self._set_sync_threshold(tenant_id, 1)
         col = self.collection(tenant_id)
         noise = np.random.default_rng().standard_normal((len(present), self.embedder.dimension)).astype(np.float32)
-        self._call("overwriting vectors", lambda: col.update(ids=present, embeddings=noise))
-        self._call("deleting vectors", lambda: col.delete(ids=present))
+        # Chroma caps a write batch (5,461 records here); a batch of subjects can exceed it.
+        step = int(self._call("reading the batch limit", self.client().get_max_batch_size))
+        for start in range(0, len(present), step):
+            part = present[start : start + step]
+            self._call("overwriting vectors", lambda: col.update(ids=part, embeddings=noise[start : start + step]))  # noqa: B023
+        for start in range(0, len(present), step):
+            part = present[start : start + step]
+            self._call("deleting vectors", lambda: col.delete(ids=part))  # noqa: B023
         # hnsw:* keys may not be restated in a modify; the rest of the metadata is kept.
         metadata = {k: v for k, v in (col.metadata or {}).items() if not k.startswith("hnsw:")}
         metadata[ERASURES] = int(metadata.get(ERASURES, 0)) + 1
