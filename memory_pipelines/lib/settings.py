@@ -15,7 +15,12 @@ ENV_CHROMA_URL = "MEMORY_PIPELINES_CHROMA_URL"
 ENV_SUMMARIZER_URL = "MEMORY_PIPELINES_SUMMARIZER_URL"
 ENV_SUMMARIZER_MODEL = "MEMORY_PIPELINES_SUMMARIZER_MODEL"
 ENV_SUMMARIZER_API_KEY = "MEMORY_PIPELINES_SUMMARIZER_API_KEY"
+ENV_S3_BUCKET = "MEMORY_PIPELINES_S3_BUCKET"
+ENV_S3_PREFIX = "MEMORY_PIPELINES_S3_PREFIX"
+ENV_S3_ENDPOINT = "MEMORY_PIPELINES_S3_ENDPOINT_URL"
+ENV_BACKUP_DAYS = "MEMORY_PIPELINES_BACKUP_RETENTION_DAYS"
 DEFAULT_HOME = "./.memory_pipelines"
+DEFAULT_BACKUP_DAYS = 35
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,10 @@ class Settings:
     summarizer_url: str | None = None
     summarizer_model: str | None = None
     summarizer_api_key: str | None = field(default=None, repr=False)
+    s3_bucket: str | None = None
+    s3_prefix: str = "memory-pipelines/"
+    s3_endpoint_url: str | None = None
+    backup_days: int = DEFAULT_BACKUP_DAYS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -43,7 +52,15 @@ class Settings:
             summarizer_url=env.get(ENV_SUMMARIZER_URL) or None,
             summarizer_model=env.get(ENV_SUMMARIZER_MODEL) or None,
             summarizer_api_key=env.get(ENV_SUMMARIZER_API_KEY) or None,
+            s3_bucket=env.get(ENV_S3_BUCKET) or None,
+            s3_prefix=env.get(ENV_S3_PREFIX) or "memory-pipelines/",
+            s3_endpoint_url=env.get(ENV_S3_ENDPOINT) or None,
+            backup_days=_positive_int(ENV_BACKUP_DAYS, env.get(ENV_BACKUP_DAYS), DEFAULT_BACKUP_DAYS),
         )
+
+    @property
+    def backups_path(self) -> Path:
+        return self.home / "backups"
 
     @property
     def dagster_home(self) -> Path:
@@ -64,3 +81,17 @@ class Settings:
     @property
     def analytics_root(self) -> Path:
         return self.home / "analytics"
+
+
+def _positive_int(name: str, raw: str | None, default: int) -> int:
+    if not raw:
+        return default
+    from memory_pipelines.lib.errors import ValidationError
+
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError(name, f"must be a whole number of days, got {raw!r}") from None
+    if value < 1:
+        raise ValidationError(name, f"must be at least 1, got {value}")
+    return value

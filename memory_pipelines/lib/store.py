@@ -232,12 +232,17 @@ class MemoryStore:
     @staticmethod
     def _tenant_mode(conn: psycopg.Connection, tenant_id: str) -> str:
         row = conn.execute(
-            "SELECT sharing_mode, deleted_at FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)
+            "SELECT sharing_mode, deleted_at, restoring_since FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)
         ).fetchone()
         if row is None:
             raise NotFoundError("tenant", f"unknown tenant {tenant_id!r}")
         if row[1] is not None:
             raise NotFoundError("tenant", f"tenant {tenant_id!r} was deleted")
+        if row[2] is not None:
+            # The restore gate: nothing is read or written until the journal replay is verified.
+            raise ConflictError(
+                "tenant", f"tenant {tenant_id!r} is being restored; it reopens once the restore is verified"
+            )
         return str(row[0])
 
     def create_tenant(self, *, tenant_id: str, sharing_mode: str = "strict") -> dict[str, Any]:

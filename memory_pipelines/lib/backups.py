@@ -1,0 +1,554 @@
+"""Encrypted tenant backups and restores that cannot resurrect forgotten data.
+
+A backup is a Parquet snapshot of the tenant's primary rows (memory text stays ciphertext under
+each author's subject key), lineage and settings, tarred and sealed as one chunked AES-256-GCM
+stream under a fresh object key. The object key is wrapped by the tenant key, so destroying the
+tenant key shreds every backup of the tenant, and destroying a subject key leaves that subject's
+rows unreadable in every backup. The key store is never part of a backup.
+
+A restore closes the tenant's reads (the restore gate), loads the snapshot, replays the deletion
+journal (subject epochs, tombstones, key destructions), verifies that nothing forgotten is left,
+and only then reopens reads.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+import shutil
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from memory_pipelines.lib import crypto, validation
+from memory_pipelines.lib.backup_storage import BackupStorage
+from memory_pipelines.lib.errors import ConflictError, MemoryPipelinesError, NotFoundError, ValidationError
+from memory_pipelines.lib.store import MemoryStore
+
+FORMAT = 1
+BATCH_ROWS = 20_000
+_TS = pa.timestamp("us", tz="UTC")
+
+# What a backup holds, per table: columns with their Arrow types, read with a bound tenant id.
+# Text columns are ciphertext as stored; the key store is deliberately absent.
+TABLES: dict[str, tuple[str, list[tuple[str, pa.DataType]]]] = {
+    "subjects": (
+        "memory.subjects",
+        [("user_id", pa.string()), ("do_not_sell", pa.bool_()), ("created_at", _TS)],
+    ),
+    "teams": ("memory.teams", [("team_id", pa.string()), ("created_at", _TS)]),
+    "team_members": (
+        "memory.team_members",
+        [("team_id", pa.string()), ("user_id", pa.string()), ("added_at", _TS)],
+    ),
+    "memories": (
+        "memory.memories",
+        [
+            ("memory_id", pa.string()),
+            ("user_id", pa.string()),
+            ("team_id", pa.string()),
+            ("memory_type", pa.string()),
+            ("current_version", pa.int32()),
+            ("do_not_sell", pa.bool_()),
+            ("created_at", _TS),
+            ("updated_at", _TS),
+        ],
+    ),
+    "memory_versions": (
+        "memory.memory_versions",
+        [
+            ("memory_id", pa.string()),
+            ("version", pa.int32()),
+            ("shareable", pa.bool_()),
+            ("category", pa.string()),
+            ("confidence", pa.float64()),
+            ("text_ct", pa.binary()),
+            ("text_mac", pa.binary()),
+            ("original_query_ct", pa.binary()),
+            ("key_id", pa.string()),
+            ("restored_from", pa.int32()),
+            ("created_at", _TS),
+            ("superseded_at", _TS),
+        ],
+    ),
+    "lineage": (
+        "derived.lineage",
+        [
+            ("store", pa.string()),
+            ("record_id", pa.string()),
+            ("source_memory_id", pa.string()),
+            ("source_version", pa.int32()),
+            ("created_at", _TS),
+        ],
+    ),
+    "summary_modes": ("derived.summary_modes", [("user_id", pa.string()), ("mode", pa.string())]),
+}
+# Load order respects foreign keys; deletion runs in reverse.
+_LOAD_ORDER = ["subjects", "teams", "team_members", "memories", "memory_versions", "lineage", "summary_modes"]
+_REPLACED = ["summary_modes", "lineage", "memory_versions", "memories", "team_members", "teams"]
+
+Hook = Callable[[str], None]
+
+
+def _select(table: str, columns: list[tuple[str, pa.DataType]]) -> psycopg.sql.Composed:
+    from psycopg import sql
+
+    schema, name = table.split(".")
+    return sql.SQL("SELECT {} FROM {}.{} WHERE tenant_id = %s ORDER BY 1").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c, _ in columns), sql.Identifier(schema), sql.Identifier(name)
+    )
+
+
+class BackupService:
+    """Backs tenants up to `storage`, lists and expires backups, and restores them safely."""
+
+    def __init__(
+        self,
+        store: MemoryStore,
+        storage: BackupStorage,
+        *,
+        staging: Path,
+        days: int = 35,
+        hooks: dict[str, Hook] | None = None,
+    ) -> None:
+        self.store = store
+        self.storage = storage
+        self.staging = staging
+        self.days = days
+        self.hooks = hooks or {}
+
+    @contextmanager
+    def _scratch(self) -> Iterator[Path]:
+        # Scratch files hold ciphertext columns and ids only; they are removed whatever happens.
+        self.staging.mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix="scratch-", dir=self.staging))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    # -- backup --------------------------------------------------------------------------------
+
+    def backup(self, *, tenant_id: str) -> dict[str, Any]:
+        """Snapshot, encrypt and store one tenant; returns the manifest (ids and counts only)."""
+        validation.check_id("tenant", tenant_id)
+        self.storage.ensure_expiry(self.days)
+        started = time.perf_counter()
+        backup_id = "b_" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "_" + secrets.token_hex(4)
+        with self._scratch() as scratch:
+            snapshot = scratch / "snapshot"
+            snapshot.mkdir()
+            with self.store.transaction() as conn:
+                # One REPEATABLE READ snapshot would need its own transaction; the per-tenant
+                # advisory lock of forget runs keeps deletions from interleaving instead.
+                self.store._tenant_mode(conn, tenant_id)
+                tenant_key_id, tenant_key = self.store.keys.tenant_key(conn, tenant_id)
+                rows = {name: self._dump(conn, tenant_id, name, snapshot) for name in _LOAD_ORDER}
+                key_ids = sorted(
+                    {
+                        str(r[0])
+                        for r in conn.execute(
+                            "SELECT DISTINCT key_id FROM memory.memory_versions WHERE tenant_id = %s", (tenant_id,)
+                        )
+                    }
+                )
+            archive = scratch / "snapshot.tar"
+            with tarfile.open(archive, "w") as tar:
+                for name in _LOAD_ORDER:
+                    tar.add(snapshot / f"{name}.parquet", arcname=f"{name}.parquet")
+            object_key = crypto.new_key()
+            sealed = scratch / "backup.bin"
+            with archive.open("rb") as src, sealed.open("wb") as dst:
+                size = crypto.encrypt_stream(object_key, src, dst, _object_aad(tenant_id, backup_id))
+            digest = _sha256(sealed)
+            created = datetime.now(UTC)
+            manifest = {
+                "format": FORMAT,
+                "backup_id": backup_id,
+                "tenant_id": tenant_id,
+                "rows": rows,
+                "key_ids": {"tenant_key": tenant_key_id, "subject_keys": key_ids},
+                "wrapped_object_key": base64.b64encode(
+                    crypto.seal(tenant_key, object_key, _wrap_aad(tenant_id, backup_id))
+                ).decode(),
+                "object": f"{tenant_id}/{backup_id}.bin",
+                "bytes": size,
+                "sha256": digest,
+                "created_at": created.isoformat(),
+                "expires_at": (created + timedelta(days=self.days)).isoformat(),
+            }
+            del object_key
+            manifest_file = scratch / "manifest.json"
+            manifest_file.write_text(json.dumps(manifest, indent=2))
+            self.storage.put_file(str(manifest["object"]), sealed)
+            self.storage.put_file(f"{tenant_id}/{backup_id}.manifest.json", manifest_file)
+        with self.store.transaction() as conn:
+            conn.execute(
+                "INSERT INTO control.backups (backup_id, tenant_id, location, object_key, manifest, created_at,"
+                " expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (
+                    backup_id,
+                    tenant_id,
+                    self.storage.location,
+                    manifest["object"],
+                    json.dumps(manifest),
+                    created,
+                    created + timedelta(days=self.days),
+                ),
+            )
+        return {**_public(manifest), "seconds": round(time.perf_counter() - started, 3)}
+
+    def _dump(self, conn: psycopg.Connection, tenant_id: str, name: str, folder: Path) -> int:
+        table, columns = TABLES[name]
+        schema = pa.schema(columns)
+        count = 0
+        with (
+            pq.ParquetWriter(folder / f"{name}.parquet", schema) as writer,
+            conn.cursor(name=f"backup_{name}") as cur,
+        ):
+            cur.execute(_select(table, columns), (tenant_id,))
+            while rows := cur.fetchmany(BATCH_ROWS):
+                arrays = [pa.array([_plain(r[i]) for r in rows], type=dtype) for i, (_, dtype) in enumerate(columns)]
+                writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
+                count += len(rows)
+        return count
+
+    # -- listing and expiry --------------------------------------------------------------------
+
+    def list(self, *, tenant_id: str) -> list[dict[str, Any]]:
+        validation.check_id("tenant", tenant_id)
+        with self.store.transaction() as conn:
+            rows = conn.execute(
+                "SELECT manifest, location, expired_at FROM control.backups WHERE tenant_id = %s ORDER BY created_at",
+                (tenant_id,),
+            ).fetchall()
+        return [
+            {**_public(manifest), "location": location, "expired": expired is not None}
+            for manifest, location, expired in rows
+        ]
+
+    def sweep_expired(self, *, now: datetime | None = None) -> dict[str, int]:
+        """Delete backups past their expiry (local ones; S3's lifecycle rule does the same there)."""
+        now = now or datetime.now(UTC)
+        with self.store.transaction() as conn:
+            due = conn.execute(
+                "SELECT backup_id, object_key, tenant_id FROM control.backups"
+                " WHERE expired_at IS NULL AND expires_at <= %s",
+                (now,),
+            ).fetchall()
+        for backup_id, object_key, tenant_id in due:
+            self.storage.delete(object_key)
+            self.storage.delete(f"{tenant_id}/{backup_id}.manifest.json")
+            with self.store.transaction() as conn:
+                conn.execute("UPDATE control.backups SET expired_at = %s WHERE backup_id = %s", (now, backup_id))
+        return {"expired": len(due)}
+
+    def _backup_row(self, tenant_id: str, backup_id: str) -> dict[str, Any]:
+        validation.check_id("tenant", tenant_id)
+        if not isinstance(backup_id, str) or not backup_id.startswith("b_") or len(backup_id) > 64:
+            raise ValidationError("backup", f"malformed backup id {backup_id!r}")
+        with self.store.transaction() as conn:
+            row = conn.execute(
+                "SELECT tenant_id, manifest, expired_at FROM control.backups WHERE backup_id = %s", (backup_id,)
+            ).fetchone()
+        if row is None:
+            raise NotFoundError("backup", f"no backup {backup_id!r}")
+        if row[0] != tenant_id:
+            raise ValidationError("backup", f"backup {backup_id} belongs to another tenant, not {tenant_id!r}")
+        if row[2] is not None:
+            raise NotFoundError("backup", f"backup {backup_id} expired and was deleted")
+        return dict(row[1])
+
+    # -- restore -------------------------------------------------------------------------------
+
+    def restore(self, *, tenant_id: str, backup_id: str, lock_timeout: float = 60.0) -> dict[str, Any]:
+        """Load a backup into the tenant behind the restore gate, replay the journal, verify, reopen.
+
+        Never interleaves with a forget run of the tenant (same advisory lock); waits up to
+        `lock_timeout` seconds for one to finish, then refuses.
+        """
+        manifest = self._backup_row(tenant_id, backup_id)
+        with self._tenant_lock(tenant_id, lock_timeout), self._scratch() as scratch:
+            with self.store.transaction() as conn:
+                self.store._tenant_mode(conn, tenant_id)
+            tables = self._fetch_and_open(manifest, scratch)
+            restore_id = "r_" + secrets.token_hex(8)
+            with self.store.transaction() as conn:
+                conn.execute("UPDATE memory.tenants SET restoring_since = now() WHERE tenant_id = %s", (tenant_id,))
+                conn.execute(
+                    "INSERT INTO control.restores (restore_id, tenant_id, backup_id, state) VALUES (%s, %s, %s,"
+                    " 'RUNNING')",
+                    (restore_id, tenant_id, backup_id),
+                )
+            report: dict[str, Any] = {"restore_id": restore_id, "tenant_id": tenant_id, "backup_id": backup_id}
+            try:
+                with self.store.transaction() as conn:
+                    started = time.perf_counter()
+                    report["loaded"] = self._load(conn, tenant_id, tables)
+                    report["load_seconds"] = round(time.perf_counter() - started, 3)
+                    self._hook("loaded")
+                    started = time.perf_counter()
+                    report["replayed"] = self._replay(conn, tenant_id)
+                    report["replay_seconds"] = round(time.perf_counter() - started, 3)
+                    self._hook("replayed")
+                    report["verification"] = self._verify(conn, tenant_id)
+                    bad = {k: v for k, v in report["verification"].items() if v}
+                    if bad:
+                        conn.execute(
+                            "UPDATE control.restores SET state = 'BLOCKED', report = %s WHERE restore_id = %s",
+                            (json.dumps(report), restore_id),
+                        )
+                        report["state"] = "BLOCKED"
+                        return report
+                    conn.execute(
+                        "UPDATE memory.tenants SET restoring_since = NULL, change_seq = change_seq + 1,"
+                        " updated_at = now() WHERE tenant_id = %s",
+                        (tenant_id,),
+                    )
+                    report["state"] = "COMPLETE"
+                    conn.execute(
+                        "UPDATE control.restores SET state = 'COMPLETE', report = %s, completed_at = now()"
+                        " WHERE restore_id = %s",
+                        (json.dumps(report), restore_id),
+                    )
+            except MemoryPipelinesError:
+                self._mark_blocked(restore_id, report)
+                raise
+            except Exception as exc:
+                self._mark_blocked(restore_id, {**report, "error": type(exc).__name__})
+                raise
+        return report
+
+    def _hook(self, step: str) -> None:
+        if step in self.hooks:
+            self.hooks[step](step)
+
+    def _mark_blocked(self, restore_id: str, report: dict[str, Any]) -> None:
+        # The load rolled back; the gate stays closed until a restore succeeds or it is reopened.
+        with self.store.transaction() as conn:
+            conn.execute(
+                "UPDATE control.restores SET state = 'BLOCKED', report = %s WHERE restore_id = %s",
+                (json.dumps({**report, "state": "BLOCKED"}), restore_id),
+            )
+        report["state"] = "BLOCKED"
+
+    @contextmanager
+    def _tenant_lock(self, tenant_id: str, timeout: float) -> Iterator[None]:
+        lock_key = f"forget\x1f{tenant_id}"
+        conn = psycopg.connect(self.store.conninfo, autocommit=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while not conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (lock_key,)).fetchone()[
+                0  # type: ignore[index]
+            ]:
+                if time.monotonic() >= deadline:
+                    raise ConflictError(
+                        "tenant", f"a forget run of {tenant_id!r} is in progress; restore again when it ends"
+                    )
+                time.sleep(0.2)
+            try:
+                yield
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key,))
+        finally:
+            conn.close()
+
+    def _fetch_and_open(self, manifest: dict[str, Any], scratch: Path) -> dict[str, pa.Table]:
+        tenant_id, backup_id = manifest["tenant_id"], manifest["backup_id"]
+        with self.store.transaction() as conn:
+            try:
+                _, tenant_key = self.store.keys.tenant_key(conn, tenant_id, create=False)
+            except MemoryPipelinesError as exc:
+                raise NotFoundError(
+                    "backup", f"backup {backup_id} is unreadable: the tenant key was destroyed (crypto-shredded)"
+                ) from exc
+        try:
+            object_key = crypto.open_sealed(
+                tenant_key, base64.b64decode(manifest["wrapped_object_key"]), _wrap_aad(tenant_id, backup_id)
+            )
+        except crypto.DecryptionError as exc:
+            raise ValidationError("backup", f"backup {backup_id}: its object key does not unwrap") from exc
+        sealed = scratch / "backup.bin"
+        self.storage.get_file(manifest["object"], sealed)
+        archive = scratch / "snapshot.tar"
+        try:
+            with sealed.open("rb") as src, archive.open("wb") as dst:
+                crypto.decrypt_stream(object_key, src, dst, _object_aad(tenant_id, backup_id))
+        except crypto.DecryptionError as exc:
+            raise ValidationError(
+                "backup", f"backup {backup_id} failed authentication ({exc}); nothing was loaded"
+            ) from exc
+        folder = scratch / "snapshot"
+        with tarfile.open(archive) as tar:
+            tar.extractall(folder, filter="data")
+        return {name: pq.read_table(folder / f"{name}.parquet") for name in _LOAD_ORDER}
+
+    def _load(self, conn: psycopg.Connection, tenant_id: str, tables: dict[str, pa.Table]) -> dict[str, int]:
+        from psycopg import sql
+
+        for name in _REPLACED:
+            schema, table = TABLES[name][0].split(".")
+            conn.execute(
+                sql.SQL("DELETE FROM {}.{} WHERE tenant_id = %s").format(sql.Identifier(schema), sql.Identifier(table)),
+                (tenant_id,),
+            )
+        loaded = {}
+        for name in _LOAD_ORDER:
+            qualified, columns = TABLES[name]
+            schema, table = qualified.split(".")
+            names = ["tenant_id", *(c for c, _ in columns)]
+            data = tables[name]
+            if name == "subjects":
+                # Subjects stay: their epochs and forgotten marks are newer than any backup.
+                statement = sql.SQL(
+                    "INSERT INTO memory.subjects (tenant_id, user_id, do_not_sell, created_at)"
+                    " SELECT %s, * FROM unnest(%s::text[], %s::boolean[], %s::timestamptz[])"
+                    " ON CONFLICT (tenant_id, user_id) DO NOTHING"
+                )
+                conn.execute(
+                    statement,
+                    (
+                        tenant_id,
+                        data["user_id"].to_pylist(),
+                        data["do_not_sell"].to_pylist(),
+                        data["created_at"].to_pylist(),
+                    ),
+                )
+                loaded[name] = data.num_rows
+                continue
+            copy = sql.SQL("COPY {}.{} ({}) FROM STDIN").format(
+                sql.Identifier(schema), sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, names))
+            )
+            with conn.cursor() as cur, cur.copy(copy) as writer:
+                for batch in data.to_batches(BATCH_ROWS):
+                    cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
+                    for row in zip(*cols, strict=True):
+                        writer.write_row((tenant_id, *row))
+            loaded[name] = data.num_rows
+        return loaded
+
+    def _replay(self, conn: psycopg.Connection, tenant_id: str) -> dict[str, Any]:
+        """Apply every journal entry of the tenant to the loaded rows; returns entries and rows removed."""
+        entries: dict[str, int] = dict(
+            conn.execute(
+                "SELECT kind, count(*) FROM control.journal WHERE tenant_id = %s GROUP BY kind", (tenant_id,)
+            ).fetchall()
+        )
+        removed = {
+            reason: conn.execute(query, (tenant_id, tenant_id)).rowcount for reason, query in _REPLAY_DELETES.items()
+        }
+        # Memories that lost versions point at their newest remaining one; empty ones go.
+        conn.execute(
+            "UPDATE memory.memories m SET current_version = latest.version FROM (SELECT memory_id,"
+            " max(version) AS version FROM memory.memory_versions WHERE tenant_id = %s GROUP BY memory_id) latest"
+            " WHERE m.tenant_id = %s AND m.memory_id = latest.memory_id AND m.current_version <> latest.version",
+            (tenant_id, tenant_id),
+        )
+        conn.execute(
+            "UPDATE memory.memory_versions v SET superseded_at = NULL FROM memory.memories m"
+            " WHERE v.tenant_id = %s AND m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
+            " AND v.version = m.current_version AND v.superseded_at IS NOT NULL",
+            (tenant_id,),
+        )
+        removed["empty_memories"] = conn.execute(
+            "DELETE FROM memory.memories m WHERE m.tenant_id = %s AND NOT EXISTS (SELECT 1 FROM"
+            " memory.memory_versions v WHERE v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id)",
+            (tenant_id,),
+        ).rowcount
+        removed["lineage_edges"] = conn.execute(
+            "DELETE FROM derived.lineage l WHERE l.tenant_id = %s AND NOT EXISTS (SELECT 1 FROM"
+            " memory.memory_versions v WHERE v.tenant_id = l.tenant_id AND v.memory_id = l.source_memory_id"
+            " AND v.version = l.source_version)",
+            (tenant_id,),
+        ).rowcount
+        removed["team_members"] = conn.execute(
+            "DELETE FROM memory.team_members tm USING memory.subjects s WHERE tm.tenant_id = %s"
+            " AND s.tenant_id = tm.tenant_id AND s.user_id = tm.user_id AND s.epoch > 0"
+            " AND tm.added_at < (SELECT max(j.created_at) FROM control.journal j WHERE j.tenant_id = tm.tenant_id"
+            " AND j.kind = 'SUBJECT_EPOCH' AND j.subject_id = tm.user_id)",
+            (tenant_id,),
+        ).rowcount
+        return {"journal_entries": {k: int(v) for k, v in entries.items()}, "rows_removed": removed}
+
+    @staticmethod
+    def _verify(conn: psycopg.Connection, tenant_id: str) -> dict[str, int]:
+        """Rows of forgotten scopes left after replay; all must be zero before reads reopen."""
+        return {
+            reason: int(conn.execute(query, (tenant_id, tenant_id)).fetchone()[0])  # type: ignore[index]
+            for reason, query in _REPLAY_COUNTS.items()
+        }
+
+
+# Rows the journal says must not exist, as deletes (replay) and counts (verification). Each query
+# takes (tenant_id, tenant_id). An epoch forgets what its subject wrote before it; a version whose
+# key was destroyed, or whose key is unknown to the key store, can never be read again.
+_REPLAY_DELETES = {
+    "subject_epochs": (
+        "DELETE FROM memory.memory_versions v USING memory.memories m, control.journal j"
+        " WHERE v.tenant_id = %s AND m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
+        " AND j.tenant_id = %s AND j.kind = 'SUBJECT_EPOCH' AND j.subject_id = m.user_id"
+        " AND v.created_at < j.created_at"
+    ),
+    "tombstones": (
+        "DELETE FROM memory.memory_versions v USING control.tombstones t WHERE v.tenant_id = %s"
+        " AND t.tenant_id = %s AND t.memory_id = v.memory_id AND t.version = v.version"
+    ),
+    "destroyed_keys": (
+        "DELETE FROM memory.memory_versions v WHERE v.tenant_id = %s AND (v.key_id IN (SELECT j.key_id"
+        " FROM control.journal j WHERE j.tenant_id = %s AND j.kind = 'KEY_DESTROYED')"
+        " OR NOT EXISTS (SELECT 1 FROM keystore.subject_keys k WHERE k.key_id = v.key_id))"
+    ),
+}
+_REPLAY_COUNTS = {
+    "subject_epochs": (
+        "SELECT count(*) FROM memory.memory_versions v, memory.memories m, control.journal j"
+        " WHERE v.tenant_id = %s AND m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
+        " AND j.tenant_id = %s AND j.kind = 'SUBJECT_EPOCH' AND j.subject_id = m.user_id"
+        " AND v.created_at < j.created_at"
+    ),
+    "tombstones": (
+        "SELECT count(*) FROM memory.memory_versions v, control.tombstones t WHERE v.tenant_id = %s"
+        " AND t.tenant_id = %s AND t.memory_id = v.memory_id AND t.version = v.version"
+    ),
+    "destroyed_keys": (
+        "SELECT count(*) FROM memory.memory_versions v WHERE v.tenant_id = %s AND (v.key_id IN (SELECT j.key_id"
+        " FROM control.journal j WHERE j.tenant_id = %s AND j.kind = 'KEY_DESTROYED')"
+        " OR NOT EXISTS (SELECT 1 FROM keystore.subject_keys k WHERE k.key_id = v.key_id))"
+    ),
+}
+
+
+def _plain(value: Any) -> Any:
+    return bytes(value) if isinstance(value, memoryview) else value
+
+
+def _object_aad(tenant_id: str, backup_id: str) -> bytes:
+    return crypto.aad("backup-object", tenant_id, backup_id)
+
+
+def _wrap_aad(tenant_id: str, backup_id: str) -> bytes:
+    return crypto.aad("backup-object-key", tenant_id, backup_id)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _public(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest without the wrapped key (harmless, but of no use to a reader)."""
+    return {k: v for k, v in manifest.items() if k != "wrapped_object_key"}

@@ -1,0 +1,216 @@
+"""Backups and restores on real engines: the restore drill, crypto-shredding, tampering, S3 via moto."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from memory_pipelines.lib.backup_storage import LocalBackupStorage, S3BackupStorage
+from memory_pipelines.lib.backups import BackupService
+from memory_pipelines.lib.deletion import DeletionService
+from memory_pipelines.lib.derived import open_derived
+from memory_pipelines.lib.errors import ConflictError, NotFoundError, ValidationError
+from tests.conftest import row_counts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def derived(session_settings, store):
+    return open_derived(session_settings, store)
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    from moto.server import ThreadedMotoServer
+
+    from tests.support.servers import free_port
+
+    port = free_port()
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def s3_storage(url: str, bucket: str) -> S3BackupStorage:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
+    client.create_bucket(Bucket=bucket)
+    return S3BackupStorage(bucket=bucket, prefix="backups/", endpoint_url=url, client=client)
+
+
+@pytest.fixture(params=["local", "s3"])
+def backups(request, store, tmp_path, s3_server):
+    if request.param == "local":
+        storage = LocalBackupStorage(tmp_path / "backups")
+    else:
+        storage = s3_storage(s3_server, "mp-" + tmp_path.name.lower().replace("_", "-")[:40])
+    return BackupService(store, storage, staging=tmp_path / "staging")
+
+
+def seed(store, derived, tenant):
+    store.add_team_member(tenant_id=tenant, team_id="core", user_id="alice")
+    store.add_team_member(tenant_id=tenant, team_id="core", user_id="bob")
+    written = {
+        "alice_personal": store.write(tenant_id=tenant, user_id="alice", text="Alice hides licorice in the desk"),
+        "alice_team": store.write(tenant_id=tenant, user_id="alice", text="Core freeze starts Friday", team_id="core"),
+        "bob_keep": store.write(tenant_id=tenant, user_id="bob", text="Bob keeps a sourdough starter"),
+        "bob_gone": store.write(tenant_id=tenant, user_id="bob", text="Bob's locker code is 4417"),
+        "carol": store.write(tenant_id=tenant, user_id="carol", text="Carol runs marathons in April"),
+    }
+    derived.sync_all(tenant_id=tenant)
+    return written
+
+
+def visible_ids(store, tenant, user, team=None):
+    return {m["memory_id"] for m in store.list_visible(tenant_id=tenant, user_id=user, team_id=team)}
+
+
+def test_restore_drill_forgotten_data_stays_forgotten(store, derived, tenant, backups):
+    w = seed(store, derived, tenant)
+    manifest = backups.backup(tenant_id=tenant)
+    assert manifest["rows"]["memories"] == 5 and manifest["rows"]["memory_versions"] == 5
+    assert "wrapped_object_key" not in manifest and backups.storage.exists(manifest["object"])
+    service = DeletionService(derived)
+    for job in (
+        service.request(tenant_id=tenant, subject="alice"),
+        service.request(tenant_id=tenant, memory_id=w["bob_gone"].memory_id),
+    ):
+        service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    after_forget = {u: visible_ids(store, tenant, u) for u in ("alice", "bob", "carol")}
+
+    report = backups.restore(tenant_id=tenant, backup_id=manifest["backup_id"])
+    assert report["state"] == "COMPLETE"
+    assert report["loaded"]["memory_versions"] == 5
+    removed = report["replayed"]["rows_removed"]
+    # alice's two versions go by her epoch (and by her destroyed key); bob's one version by its tombstone.
+    assert removed["subject_epochs"] == 2 and removed["tombstones"] == 1
+    assert report["verification"] == {"subject_epochs": 0, "tombstones": 0, "destroyed_keys": 0}
+    assert {u: visible_ids(store, tenant, u) for u in ("alice", "bob", "carol")} == after_forget
+    assert visible_ids(store, tenant, "bob") == {w["bob_keep"].memory_id}
+    assert visible_ids(store, tenant, "bob", "core") == set()
+    assert [m["memory_id"] for m in store.iter_export(tenant_id=tenant, subject="alice")] == []
+    with pytest.raises(NotFoundError):
+        store.history(tenant_id=tenant, memory_id=w["bob_gone"].memory_id)
+    assert store.history(tenant_id=tenant, memory_id=w["carol"].memory_id)[0]["version"] == 1
+
+    # The backfill: every derived store rebuilt from the restored primary holds nothing forgotten.
+    derived.sync_all(tenant_id=tenant)
+    gone = {w["alice_personal"].memory_id, w["alice_team"].memory_id, w["bob_gone"].memory_id}
+    kept = {w["bob_keep"].memory_id, w["carol"].memory_id}
+    assert {r.split(":")[0] for r in derived.vectors.ids(tenant)} == kept
+    table = derived.analytics.read_partition(tenant)
+    assert set(table["memory_id"].to_pylist()) == kept
+    for memory_id in gone:
+        with pytest.raises(NotFoundError):
+            derived.lineage_of_memory(tenant_id=tenant, memory_id=memory_id)
+    with store.transaction() as conn:
+        edges = conn.execute(
+            "SELECT count(*) FROM derived.lineage WHERE tenant_id = %s AND source_memory_id = ANY(%s)",
+            (tenant, sorted(gone)),
+        ).fetchone()[0]
+    assert edges == 0
+    assert derived.lineage_of_memory(tenant_id=tenant, memory_id=w["carol"].memory_id)
+    hits = derived.recaller.recall(tenant_id=tenant, user_id="bob", query="locker code")
+    assert w["bob_gone"].memory_id not in {h["memory_id"] for h in hits}
+
+
+def test_subject_shredding_leaves_others_restorable(store, derived, tenant, backups):
+    w = seed(store, derived, tenant)
+    manifest = backups.backup(tenant_id=tenant)
+    with store.transaction() as conn:
+        store.keys.destroy_subject_key(conn, tenant, "carol")
+    report = backups.restore(tenant_id=tenant, backup_id=manifest["backup_id"])
+    assert report["state"] == "COMPLETE"
+    assert report["replayed"]["rows_removed"]["destroyed_keys"] == 1
+    assert visible_ids(store, tenant, "carol") == set()
+    assert visible_ids(store, tenant, "alice") == {w["alice_personal"].memory_id}
+    assert store.open_texts(tenant_id=tenant, sources=[(w["bob_keep"].memory_id, 1)]) == {
+        (w["bob_keep"].memory_id, 1): "Bob keeps a sourdough starter"
+    }
+
+
+def test_tenant_shredding_makes_every_backup_unreadable(store, derived, tenant, backups):
+    seed(store, derived, tenant)
+    manifest = backups.backup(tenant_id=tenant)
+    with store.transaction() as conn:
+        store.keys.destroy_tenant_keys(conn, tenant)
+    before = row_counts(store.conninfo)
+    with pytest.raises(NotFoundError, match="crypto-shredded"):
+        backups.restore(tenant_id=tenant, backup_id=manifest["backup_id"])
+    assert row_counts(store.conninfo) == before
+
+
+def test_tampered_or_truncated_backup_loads_nothing(store, derived, tenant, backups, tmp_path):
+    w = seed(store, derived, tenant)
+    manifest = backups.backup(tenant_id=tenant)
+    store.write(tenant_id=tenant, user_id="bob", text="written after the backup")
+    original = tmp_path / "original.bin"
+    backups.storage.get_file(manifest["object"], original)
+    data = original.read_bytes()
+    before = row_counts(store.conninfo)
+    for damaged in (data[: len(data) // 2], data[:100] + bytes([data[100] ^ 1]) + data[101:]):
+        broken = tmp_path / "broken.bin"
+        broken.write_bytes(damaged)
+        backups.storage.put_file(manifest["object"], broken)
+        with pytest.raises(ValidationError, match="failed authentication"):
+            backups.restore(tenant_id=tenant, backup_id=manifest["backup_id"])
+        assert row_counts(store.conninfo) == before
+        assert w["carol"].memory_id in visible_ids(store, tenant, "carol")  # reads stay open
+
+
+def test_bad_backup_ids(store, derived, tenant, backups):
+    seed(store, derived, tenant)
+    manifest = backups.backup(tenant_id=tenant)
+    with pytest.raises(NotFoundError, match="no backup"):
+        backups.restore(tenant_id=tenant, backup_id="b_19990101T000000_deadbeef")
+    with pytest.raises(ValidationError, match="malformed"):
+        backups.restore(tenant_id=tenant, backup_id="../../etc/passwd")
+    other = "t-other-" + tenant[2:]
+    store.write(tenant_id=other, user_id="zed", text="another tenant")
+    with pytest.raises(ValidationError, match="another tenant"):
+        backups.restore(tenant_id=other, backup_id=manifest["backup_id"])
+
+
+def test_restore_waits_for_a_running_forget_and_closes_reads_while_loading(store, derived, tenant, tmp_path):
+    import psycopg
+
+    w = seed(store, derived, tenant)
+    seen: list[str] = []
+
+    def during_load(step: str) -> None:
+        with pytest.raises(ConflictError, match="being restored"):
+            store.list_visible(tenant_id=tenant, user_id="bob")
+        seen.append(step)
+
+    service = BackupService(
+        store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s", hooks={"loaded": during_load}
+    )
+    manifest = service.backup(tenant_id=tenant)
+    # A forget run holds the tenant's lock: the restore refuses after its wait instead of interleaving.
+    holder = psycopg.connect(store.conninfo, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"forget\x1f{tenant}",))
+    with pytest.raises(ConflictError, match="forget run"):
+        service.restore(tenant_id=tenant, backup_id=manifest["backup_id"], lock_timeout=0.5)
+    holder.close()
+    report = service.restore(tenant_id=tenant, backup_id=manifest["backup_id"])
+    assert seen == ["loaded"] and report["state"] == "COMPLETE"
+    assert w["carol"].memory_id in visible_ids(store, tenant, "carol")
+
+
+def test_s3_backups_get_a_lifecycle_rule_and_list(store, derived, tenant, s3_server):
+    storage = s3_storage(s3_server, "mp-lifecycle")
+    service = BackupService(store, storage, staging=Path("/tmp") / f"mp-staging-{tenant}", days=35)
+    seed(store, derived, tenant)
+    first = service.backup(tenant_id=tenant)
+    assert storage.lifecycle_days() == 35
+    listed = service.list(tenant_id=tenant)
+    assert [b["backup_id"] for b in listed] == [first["backup_id"]]
+    assert listed[0]["location"].startswith("s3://mp-lifecycle/backups/")
