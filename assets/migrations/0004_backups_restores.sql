@@ -31,3 +31,5 @@ ALTER TABLE control.deletion_jobs DROP CONSTRAINT deletion_jobs_scope_check;
 ALTER TABLE control.deletion_jobs ADD CONSTRAINT deletion_jobs_scope_check
     CHECK (scope IN ('SUBJECT', 'MEMORY', 'TENANT', 'RETENTION'));
 ALTER TABLE control.deletion_jobs ADD COLUMN sweep_date date;
+-- Counts by category for a retention sweep's proof (no ids, no content).
+ALTER TABLE control.deletion_jobs ADD COLUMN detail jsonb NOT NULL DEFAULT '{}'::jsonb;

@@ -9,11 +9,12 @@ idempotently. Jobs, audit rows, the outbox and proofs hold ids, HMACs and counts
 from __future__ import annotations
 
 import json
+import random
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -28,6 +29,8 @@ from memory_pipelines.lib.store import MemoryStore
 from memory_pipelines.lib.summaries import SUBJECT_STORE, TEAM_STORE
 from memory_pipelines.lib.vectors import vacuum_sqlite
 
+SWEEP_PROBES = 2_000
+PRIMARY_BATCH = 5_000
 POLICY_VERSION = "deletion-policy-2026-11"
 # Days to complete by basis; a regulator's clock, not a target (we finish in seconds).
 DEADLINE_DAYS = {"gdpr-art17": 30, "ccpa": 45, "user-request": 30, "retention": 30, "offboarding": 30}
@@ -97,6 +100,7 @@ class DeletionLedger:
             "attempts": row["attempts"],
             "created_at": row["created_at"].isoformat(),
             "completed_at": None if row["completed_at"] is None else row["completed_at"].isoformat(),
+            **({"sweep_date": row["sweep_date"].isoformat(), **row["detail"]} if row["scope"] == "RETENTION" else {}),
         }
 
     def status(self, *, job_id: str) -> dict[str, Any]:
@@ -213,6 +217,60 @@ class DeletionService(DeletionLedger):
                 (tenant_id,),
             )
             self._audit(conn, job_id, tenant_id, "received", "REQUESTED", {"scope": scope, "basis": basis})
+            return {**self._job(conn, job_id), "duplicate": False}
+
+    def request_retention(
+        self, *, tenant_id: str, day: date, memory_ids: list[str], categories: dict[str, int], policy_version: str
+    ) -> dict[str, Any] | None:
+        """Accept a retention sweep of one tenant and day: every version of `memory_ids` is tombstoned
+        (hidden at once, and replayed by restores). None when there is nothing to remove."""
+        validation.check_id("tenant", tenant_id)
+        if not memory_ids:
+            return None
+        parts = ["RETENTION", tenant_id, day.isoformat(), policy_version]
+        with self.store.transaction() as conn:
+            scope_hash = crypto.mac(self.store.keys.control_key(conn), json.dumps(parts).encode())
+            open_job = conn.execute(
+                "SELECT job_id FROM control.deletion_jobs WHERE tenant_id = %s AND scope_hash = %s"
+                " AND state <> 'COMPLETE'",
+                (tenant_id, scope_hash),
+            ).fetchone()
+            if open_job is not None:
+                return {**self._job(conn, open_job[0]), "duplicate": True}
+            job_id = "del_" + uuid.uuid4().hex
+            conn.execute(
+                "INSERT INTO control.deletion_jobs (job_id, tenant_id, scope, scope_hash, basis, policy_version,"
+                " state, deadline, sweep_date, detail) VALUES (%s, %s, 'RETENTION', %s, 'retention', %s,"
+                " 'REQUESTED', %s, %s, %s)",
+                (
+                    job_id,
+                    tenant_id,
+                    scope_hash,
+                    POLICY_VERSION,
+                    _now() + timedelta(days=DEADLINE_DAYS["retention"]),
+                    day,
+                    json.dumps({"categories": categories, "retentionPolicyVersion": policy_version}),
+                ),
+            )
+            # Set-based: a sweep can cover a large share of a tenant.
+            conn.execute(
+                "INSERT INTO control.tombstones (tenant_id, memory_id, version, job_id)"
+                " SELECT v.tenant_id, v.memory_id, v.version, %s FROM memory.memory_versions v"
+                " WHERE v.tenant_id = %s AND v.memory_id = ANY(%s) ON CONFLICT DO NOTHING",
+                (job_id, tenant_id, memory_ids),
+            )
+            conn.execute(
+                "INSERT INTO control.journal (tenant_id, kind, memory_id, version, job_id)"
+                " SELECT tenant_id, 'TOMBSTONE', memory_id, version, job_id FROM control.tombstones WHERE job_id = %s",
+                (job_id,),
+            )
+            conn.execute(
+                "UPDATE memory.tenants SET change_seq = change_seq + 1, updated_at = now() WHERE tenant_id = %s",
+                (tenant_id,),
+            )
+            self._audit(
+                conn, job_id, tenant_id, "received", "REQUESTED", {"scope": "RETENTION", "categories": categories}
+            )
             return {**self._job(conn, job_id), "duplicate": False}
 
     @staticmethod
@@ -352,7 +410,8 @@ class DeletionService(DeletionLedger):
             self._set_state(jobs, "FROZEN")
             targets = self._resolve_targets(tenant_id, jobs)
             found = self._found(tenant_id, jobs, targets)
-            probes = self._probes(tenant_id, set().union(*targets.values()))
+            sweep = any(job["scope"]["type"] == "RETENTION" for job in jobs)
+            probes = self._probes(tenant_id, set().union(*targets.values()), sweep=sweep)
             timings["freeze"] = time.perf_counter() - started
             self._hook("frozen", jobs)
             self._set_state(jobs, "DELETING")
@@ -384,15 +443,22 @@ class DeletionService(DeletionLedger):
             "seconds": {name: round(value, 4) for name, value in timings.items()},
         }
 
-    def _probes(self, tenant_id: str, sources: set[Source]) -> Probes:
+    def _probes(self, tenant_id: str, sources: set[Source], *, sweep: bool = False) -> Probes:
         """Paraphrase probes, built in memory from each target before deletion and discarded after.
 
         The texts feed the keyword probes; the semantic probes reuse each target's stored vector
         (the embedding of that very text) and embed only targets that have none, such as
         superseded versions.
         """
-        texts = self.store.open_texts(tenant_id=tenant_id, sources=sorted(sources), skip_unreadable=True)
+        chosen = sorted(sources)
+        if sweep and len(chosen) > SWEEP_PROBES:
+            # A retention sweep can remove a large share of a tenant: exact-id checks stay
+            # exhaustive, paraphrase probes are a random sample (the proof says how many).
+            chosen = sorted(random.sample(chosen, SWEEP_PROBES))
+        texts = self.store.open_texts(tenant_id=tenant_id, sources=chosen, skip_unreadable=True)
         try:
+            if self.derived.vectors.existing(tenant_id) is None:
+                return Probes(texts=list(texts.values()), vectors=[])  # no index: nothing a vector could find
             stored = self.derived.vectors.vectors_of(tenant_id, [f"{m}:{v}" for m, v in sorted(texts)])
         except ServiceError:
             stored = {}  # Chroma down: embed every probe; the Chroma step itself will block the job
@@ -441,7 +507,7 @@ class DeletionService(DeletionLedger):
                         " WHERE v.tenant_id = %s AND m.user_id = %s"
                     )
                     rows = conn.execute(query, (tenant_id, scope["subject"])).fetchall()
-                elif scope["type"] == "MEMORY":
+                elif scope["type"] in ("MEMORY", "RETENTION"):
                     rows = conn.execute(
                         "SELECT memory_id, version FROM control.tombstones WHERE job_id = %s", (job["job_id"],)
                     ).fetchall()
@@ -620,13 +686,30 @@ class DeletionService(DeletionLedger):
         records: set[str],
     ) -> None:
         wanted = sorted(everything)
+        # Batches by key range (the pairs sorted by key), each in its own short transaction: a large
+        # sweep never holds one huge lock, and every batch is idempotent on a retry.
+        for start in range(0, len(wanted), PRIMARY_BATCH):
+            self._delete_primary_batch(tenant_id, wanted[start : start + PRIMARY_BATCH])
+        with self.store.transaction() as conn:
+            for job in jobs:
+                if job["scope"]["type"] == "SUBJECT":
+                    conn.execute(
+                        "DELETE FROM memory.team_members WHERE tenant_id = %s AND user_id = %s",
+                        (tenant_id, job["scope"]["subject"]),
+                    )
+                elif job["scope"]["type"] == "TENANT":
+                    for query in _TENANT_ROWS:
+                        conn.execute(query, (tenant_id,))
+        self._vacuum_full(_tables_to_compact(jobs))
+
+    def _delete_primary_batch(self, tenant_id: str, wanted: list[Source]) -> None:
         with self.store.transaction() as conn:
             conn.execute(
                 "DELETE FROM memory.memory_versions v USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
                 " WHERE v.tenant_id = %s AND v.memory_id = w.memory_id AND v.version = w.version",
                 (*lineage.pair_arrays(wanted), tenant_id),
             )
-            memory_ids = sorted({m for m, _ in everything})
+            memory_ids = sorted({m for m, _ in wanted})
             # A memory that lost only some versions points at its newest remaining one.
             conn.execute(
                 "UPDATE memory.memories m SET current_version = latest.version, updated_at = now()"
@@ -652,16 +735,6 @@ class DeletionService(DeletionLedger):
                 " WHERE l.tenant_id = %s AND l.source_memory_id = w.memory_id AND l.source_version = w.version",
                 (*lineage.pair_arrays(wanted), tenant_id),
             )
-            for job in jobs:
-                if job["scope"]["type"] == "SUBJECT":
-                    conn.execute(
-                        "DELETE FROM memory.team_members WHERE tenant_id = %s AND user_id = %s",
-                        (tenant_id, job["scope"]["subject"]),
-                    )
-                elif job["scope"]["type"] == "TENANT":
-                    for query in _TENANT_ROWS:
-                        conn.execute(query, (tenant_id,))
-        self._vacuum_full(_tables_to_compact(jobs))
 
     def _delete_key_store(
         self, tenant_id: str, jobs: list[dict[str, Any]], targets: Any, everything: set[Source], records: set[str]
@@ -777,6 +850,7 @@ class DeletionService(DeletionLedger):
                     "SELECT subject_epoch, created_at FROM control.deletion_jobs WHERE job_id = %s", (job["job_id"],)
                 ).fetchone()
                 assert row is not None
+                job["targets"] = {**job["targets"], "backups": _backup_status(conn, tenant_id, job["scope"]["type"])}
                 proof = {
                     "jobId": job["job_id"],
                     "scope": {"type": job["scope"]["type"], "tenant": tenant_id},
@@ -791,6 +865,11 @@ class DeletionService(DeletionLedger):
                     "requestedAt": row[1].isoformat(),
                     "completedAt": completed.isoformat(),
                     "deadline": job["deadline"],
+                    **(
+                        {"sweepDate": job["sweep_date"], "categories": job["categories"]}
+                        if job["scope"]["type"] == "RETENTION"
+                        else {}
+                    ),
                 }
                 conn.execute(
                     "UPDATE control.deletion_jobs SET state = 'COMPLETE', proof = %s, completed_at = %s,"
@@ -837,6 +916,23 @@ _COUNT_TENANT_KEYS = (
 )
 
 
+def _backup_status(conn: psycopg.Connection, tenant_id: str, scope: str) -> str:
+    """What the tenant's live backups hold of this scope: shredded with its key, or until they expire.
+
+    SUBJECT and TENANT scopes destroy the key their rows are sealed under, so every backup is
+    unreadable for them at once. A MEMORY or RETENTION scope leaves the key alive: the rows stay in
+    backups until they expire, and the restore gate's journal replay keeps them from coming back.
+    """
+    row = conn.execute(
+        "SELECT count(*), max(expires_at) FROM control.backups WHERE tenant_id = %s AND expired_at IS NULL",
+        (tenant_id,),
+    ).fetchone()
+    count, until = (0, None) if row is None else row
+    if scope in ("SUBJECT", "TENANT"):
+        return f"SHREDDED:{count}"
+    return "DONE:0" if not count else f"PENDING_EXPIRY:{until.date().isoformat()}"
+
+
 def _tables_to_compact(jobs: list[dict[str, Any]]) -> list[str]:
     """Tables whose dead tuples would still be readable after this batch, so VACUUM FULL must rewrite them.
 
@@ -847,9 +943,9 @@ def _tables_to_compact(jobs: list[dict[str, Any]]) -> list[str]:
     """
     kinds = {job["scope"]["type"] for job in jobs}
     tables = []
-    if "MEMORY" in kinds:
+    if kinds & {"MEMORY", "RETENTION"}:
         tables.append("memory.memory_versions")
-    if kinds & {"MEMORY", "SUBJECT"}:
+    if kinds & {"MEMORY", "RETENTION", "SUBJECT"}:
         tables += ["derived.keyword_postings", "derived.summaries"]
     return tables
 

@@ -1,0 +1,141 @@
+"""Retention sweeps on real engines, with the data's clock under the test's control."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from memory_pipelines.lib import retention
+from memory_pipelines.lib.backup_storage import LocalBackupStorage
+from memory_pipelines.lib.backups import BackupService
+from memory_pipelines.lib.deletion import DeletionService
+from memory_pipelines.lib.derived import open_derived
+from memory_pipelines.lib.errors import ValidationError
+
+pytestmark = pytest.mark.slow
+DAY = date(2026, 6, 15)
+
+
+@pytest.fixture(scope="module")
+def derived(session_settings, store):
+    return open_derived(session_settings, store)
+
+
+def written_days_ago(store, tenant, memory_id, days, day=DAY):
+    """Move a memory's first write back in time (the clock the retention rules read)."""
+    when = datetime(day.year, day.month, day.day, 12, tzinfo=UTC) - timedelta(days=days)
+    with store.transaction() as conn:
+        conn.execute(
+            "UPDATE memory.memories SET created_at = %s WHERE tenant_id = %s AND memory_id = %s",
+            (when, tenant, memory_id),
+        )
+
+
+def write(store, tenant, category, text, user="ann"):
+    return store.write(tenant_id=tenant, user_id=user, text=text, category=category).memory_id
+
+
+def test_sweep_removes_by_category_through_the_cascade_once(store, derived, tenant):
+    ids = {
+        "medical": write(store, tenant, "medical", "Ann had knee surgery"),
+        "general": write(store, tenant, "general", "Ann likes window seats"),
+        "financial_later": write(store, tenant, "financial", "Ann's salary band"),
+        "food_forever": write(store, tenant, "food", "Ann is vegetarian"),
+        "general_new": write(store, tenant, "general", "Ann moved to Lyon"),
+    }
+    written_days_ago(store, tenant, ids["medical"], 2555)
+    written_days_ago(store, tenant, ids["general"], 730)
+    written_days_ago(store, tenant, ids["financial_later"], 1824)  # ends tomorrow
+    written_days_ago(store, tenant, ids["food_forever"], 5000)  # no policy: kept
+    derived.sync_all(tenant_id=tenant)
+    assert retention.preview(store, day=DAY)["tenants"][tenant] == {"general": 1, "medical": 1}
+
+    service = DeletionService(derived)
+    result = retention.sweep(service, day=DAY, tenant_id=tenant)
+    job = result["jobs"][tenant]
+    assert job["state"] == "COMPLETE" and job["categories"] == {"general": 1, "medical": 1}
+    proof = service.proof(job_id=job["job_id"])
+    assert proof["scope"]["type"] == "RETENTION" and proof["sweepDate"] == DAY.isoformat()
+    assert proof["categories"] == {"general": 1, "medical": 1}
+    assert all(str(v).startswith("DONE:") for v in proof["targets"].values())
+    left = {m["memory_id"] for m in store.list_visible(tenant_id=tenant, user_id="ann")}
+    assert left == {ids["financial_later"], ids["food_forever"], ids["general_new"]}
+    assert {r.split(":")[0] for r in derived.vectors.ids(tenant)} == left
+    assert set(derived.analytics.read_partition(tenant)["memory_id"].to_pylist()) == left
+
+    again = retention.sweep(service, day=DAY, tenant_id=tenant)
+    assert again["removed"] == 0 and again["jobs"] == {}
+    tomorrow = retention.sweep(service, day=DAY + timedelta(days=1), tenant_id=tenant)
+    assert tomorrow["jobs"][tenant]["categories"] == {"financial": 1}
+
+
+def test_backfill_across_missed_days_in_any_order(store, derived, tenant):
+    days = [DAY + timedelta(days=i) for i in range(3)]
+    ids = []
+    for i, day in enumerate(days):
+        memory_id = write(store, tenant, "general", f"note {i}")
+        written_days_ago(store, tenant, memory_id, 730, day=day)
+        ids.append(memory_id)
+    service = DeletionService(derived)
+    removed = {d: retention.sweep(service, day=d, tenant_id=tenant)["removed"] for d in reversed(days)}
+    assert removed == {d: 1 for d in days}
+    assert all(retention.sweep(service, day=d, tenant_id=tenant)["removed"] == 0 for d in days)
+    assert store.list_visible(tenant_id=tenant, user_id="ann") == []
+
+
+def test_immediate_categories_go_through_forget(store, derived, tenant):
+    gone = write(store, tenant, "eu_user", "Ann's EU-only preference")
+    kept = write(store, tenant, "general", "Ann reads at night")
+    service = DeletionService(derived)
+    result = retention.sweep(service, day=DAY, tenant_id=tenant)
+    assert result["immediate_forget_jobs"] == {tenant: 1}
+    forget_jobs = [j for j in service.list_jobs(tenant_id=tenant) if j["scope"]["type"] == "MEMORY"]
+    assert [j["state"] for j in forget_jobs] == ["COMPLETE"] and forget_jobs[0]["scope"]["memory_id"] == gone
+    assert [m["memory_id"] for m in store.list_visible(tenant_id=tenant, user_id="ann")] == [kept]
+
+
+def test_restore_does_not_bring_back_what_retention_removed(store, derived, tenant, tmp_path):
+    old = write(store, tenant, "medical", "Ann's old prescription")
+    written_days_ago(store, tenant, old, 2555)
+    kept = write(store, tenant, "general", "Ann's bike is blue")
+    backups = BackupService(store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s")
+    manifest = backups.backup(tenant_id=tenant)
+    result = retention.sweep(DeletionService(derived), day=DAY, tenant_id=tenant)
+    assert result["removed"] == 1
+    report = backups.restore(tenant_id=tenant, backup_id=manifest["backup_id"])
+    assert report["replayed"]["rows_removed"]["tombstones"] == 1
+    assert [m["memory_id"] for m in store.list_visible(tenant_id=tenant, user_id="ann")] == [kept]
+    # The job's proof now records the backup as pending expiry (its key is alive).
+    proof = DeletionService(derived).proof(job_id=result["jobs"][tenant]["job_id"])
+    assert proof["targets"]["backups"].startswith("PENDING_EXPIRY:")
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "line"),
+    [
+        ("version: x\npolicies:\n  medical:\n    keep_days: 10\n  medicla:\n    keep_days: 5\n", "category", 5),
+        ("version: x\npolicies:\n  general:\n    keep_days: -3\n", "keep_days", 4),
+        ("version: x\npolicies:\n  general:\n    keep_days: soon\n", "keep_days", 4),
+        ("version: x\npolicies:\n  general:\n    immediate: false\n", "immediate", 3),
+        ("version: x\npolicies:\n  general:\n    keep_days: 3\n    immediate: true\n", "policy", 3),
+    ],
+)
+def test_bad_policy_files_are_refused_with_the_line(tmp_path: Path, body, field, line):
+    path = tmp_path / "retention_policies.yaml"
+    path.write_text(body)
+    with pytest.raises(ValidationError) as err:
+        retention.load_policies(path)
+    assert err.value.field == field and f"line {line}" in err.value.message
+
+
+def test_shipped_policies_load():
+    policies = retention.load_policies()
+    assert policies.keep_days == {"medical": 2555, "financial": 1825, "general": 730}
+    assert policies.immediate == {"eu_user"}
+
+
+def test_bad_sweep_day(store, derived):
+    with pytest.raises(ValidationError, match="YYYY-MM-DD"):
+        retention.preview(store, day="yesterday")
