@@ -11,10 +11,11 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from memory_pipelines.lib.crypto import DecryptionError
-from memory_pipelines.lib.errors import MemoryPipelinesError
+from memory_pipelines.lib.errors import MemoryPipelinesError, ValidationError
 from memory_pipelines.lib.paths import PROJECT_ROOT
 from memory_pipelines.lib.settings import ENV_HOME, Settings
 from memory_pipelines.lib.store import MemoryStore
@@ -214,6 +215,70 @@ def cmd_deletion(args: argparse.Namespace) -> None:
         _emit(_wait_for(args, service, job) if job["state"] != "COMPLETE" else job)
 
 
+def _backups(args: argparse.Namespace) -> Any:
+    from memory_pipelines.lib.runtime import open_backups
+
+    return open_backups(_settings(args), _store(args))
+
+
+def cmd_backup(args: argparse.Namespace) -> None:
+    if args.backup_command == "list":
+        _emit(_backups(args).list_backups(tenant_id=args.tenant))
+    elif args.backup_command == "sweep":
+        _emit(_backups(args).sweep_expired())
+    else:
+        from memory_pipelines.materialize import run_backup
+
+        if not args.tenant:
+            raise ValidationError("tenant", "is required: backup --tenant T")
+        _store(args).require_tenant(tenant_id=args.tenant)
+        result = run_backup(_settings(args), args.tenant)
+        if not result["success"]:
+            raise MemoryPipelinesError("backup", "; ".join(f["error"] for f in result["failures"]) or "run failed")
+        _emit(result)
+
+
+def cmd_restore(args: argparse.Namespace) -> None:
+    service = _backups(args)
+    if not args.wait:
+        _emit(service.request_restore(tenant_id=args.tenant, backup_id=args.backup))
+        return
+    from memory_pipelines.materialize import run_restore
+
+    service._backup_row(args.tenant, args.backup)  # bad ids fail here, before a run starts
+    result = run_restore(_settings(args), args.tenant, args.backup)
+    if result["report"] is None:
+        raise MemoryPipelinesError("restore", "; ".join(f["error"] for f in result["failures"]) or "run failed")
+    _emit({**result["report"], "run_id": result["run_id"]})
+
+
+def cmd_keys(args: argparse.Namespace) -> None:
+    if args.subject is None and args.confirm != args.tenant:
+        raise ValidationError("confirm", "shredding a whole tenant needs --confirm with the tenant id")
+    _emit(_deletions(args).shred_keys(tenant_id=args.tenant, subject=args.subject, confirm=args.confirm))
+
+
+def cmd_retention(args: argparse.Namespace) -> None:
+    from memory_pipelines.lib import retention
+
+    day = retention.check_day(args.date).isoformat()
+    if args.retention_command == "preview":
+        _emit(retention.preview(_store(args), day=day))
+    elif args.wait:
+        from memory_pipelines.materialize import run_retention
+
+        retention.load_policies()  # a broken policy file fails here, naming its line
+        today = datetime.now(UTC).date().isoformat()
+        if not retention.FIRST_DAY <= day < today:
+            raise ValidationError("date", f"must be a day that has ended, from {retention.FIRST_DAY} to before {today}")
+        result = run_retention(_settings(args), day)
+        if result["sweep"] is None:
+            raise MemoryPipelinesError("retention", "; ".join(f["error"] for f in result["failures"]) or "run failed")
+        _emit({**result["sweep"], "run_id": result["run_id"]})
+    else:
+        _emit(retention.sweep(_deletions(args), day=day, run=False))
+
+
 def cmd_canary(args: argparse.Namespace) -> None:
     from memory_pipelines.lib.canary import run_canary_drill
 
@@ -378,6 +443,30 @@ def build_parser() -> argparse.ArgumentParser:
     listing_jobs = deletion_sub.add_parser("list")
     listing_jobs.add_argument("--state")
     listing_jobs.add_argument("--tenant")
+
+    backup = add("backup", cmd_backup, "back a tenant up now (encrypted), list its backups, or sweep expired ones")
+    backup.add_argument("backup_command", nargs="?", choices=["list", "sweep"], metavar="list|sweep")
+    backup.add_argument("--tenant")
+
+    restore = add("restore", cmd_restore, "restore a tenant from a backup; forgotten data stays forgotten")
+    restore.add_argument("--tenant", required=True)
+    restore.add_argument("--backup", required=True, metavar="BACKUP_ID")
+    restore.add_argument("--wait", action="store_true", help="run the restore now and print its report")
+
+    keys = add("keys", cmd_keys, "crypto-shredding of a subject's or a whole tenant's keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    shred = keys_sub.add_parser("shred", help="destroy the keys now (every backup of that scope becomes unreadable)")
+    shred.add_argument("--tenant", required=True)
+    shred.add_argument("--subject", help="only this subject's key (default: every key of the tenant)")
+    shred.add_argument("--confirm", help="the tenant id again, to shred a whole tenant")
+
+    retention = add("retention", cmd_retention, "retention sweeps by policy (assets/retention_policies.yaml)")
+    retention_sub = retention.add_subparsers(dest="retention_command", required=True, metavar="ACTION")
+    for action, help_text in (("sweep", "remove what the day's retention ended"), ("preview", "counts only")):
+        day = retention_sub.add_parser(action, help=help_text)
+        day.add_argument("--date", required=True, help="the day, YYYY-MM-DD (UTC)")
+        if action == "sweep":
+            day.add_argument("--wait", action="store_true", help="run the retention job now (else the sensor runs it)")
 
     add("canary", cmd_canary, "end-to-end deletion drill in an isolated tenant; fails if anything is left")
     add("stop", cmd_stop, "stop the embedded services of this HOME")

@@ -28,8 +28,11 @@ def _root_cause(error: Any) -> str:
     return str(error.message).strip().splitlines()[-1]
 
 
-def _execute(settings: Settings, job_name: str, tenant_id: str, **kwargs: Any) -> tuple[Any, list[dict[str, Any]]]:
-    """Run one tenant partition of `job_name` in-process against the persistent instance."""
+def _execute(
+    settings: Settings, job_name: str, tenant_id: str, *, day: str | None = None, **kwargs: Any
+) -> tuple[Any, list[dict[str, Any]]]:
+    """Run one partition of `job_name` in-process against the persistent instance: the tenant's,
+    or for day-partitioned jobs (retention) the day's."""
     import dagster as dg
 
     from memory_pipelines.definitions import defs
@@ -37,12 +40,12 @@ def _execute(settings: Settings, job_name: str, tenant_id: str, **kwargs: Any) -
     os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
     os.environ[ENV_HOME] = str(settings.home)
     with dg.DagsterInstance.get() as instance:
-        if not instance.has_dynamic_partition("tenants", tenant_id):
+        if day is None and not instance.has_dynamic_partition("tenants", tenant_id):
             instance.add_dynamic_partitions("tenants", [tenant_id])
         result = (
             defs()
             .resolve_job_def(job_name)
-            .execute_in_process(instance=instance, partition_key=tenant_id, raise_on_error=False, **kwargs)
+            .execute_in_process(instance=instance, partition_key=day or tenant_id, raise_on_error=False, **kwargs)
         )
     failures = [
         {"step": e.step_key, "error": _root_cause(e.step_failure_data.error)}
@@ -58,6 +61,36 @@ def run_forget(settings: Settings, tenant_id: str, job_ids: Sequence[str]) -> di
         settings, "forget", tenant_id, run_config={"ops": {"forget_batch": {"config": {"job_ids": list(job_ids)}}}}
     )
     return {"run_id": result.run_id, "success": result.success, "failures": failures}
+
+
+def _output(result: Any, node: str) -> Any:
+    return result.output_for_node(node) if result.success else None
+
+
+def run_backup(settings: Settings, tenant_id: str) -> dict[str, Any]:
+    """Materialize `tenant_backups` for one tenant now; returns the backup's figures and the run."""
+    result, failures = _execute(settings, "backup", tenant_id)
+    figures: dict[str, Any] = {}
+    for event in result.get_asset_materialization_events():
+        figures = {
+            k: getattr(v, "value", None) for k, v in event.step_materialization_data.materialization.metadata.items()
+        }
+    return {**figures, "run_id": result.run_id, "success": result.success, "failures": failures}
+
+
+def run_restore(settings: Settings, tenant_id: str, backup_id: str, restore_id: str | None = None) -> dict[str, Any]:
+    """Run the `restore` job for one tenant now; returns the restore report and the run."""
+    config = {"backup_id": backup_id, "restore_id": restore_id}
+    result, failures = _execute(
+        settings, "restore", tenant_id, run_config={"ops": {"restore_tenant": {"config": config}}}
+    )
+    return {"report": _output(result, "restore_tenant"), "run_id": result.run_id, "failures": failures}
+
+
+def run_retention(settings: Settings, day: str) -> dict[str, Any]:
+    """Run the `retention` job for one day partition now; returns the sweep summary and the run."""
+    result, failures = _execute(settings, "retention", "", day=day)
+    return {"sweep": _output(result, "retention_sweep"), "run_id": result.run_id, "failures": failures}
 
 
 def materialize(settings: Settings, tenant_id: str, select: Sequence[str] | None = None) -> dict[str, Any]:

@@ -29,6 +29,7 @@ def test_assets_partitions_and_checks(definitions):
     assert {key.to_user_string() for key in definitions.resolve_all_asset_keys()} == {
         "memories",
         "deletion_canary",
+        "tenant_backups",
     } | DERIVED
     memories = definitions.resolve_assets_def("memories")
     partitions = memories.partitions_def
@@ -64,8 +65,15 @@ def test_sensors_jobs_and_resources(definitions):
         "derived_stores_automation",
         "forget_requests_sensor",
         "deletion_alerts_sensor",
+        "restore_requests_sensor",
+        "restored_tenants_backfill_sensor",
     }
-    assert [s.name for s in definitions.schedules] == ["canary_drill_schedule"]
+    assert {s.name for s in definitions.schedules} == {"canary_drill_schedule", "nightly_backups", "retention_schedule"}
+    assert all(s.default_status == dg.DefaultScheduleStatus.RUNNING for s in definitions.schedules)
+    assert definitions.resolve_job_def("retention").partitions_def.get_partition_keys()[0] == "2024-01-01"
+    assert definitions.resolve_job_def("restore").executor_def.name == "in_process"
+    backups = next(iter(definitions.resolve_assets_def("tenant_backups").specs))
+    assert backups.group_name == "backups" and backups.description and "shred" in backups.description
     forget = definitions.resolve_job_def("forget")
     assert forget.partitions_def.name == "tenants"
     assert forget.executor_def.name == "in_process"
@@ -74,7 +82,7 @@ def test_sensors_jobs_and_resources(definitions):
     assert definitions.resolve_sensor_def("tenant_partitions_sensor").default_status == dg.DefaultSensorStatus.RUNNING
     assert definitions.resolve_job_def("memories_snapshot").partitions_def.name == "tenants"
     assert isinstance(definitions.resources["memory_store"], MemoryStoreResource)
-    assert {"chroma", "summarizer", "analytics"} <= set(definitions.resources)
+    assert {"chroma", "summarizer", "analytics", "backups"} <= set(definitions.resources)
     assert definitions.resolve_job_def("tenant_refresh") is not None
 
 

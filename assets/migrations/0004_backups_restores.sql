@@ -19,7 +19,7 @@ CREATE TABLE control.restores (
     restore_id   text PRIMARY KEY,
     tenant_id    text NOT NULL,
     backup_id    text NOT NULL REFERENCES control.backups (backup_id),
-    state        text NOT NULL CHECK (state IN ('RUNNING', 'COMPLETE', 'BLOCKED')),
+    state        text NOT NULL CHECK (state IN ('REQUESTED', 'RUNNING', 'COMPLETE', 'BLOCKED')),
     report       jsonb NOT NULL DEFAULT '{}'::jsonb,
     created_at   timestamptz NOT NULL DEFAULT now(),
     completed_at timestamptz

@@ -5,7 +5,13 @@ import os
 import dagster as dg
 
 from memory_pipelines.lib import settings as env
-from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
+from memory_pipelines.resources import (
+    AnalyticsResource,
+    BackupResource,
+    ChromaResource,
+    MemoryStoreResource,
+    SummarizerResource,
+)
 
 
 def _env_or(name: str, default: str | None) -> dg.EnvVar | str | None:
@@ -30,5 +36,14 @@ def resources() -> dg.Definitions:
                 api_key=_env_or(env.ENV_SUMMARIZER_API_KEY, None),
             ),
             "analytics": AnalyticsResource(home=home),  # type: ignore[arg-type]
+            "backups": BackupResource(
+                home=home,  # type: ignore[arg-type]
+                s3_bucket=_env_or(env.ENV_S3_BUCKET, None),
+                s3_prefix=_env_or(env.ENV_S3_PREFIX, "memory-pipelines/"),  # type: ignore[arg-type]
+                s3_endpoint_url=_env_or(env.ENV_S3_ENDPOINT, None),
+                retention_days=env.positive_int(
+                    env.ENV_BACKUP_DAYS, os.environ.get(env.ENV_BACKUP_DAYS), env.DEFAULT_BACKUP_DAYS
+                ),
+            ),
         }
     )

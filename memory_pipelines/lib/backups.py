@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from memory_pipelines.lib import crypto, validation
-from memory_pipelines.lib.backup_storage import BackupStorage
+from memory_pipelines.lib.backup_storage import BackupStorage, LocalBackupStorage, S3BackupStorage
 from memory_pipelines.lib.errors import ConflictError, MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.store import MemoryStore
 
@@ -226,7 +226,7 @@ class BackupService:
 
     # -- listing and expiry --------------------------------------------------------------------
 
-    def list(self, *, tenant_id: str) -> list[dict[str, Any]]:
+    def list_backups(self, *, tenant_id: str) -> list[dict[str, Any]]:
         validation.check_id("tenant", tenant_id)
         with self.store.transaction() as conn:
             rows = conn.execute(
@@ -272,7 +272,21 @@ class BackupService:
 
     # -- restore -------------------------------------------------------------------------------
 
-    def restore(self, *, tenant_id: str, backup_id: str, lock_timeout: float = 60.0) -> dict[str, Any]:
+    def request_restore(self, *, tenant_id: str, backup_id: str) -> dict[str, Any]:
+        """Record a restore for the restore sensor to run; the backup is checked now."""
+        self._backup_row(tenant_id, backup_id)
+        restore_id = "r_" + secrets.token_hex(8)
+        with self.store.transaction() as conn:
+            conn.execute(
+                "INSERT INTO control.restores (restore_id, tenant_id, backup_id, state) VALUES (%s, %s, %s,"
+                " 'REQUESTED')",
+                (restore_id, tenant_id, backup_id),
+            )
+        return {"restore_id": restore_id, "tenant_id": tenant_id, "backup_id": backup_id, "state": "REQUESTED"}
+
+    def restore(
+        self, *, tenant_id: str, backup_id: str, restore_id: str | None = None, lock_timeout: float = 60.0
+    ) -> dict[str, Any]:
         """Load a backup into the tenant behind the restore gate, replay the journal, verify, reopen.
 
         Never interleaves with a forget run of the tenant (same advisory lock); waits up to
@@ -283,12 +297,12 @@ class BackupService:
             with self.store.transaction() as conn:
                 self.store._tenant_mode(conn, tenant_id)
             tables = self._fetch_and_open(manifest, scratch)
-            restore_id = "r_" + secrets.token_hex(8)
+            restore_id = restore_id or "r_" + secrets.token_hex(8)
             with self.store.transaction() as conn:
                 conn.execute("UPDATE memory.tenants SET restoring_since = now() WHERE tenant_id = %s", (tenant_id,))
                 conn.execute(
                     "INSERT INTO control.restores (restore_id, tenant_id, backup_id, state) VALUES (%s, %s, %s,"
-                    " 'RUNNING')",
+                    " 'RUNNING') ON CONFLICT (restore_id) DO UPDATE SET state = 'RUNNING'",
                     (restore_id, tenant_id, backup_id),
                 )
             report: dict[str, Any] = {"restore_id": restore_id, "tenant_id": tenant_id, "backup_id": backup_id}
@@ -527,6 +541,37 @@ _REPLAY_COUNTS = {
         " OR NOT EXISTS (SELECT 1 FROM keystore.subject_keys k WHERE k.key_id = v.key_id))"
     ),
 }
+
+
+def backup_service(
+    store: MemoryStore,
+    *,
+    home: Path,
+    s3_bucket: str | None = None,
+    s3_prefix: str = "memory-pipelines/",
+    s3_endpoint_url: str | None = None,
+    days: int = 35,
+) -> BackupService:
+    """Backups in S3 when a bucket is given, else under HOME/backups; scratch files under HOME/backups/.staging."""
+    storage: BackupStorage
+    if s3_bucket:
+        storage = S3BackupStorage(bucket=s3_bucket, prefix=s3_prefix, endpoint_url=s3_endpoint_url)
+    else:
+        storage = LocalBackupStorage(home / "backups")
+    return BackupService(store, storage, staging=home / "backups" / ".staging", days=days)
+
+
+def restores(store: MemoryStore, *, states: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Restores in `states`, oldest first (what the restore sensors act on)."""
+    with store.transaction() as conn:
+        rows = conn.execute(
+            "SELECT restore_id, tenant_id, backup_id, state, completed_at FROM control.restores"
+            " WHERE state = ANY(%s) ORDER BY created_at",
+            (list(states),),
+        ).fetchall()
+    return [
+        {"restore_id": r[0], "tenant_id": r[1], "backup_id": r[2], "state": r[3], "completed_at": r[4]} for r in rows
+    ]
 
 
 def _plain(value: Any) -> Any:

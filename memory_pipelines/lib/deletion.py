@@ -219,6 +219,33 @@ class DeletionService(DeletionLedger):
             self._audit(conn, job_id, tenant_id, "received", "REQUESTED", {"scope": scope, "basis": basis})
             return {**self._job(conn, job_id), "duplicate": False}
 
+    def shred_keys(self, *, tenant_id: str, subject: str | None = None, confirm: str | None = None) -> dict[str, Any]:
+        """Crypto-shred now: destroy the subject's key (or every key of the tenant) and journal it.
+
+        The data sealed under those keys becomes unreadable at once, in the store and in every
+        backup. The forget job of the same scope is requested too (hidden at once), so every derived
+        copy is removed and verified by the next forget run.
+        """
+        if subject is None:
+            job = self.request(tenant_id=tenant_id, all_tenant=True, confirm=confirm, basis="offboarding")
+        else:
+            job = self.request(tenant_id=tenant_id, subject=subject)
+        with self.store.transaction() as conn:
+            if subject is None:
+                destroyed = self.store.keys.destroy_tenant_keys(conn, tenant_id)
+            else:
+                key_id = self.store.keys.destroy_subject_key(conn, tenant_id, subject)
+                destroyed = [] if key_id is None else [key_id]
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO control.journal (tenant_id, kind, subject_id, key_id, job_id)"
+                    " VALUES (%s, 'KEY_DESTROYED', %s, %s, %s)",
+                    [(tenant_id, subject, key_id, job["job_id"]) for key_id in destroyed],
+                )
+            self._audit(conn, job["job_id"], tenant_id, "keys_shredded", job["state"], {"keys": len(destroyed)})
+        self._vacuum_full(["keystore.subject_keys", "keystore.team_keys", "keystore.tenant_keys"])
+        return {"tenant_id": tenant_id, "subject": subject, "destroyed_keys": destroyed, "forget_job": job}
+
     def request_retention(
         self, *, tenant_id: str, day: date, memory_ids: list[str], categories: dict[str, int], policy_version: str
     ) -> dict[str, Any] | None:

@@ -21,6 +21,8 @@ from memory_pipelines.lib.paths import ASSETS_DIR
 from memory_pipelines.lib.store import MemoryStore
 
 POLICY_FILE = ASSETS_DIR / "retention_policies.yaml"
+# The first day partition of the `retention` job (UTC).
+FIRST_DAY = "2024-01-01"
 # Categories the product knows. A policy for anything else is almost surely a typo, and a typo
 # in a retention policy silently keeps data forever, so it is refused at load.
 KNOWN_CATEGORIES = frozenset(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from memory_pipelines.lib import crypto
+from memory_pipelines.lib.backups import BackupService, backup_service
 from memory_pipelines.lib.keystore import KeyStore
 from memory_pipelines.lib.services import Endpoints, ensure_services
 from memory_pipelines.lib.settings import Settings
@@ -21,3 +22,14 @@ def master_key(settings: Settings) -> crypto.MasterKey:
 def open_store(settings: Settings, endpoints: Endpoints | None = None) -> MemoryStore:
     endpoints = endpoints or ensure_services(settings)
     return MemoryStore(endpoints.store_conninfo, KeyStore(master_key(settings)))
+
+
+def open_backups(settings: Settings, store: MemoryStore) -> BackupService:
+    return backup_service(
+        store,
+        home=settings.home,
+        s3_bucket=settings.s3_bucket,
+        s3_prefix=settings.s3_prefix,
+        s3_endpoint_url=settings.s3_endpoint_url,
+        days=settings.backup_days,
+    )

@@ -55,7 +55,7 @@ class Settings:
             s3_bucket=env.get(ENV_S3_BUCKET) or None,
             s3_prefix=env.get(ENV_S3_PREFIX) or "memory-pipelines/",
             s3_endpoint_url=env.get(ENV_S3_ENDPOINT) or None,
-            backup_days=_positive_int(ENV_BACKUP_DAYS, env.get(ENV_BACKUP_DAYS), DEFAULT_BACKUP_DAYS),
+            backup_days=positive_int(ENV_BACKUP_DAYS, env.get(ENV_BACKUP_DAYS), DEFAULT_BACKUP_DAYS),
         )
 
     @property
@@ -83,7 +83,8 @@ class Settings:
         return self.home / "analytics"
 
 
-def _positive_int(name: str, raw: str | None, default: int) -> int:
+def positive_int(name: str, raw: str | None, default: int) -> int:
+    """A whole number of days >= 1 from an environment variable (named in the error), or `default`."""
     if not raw:
         return default
     from memory_pipelines.lib.errors import ValidationError

@@ -211,6 +211,6 @@ def test_s3_backups_get_a_lifecycle_rule_and_list(store, derived, tenant, s3_ser
     seed(store, derived, tenant)
     first = service.backup(tenant_id=tenant)
     assert storage.lifecycle_days() == 35
-    listed = service.list(tenant_id=tenant)
+    listed = service.list_backups(tenant_id=tenant)
     assert [b["backup_id"] for b in listed] == [first["backup_id"]]
     assert listed[0]["location"].startswith("s3://mp-lifecycle/backups/")

@@ -1,0 +1,41 @@
+import dagster as dg
+
+from memory_pipelines.defs.memories.partitions import tenants_partitions
+from memory_pipelines.resources import BackupResource, MemoryStoreResource
+
+
+@dg.asset(
+    partitions_def=tenants_partitions,
+    deps=["memories"],
+    group_name="backups",
+    kinds={"s3", "parquet"},
+    owners=["team:memory-platform"],
+    check_specs=[dg.AssetCheckSpec("backup_object_stored", asset="tenant_backups")],
+)
+def tenant_backups(
+    context: dg.AssetExecutionContext, memory_store: MemoryStoreResource, backups: BackupResource
+) -> dg.MaterializeResult:
+    """Nightly encrypted snapshot of the tenant's memories; destroying the tenant key shreds it."""
+    service = backups.service(store=memory_store.store())
+    manifest = service.backup(tenant_id=context.partition_key)
+    swept = service.sweep_expired()
+    stored = service.storage.exists(manifest["object"])
+    context.log.info(f"backup {manifest['backup_id']} of {context.partition_key}: {manifest['bytes']} bytes")
+    return dg.MaterializeResult(
+        metadata={
+            "backup_id": dg.MetadataValue.text(manifest["backup_id"]),
+            "location": dg.MetadataValue.text(service.storage.location),
+            "bytes": dg.MetadataValue.int(manifest["bytes"]),
+            "expires_at": dg.MetadataValue.text(manifest["expires_at"]),
+            "seconds": dg.MetadataValue.float(manifest["seconds"]),
+            "expired_backups_removed": dg.MetadataValue.int(swept["expired"]),
+            **{f"rows_{table}": dg.MetadataValue.int(n) for table, n in manifest["rows"].items()},
+        },
+        check_results=[
+            dg.AssetCheckResult(
+                check_name="backup_object_stored",
+                passed=stored,
+                metadata={"object": dg.MetadataValue.text(manifest["object"])},
+            )
+        ],
+    )
