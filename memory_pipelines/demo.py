@@ -15,7 +15,7 @@ from memory_pipelines.lib.services import ensure_services
 from memory_pipelines.lib.settings import Settings
 from memory_pipelines.lib.store import MemoryStore
 from memory_pipelines.lib.validation import SHARING_MODES
-from memory_pipelines.materialize import materialize, run_forget
+from memory_pipelines.materialize import materialize, run_backup, run_forget, run_restore
 
 CORPUS = ASSETS_DIR / "demo" / "corpus.json"
 
@@ -100,6 +100,7 @@ def run_demo(settings: Settings) -> dict[str, Any]:
             "SELECT tenant_id, category, count(*) AS memories, avg(text_length)::int AS avg_text_length"
             " FROM memories GROUP BY ALL ORDER BY tenant_id, category"
         )
+        backup = run_backup(settings, tenant)  # last night's backup, before bob asks to be forgotten
         forget_request = DeletionService(derived).request(tenant_id=tenant, subject="bob", basis="gdpr-art17")
         forget_run = run_forget(settings, tenant, [forget_request["job_id"]])
         service = DeletionService(derived)
@@ -110,6 +111,18 @@ def run_demo(settings: Settings) -> dict[str, Any]:
             "recall_mortgage": derived.recaller.recall(tenant_id=tenant, user_id="bob", query="mortgage payments"),
             "team_summary": derived.summaries.read(tenant_id=tenant, scope="team", scope_id=corpus["team"])["summary"],
         }
+        # Restoring the backup taken before the deletion must not bring bob back.
+        restored = run_restore(settings, tenant, str(backup["backup_id"]))
+        report = restored["report"] or {"state": "FAILED", "failures": restored["failures"]}
+        bob_after_restore = {
+            "list": store_rows(derived, tenant, "bob"),
+            "export": list(derived.store.iter_export(tenant_id=tenant, subject="bob")),
+            "others_back": {
+                user: len(store_rows(derived, tenant, user)) for user in corpus["members"] if user != "bob"
+            },
+        }
+        # What restored_tenants_backfill_sensor launches in `dagster dev`: derived stores rebuilt.
+        backfill = materialize(settings, tenant)
     finally:
         derived.store.close()
     return {
@@ -139,11 +152,19 @@ def run_demo(settings: Settings) -> dict[str, Any]:
             "proof": proof,
             "after": bob_after,
         },
+        "backup_then_restore": {
+            "backup": {k: backup.get(k) for k in ("backup_id", "location", "bytes", "expires_at", "rows_memories")},
+            "restore": {
+                k: report.get(k) for k in ("state", "loaded", "replayed", "verification", "failures") if k in report
+            },
+            "bob_after_restore": bob_after_restore,
+            "backfill_after_restore": {"success": backfill["success"], "checks": backfill["checks"]},
+        },
         "next": {
             "ui": f"memory-pipelines --home {settings.home} dev   # then open http://127.0.0.1:3000/assets/memories",
             "what_to_look_at": "Assets: `memories` and the derived_stores group, partition `demo`: counts per "
             "materialization and the asset checks; Runs: the `tenant_refresh` run above; sensor "
-            "`tenant_partitions_sensor` adds tenants as partitions",
+            "`tenant_partitions_sensor` adds tenants as partitions; the `forget`, `backup` and `restore` runs",
             "stop": f"memory-pipelines --home {settings.home} stop",
         },
     }
