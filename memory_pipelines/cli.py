@@ -283,7 +283,11 @@ def cmd_canary(args: argparse.Namespace) -> None:
     from memory_pipelines.lib.canary import run_canary_drill
 
     settings = _settings(args)
-    result = run_canary_drill(_derived(args), home=None if settings.pg_url else settings.home)
+    from memory_pipelines.lib.runtime import open_backups
+
+    derived = _derived(args)
+    backups = open_backups(settings, derived.store)
+    result = run_canary_drill(derived, home=None if settings.pg_url else settings.home, backups=backups)
     _emit(result)
     if not result["passed"]:
         raise MemoryPipelinesError("canary", f"drill found leftovers: {result['leftovers']}")

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 
+from memory_pipelines.lib.backups import BackupService
 from memory_pipelines.lib.deletion import DeletionService
 from memory_pipelines.lib.derived import DerivedStores
 
@@ -31,8 +32,14 @@ def files_containing(root: Path, needles: list[bytes]) -> dict[bytes, list[str]]
     return hits
 
 
-def run_canary_drill(derived: DerivedStores, *, home: Path | None) -> dict[str, Any]:
-    """Run the drill; `passed` is true only when every count of leftovers is zero."""
+def run_canary_drill(
+    derived: DerivedStores, *, home: Path | None, backups: BackupService | None = None
+) -> dict[str, Any]:
+    """Run the drill; `passed` is true only when every count of leftovers is zero.
+
+    With `backups`, the canary tenant is backed up before the forget and restored from that backup
+    after it (then its derived stores rebuilt): the canaries must still be nowhere.
+    """
     started = time.perf_counter()
     store = derived.store
     stamp = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
@@ -60,10 +67,44 @@ def run_canary_drill(derived: DerivedStores, *, home: Path | None) -> dict[str, 
     recalled_before = derived.recaller.recall(
         tenant_id=tenant, user_id="canary-witness", team_id="drill", query="team vault phrase", k=5
     )
+    backup = backups.backup(tenant_id=tenant) if backups is not None else None
     service = DeletionService(derived)
     job = service.request(tenant_id=tenant, subject="canary-subject", basis="user-request")
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
     status = service.status(job_id=job["job_id"])
+    leftovers = _leftovers(derived, tenant, written, secrets, home)
+    result: dict[str, Any] = {}
+    if backups is not None and backup is not None:
+        report = backups.restore(tenant_id=tenant, backup_id=backup["backup_id"])
+        derived.sync_all(tenant_id=tenant)  # the backfill the restore sensor launches
+        after = _leftovers(derived, tenant, written, secrets, home)
+        result["after_restore"] = {"state": report["state"], "leftovers": after}
+        leftovers = {name: count + after.get(name, 0) for name, count in leftovers.items()}
+        if report["state"] != "COMPLETE":
+            leftovers["restore_not_complete"] = 1
+    witness = store.list_visible(tenant_id=tenant, user_id="canary-witness")
+    return {
+        "tenant": tenant,
+        "job_id": job["job_id"],
+        "state": status["state"],
+        "canaries": len(written),
+        "recalled_before_forget": len(recalled_before),
+        "materialized": {
+            name: counts.get("records", counts.get("rows", counts.get("summaries", 0)))
+            for name, counts in materialized.items()
+        },
+        "leftovers": leftovers,
+        **result,
+        "witness_memories_kept": len(witness),
+        "passed": status["state"] == "COMPLETE" and not any(leftovers.values()) and len(witness) == 1,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _leftovers(
+    derived: DerivedStores, tenant: str, written: list[Any], secrets: list[str], home: Path | None
+) -> dict[str, int]:
+    store = derived.store
     leftovers: dict[str, int] = {}
     probes = [f"My locker code is {secrets[0]}", f"travel plan {secrets[1]}", f"vault phrase {secrets[2]}"]
     leftovers["recall"] = sum(
@@ -79,7 +120,6 @@ def run_canary_drill(derived: DerivedStores, *, home: Path | None) -> dict[str, 
             "SELECT count(*) FROM derived.lineage WHERE tenant_id = %s AND source_memory_id = ANY(%s)",
             (tenant, [w.memory_id for w in written]),
         ).fetchone()[0]  # type: ignore[index]
-    with store.transaction() as conn:
         leftovers["primary"] = conn.execute(
             "SELECT count(*) FROM memory.memories WHERE tenant_id = %s AND memory_id = ANY(%s)",
             (tenant, [w.memory_id for w in written]),
@@ -93,19 +133,4 @@ def run_canary_drill(derived: DerivedStores, *, home: Path | None) -> dict[str, 
             pass  # an external server: its files are not under HOME anyway
         found = files_containing(home, [s.encode() for s in secrets])
         leftovers["files_under_home"] = len(set().union(*found.values()))
-    witness = store.list_visible(tenant_id=tenant, user_id="canary-witness")
-    return {
-        "tenant": tenant,
-        "job_id": job["job_id"],
-        "state": status["state"],
-        "canaries": len(written),
-        "recalled_before_forget": len(recalled_before),
-        "materialized": {
-            name: counts.get("records", counts.get("rows", counts.get("summaries", 0)))
-            for name, counts in materialized.items()
-        },
-        "leftovers": leftovers,
-        "witness_memories_kept": len(witness),
-        "passed": status["state"] == "COMPLETE" and not any(leftovers.values()) and len(witness) == 1,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+    return leftovers

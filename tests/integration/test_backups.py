@@ -214,3 +214,41 @@ def test_s3_backups_get_a_lifecycle_rule_and_list(store, derived, tenant, s3_ser
     listed = service.list_backups(tenant_id=tenant)
     assert [b["backup_id"] for b in listed] == [first["backup_id"]]
     assert listed[0]["location"].startswith("s3://mp-lifecycle/backups/")
+
+
+def test_keys_shred_compacts_the_key_store_and_requests_the_forget(store, derived, tenant, session_settings):
+    import psycopg
+
+    from memory_pipelines.lib.canary import files_containing
+
+    seed(store, derived, tenant)
+    with store.transaction() as conn:
+        wrapped = bytes(
+            conn.execute(
+                "SELECT wrapped FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = 'carol'", (tenant,)
+            ).fetchone()[0]
+        )
+    heap = session_settings.pgdata / "base"
+
+    def checkpoint() -> None:
+        with psycopg.connect(store.conninfo, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+
+    checkpoint()
+    assert files_containing(heap, [wrapped])[wrapped], "the control: the wrapped key is in the heap files"
+    service = DeletionService(derived)
+    result = service.shred_keys(tenant_id=tenant, subject="carol")
+    assert len(result["destroyed_keys"]) == 1 and result["forget_job"]["state"] == "REQUESTED"
+    checkpoint()
+    assert files_containing(heap, [wrapped])[wrapped] == []
+    with store.transaction() as conn:
+        kinds = [
+            r[0]
+            for r in conn.execute(
+                "SELECT kind FROM control.journal WHERE job_id = %s ORDER BY seq", (result["forget_job"]["job_id"],)
+            )
+        ]
+    assert kinds == ["SUBJECT_EPOCH", "KEY_DESTROYED"]
+    assert visible_ids(store, tenant, "carol") == set()  # hidden at once
+    service.run_batch(tenant_id=tenant, job_ids=[result["forget_job"]["job_id"]])
+    assert service.status(job_id=result["forget_job"]["job_id"])["state"] == "COMPLETE"

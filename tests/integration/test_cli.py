@@ -234,3 +234,43 @@ def test_forget_wait_status_proof_list_and_canary(cli_env, tenant):
     assert result.returncode == 2 and "confirm" in result.stderr
     drill = ok(cli_env, "canary")
     assert drill["passed"] is True and drill["state"] == "COMPLETE"
+
+
+def test_backup_forget_restore_keys_and_retention(cli_env, tenant):
+    ok(cli_env, "write", "--tenant", tenant, "--user", "ann", "Ann's gate code is 2211")
+    kept = ok(cli_env, "write", "--tenant", tenant, "--user", "bob", "Bob waters the ficus")
+    backup = ok(cli_env, "backup", "--tenant", tenant)
+    assert backup["success"] and backup["rows_memories"] == 2
+    listed = ok(cli_env, "backup", "list", "--tenant", tenant)
+    assert [b["backup_id"] for b in listed] == [backup["backup_id"]]
+    assert ok(cli_env, "forget", "--tenant", tenant, "--subject", "ann", "--wait")["state"] == "COMPLETE"
+    report = ok(cli_env, "restore", "--tenant", tenant, "--backup", backup["backup_id"], "--wait")
+    assert report["state"] == "COMPLETE" and report["replayed"]["rows_removed"]["subject_epochs"] == 1
+    assert ok(cli_env, "list", "--tenant", tenant, "--user", "ann") == []
+    assert [m["memory_id"] for m in ok(cli_env, "list", "--tenant", tenant, "--user", "bob")] == [kept["memory_id"]]
+    requested = ok(cli_env, "restore", "--tenant", tenant, "--backup", backup["backup_id"])
+    assert requested["state"] == "REQUESTED"
+    shred = ok(cli_env, "keys", "shred", "--tenant", tenant, "--subject", "bob")
+    assert len(shred["destroyed_keys"]) == 1 and shred["forget_job"]["scope"]["subject"] == "bob"
+    preview = ok(cli_env, "retention", "preview", "--date", "2025-01-01")
+    assert preview["total"] >= 0 and preview["policy_version"] == "2026-11"
+    swept = ok(cli_env, "retention", "sweep", "--date", "2025-01-01", "--wait")
+    assert swept["date"] == "2025-01-01" and "run_id" in swept
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["backup"], "tenant"),
+        (["backup", "--tenant", "no-such-tenant-x"], "tenant"),
+        (["restore", "--tenant", "acme", "--backup", "b_nope"], "backup"),
+        (["restore", "--tenant", "acme", "--backup", "../etc"], "backup"),
+        (["keys", "shred", "--tenant", "acme"], "confirm"),
+        (["retention", "preview", "--date", "tomorrow"], "date"),
+        (["retention", "sweep", "--date", "2099-01-01", "--wait"], "date"),
+    ],
+)
+def test_backup_restore_and_retention_reject_bad_input(cli_env, args, field):
+    result = cli(cli_env, *args)
+    assert result.returncode != 0
+    assert f"error: {field}:" in result.stderr

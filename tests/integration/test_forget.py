@@ -422,6 +422,7 @@ def test_canary_drill_passes_through_dagster_and_reports_figures(session_setting
         [materialization] = result.asset_materializations_for_node("deletion_canary")
         metadata = materialization.metadata
         assert metadata["passed"].value is True
+        assert metadata["restore_from_backup"].value == "COMPLETE"  # backed up, forgotten, restored: still zero
         assert {k: v.value for k, v in metadata.items() if k.startswith("leftover_")} == {
             "leftover_recall": 0,
             "leftover_lineage": 0,

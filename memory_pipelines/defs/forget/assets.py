@@ -4,7 +4,13 @@ import dagster as dg
 
 from memory_pipelines.defs.forget.jobs import deletion_service
 from memory_pipelines.lib.canary import run_canary_drill
-from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
+from memory_pipelines.resources import (
+    AnalyticsResource,
+    BackupResource,
+    ChromaResource,
+    MemoryStoreResource,
+    SummarizerResource,
+)
 
 
 @dg.asset(
@@ -19,19 +25,22 @@ def deletion_canary(
     chroma: ChromaResource,
     summarizer: SummarizerResource,
     analytics: AnalyticsResource,
+    backups: BackupResource,
 ) -> dg.MaterializeResult:
-    """Weekly proof that forgetting works end to end: canary memories written, copied, forgotten, gone."""
+    """Weekly proof that forgetting works: canaries written, copied, backed up, forgotten, restored, still gone."""
     service = deletion_service(memory_store, chroma, summarizer, analytics)
     home = None if memory_store.pg_url else Path(memory_store.home).resolve()
-    result = run_canary_drill(service.derived, home=home)
+    result = run_canary_drill(service.derived, home=home, backups=backups.service(store=service.store))
     context.log.info(f"canary drill in {result['tenant']}: passed={result['passed']}")
     figures = {name: dg.MetadataValue.int(int(count)) for name, count in result["leftovers"].items()}
+    restored = result.get("after_restore", {}).get("state", "not run")
     return dg.MaterializeResult(
         metadata={
             "passed": dg.MetadataValue.bool(result["passed"]),
             "canaries": dg.MetadataValue.int(result["canaries"]),
             "job_id": dg.MetadataValue.text(result["job_id"]),
             "seconds": dg.MetadataValue.float(result["seconds"]),
+            "restore_from_backup": dg.MetadataValue.text(restored),
             **{f"leftover_{name}": value for name, value in figures.items()},
         },
         check_results=[
