@@ -379,6 +379,14 @@ class BackupService:
             conn.close()
 
     def _fetch_and_open(self, manifest: dict[str, Any], scratch: Path) -> dict[str, pa.Table]:
+        archive = self._fetch_archive(manifest, scratch)
+        folder = scratch / "snapshot"
+        with tarfile.open(archive) as tar:
+            tar.extractall(folder, filter="data")
+        return {name: pq.read_table(folder / f"{name}.parquet") for name in _LOAD_ORDER}
+
+    def _fetch_archive(self, manifest: dict[str, Any], scratch: Path) -> Path:
+        """Download and decrypt the backup object into `scratch`; fails before anything is loaded."""
         tenant_id, backup_id = manifest["tenant_id"], manifest["backup_id"]
         with self.store.transaction() as conn:
             try:
@@ -403,10 +411,7 @@ class BackupService:
             raise ValidationError(
                 "backup", f"backup {backup_id} failed authentication ({exc}); nothing was loaded"
             ) from exc
-        folder = scratch / "snapshot"
-        with tarfile.open(archive) as tar:
-            tar.extractall(folder, filter="data")
-        return {name: pq.read_table(folder / f"{name}.parquet") for name in _LOAD_ORDER}
+        return archive
 
     def _load(self, conn: psycopg.Connection, tenant_id: str, tables: dict[str, pa.Table]) -> dict[str, int]:
         from psycopg import sql

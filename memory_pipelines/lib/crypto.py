@@ -83,18 +83,38 @@ def encrypt_stream(key: bytes, source: BinaryIO, sink: BinaryIO, aad: bytes, *, 
     prefix = secrets.token_bytes(8)
     cipher = AESGCM(key)
     written = sink.write(STREAM_MAGIC + prefix)
+    # Two input buffers (read one chunk ahead to know which is final) and one output buffer,
+    # reused for every chunk: no per-chunk allocation or copy beyond the cipher itself.
+    buffers = [bytearray(chunk_size), bytearray(chunk_size)]
+    out = bytearray(chunk_size + 16)
     index = 0
-    current = source.read(chunk_size)
+    filled = _fill(source, buffers[0])
     while True:
-        following = source.read(chunk_size)
-        final = not following
-        sealed = cipher.encrypt(prefix + index.to_bytes(4, "big"), current, _chunk_aad(aad, index, final))
-        written += sink.write(bytes([final]) + len(sealed).to_bytes(4, "big"))
-        written += sink.write(sealed)
+        following = _fill(source, buffers[(index + 1) % 2])
+        final = following == 0
+        current = memoryview(buffers[index % 2])[:filled]
+        sealed_len = filled + 16
+        cipher.encrypt_into(
+            prefix + index.to_bytes(4, "big"), current, _chunk_aad(aad, index, final), memoryview(out)[:sealed_len]
+        )
+        written += sink.write(bytes([final]) + sealed_len.to_bytes(4, "big"))
+        written += sink.write(memoryview(out)[:sealed_len])
         if final:
             return written
         index += 1
-        current = following
+        filled = following
+
+
+def _fill(source: BinaryIO, buffer: bytearray) -> int:
+    """Read until `buffer` is full or the source ends; returns the bytes read."""
+    view = memoryview(buffer)
+    total = 0
+    while total < len(buffer):
+        got = source.readinto(view[total:])  # type: ignore[attr-defined]
+        if not got:
+            break
+        total += got
+    return total
 
 
 def decrypt_stream(key: bytes, source: BinaryIO, sink: BinaryIO, aad: bytes) -> int:
