@@ -189,14 +189,9 @@ class DeletionService(DeletionLedger):
         self.store.require_tenant(tenant_id=tenant_id)
         parts = [scope, tenant_id, subject or "", memory_id or "", "" if version is None else str(version)]
         with self.store.transaction() as conn:
-            scope_hash = crypto.mac(self.store.keys.control_key(conn), json.dumps(parts).encode())
-            open_job = conn.execute(
-                "SELECT job_id FROM control.deletion_jobs WHERE tenant_id = %s AND scope_hash = %s"
-                " AND state <> 'COMPLETE'",
-                (tenant_id, scope_hash),
-            ).fetchone()
+            scope_hash, open_job = self._scope(conn, tenant_id, parts)
             if open_job is not None:
-                return {**self._job(conn, open_job[0]), "duplicate": True}
+                return {**open_job, "duplicate": True}
             versions: list[int] = []
             if scope == "MEMORY":
                 assert memory_id is not None
@@ -246,6 +241,15 @@ class DeletionService(DeletionLedger):
         self._vacuum_full(["keystore.subject_keys", "keystore.team_keys", "keystore.tenant_keys"])
         return {"tenant_id": tenant_id, "subject": subject, "destroyed_keys": destroyed, "forget_job": job}
 
+    def _scope(self, conn: psycopg.Connection, tenant_id: str, parts: list[str]) -> tuple[bytes, dict[str, Any] | None]:
+        """The scope's HMAC under the control-plane key, and the job already open for it, if any."""
+        scope_hash = crypto.mac(self.store.keys.control_key(conn), json.dumps(parts).encode())
+        row = conn.execute(
+            "SELECT job_id FROM control.deletion_jobs WHERE tenant_id = %s AND scope_hash = %s AND state <> 'COMPLETE'",
+            (tenant_id, scope_hash),
+        ).fetchone()
+        return scope_hash, None if row is None else self._job(conn, row[0])
+
     def request_retention(
         self, *, tenant_id: str, day: date, memory_ids: list[str], categories: dict[str, int], policy_version: str
     ) -> dict[str, Any] | None:
@@ -256,14 +260,9 @@ class DeletionService(DeletionLedger):
             return None
         parts = ["RETENTION", tenant_id, day.isoformat(), policy_version]
         with self.store.transaction() as conn:
-            scope_hash = crypto.mac(self.store.keys.control_key(conn), json.dumps(parts).encode())
-            open_job = conn.execute(
-                "SELECT job_id FROM control.deletion_jobs WHERE tenant_id = %s AND scope_hash = %s"
-                " AND state <> 'COMPLETE'",
-                (tenant_id, scope_hash),
-            ).fetchone()
+            scope_hash, open_job = self._scope(conn, tenant_id, parts)
             if open_job is not None:
-                return {**self._job(conn, open_job[0]), "duplicate": True}
+                return {**open_job, "duplicate": True}
             job_id = "del_" + uuid.uuid4().hex
             conn.execute(
                 "INSERT INTO control.deletion_jobs (job_id, tenant_id, scope, scope_hash, basis, policy_version,"

@@ -293,11 +293,18 @@ class MemoryStore:
         ]
 
     def tenant_watermarks(self) -> dict[str, int]:
-        """tenant -> change sequence; grows with every write, so a sensor can tell what changed."""
+        """tenant -> change sequence; grows with every write, so a sensor can tell what changed.
+
+        Tenants behind the restore gate are left out: they show again, with a new sequence, once
+        the restore reopens them.
+        """
         with self.transaction() as conn:
             return {
                 r[0]: int(r[1])
-                for r in conn.execute("SELECT tenant_id, change_seq FROM memory.tenants WHERE deleted_at IS NULL")
+                for r in conn.execute(
+                    "SELECT tenant_id, change_seq FROM memory.tenants WHERE deleted_at IS NULL"
+                    " AND restoring_since IS NULL"
+                )
             }
 
     def add_team_member(self, *, tenant_id: str, team_id: str, user_id: str) -> dict[str, Any]:

@@ -252,3 +252,63 @@ def test_keys_shred_compacts_the_key_store_and_requests_the_forget(store, derive
     assert visible_ids(store, tenant, "carol") == set()  # hidden at once
     service.run_batch(tenant_id=tenant, job_ids=[result["forget_job"]["job_id"]])
     assert service.status(job_id=result["forget_job"]["job_id"])["state"] == "COMPLETE"
+
+
+def test_restore_failing_verification_stays_closed_and_blocked(store, derived, tenant, tmp_path):
+    w = seed(store, derived, tenant)
+    storage = LocalBackupStorage(tmp_path / "b")
+    manifest = BackupService(store, storage, staging=tmp_path / "s").backup(tenant_id=tenant)
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, memory_id=w["bob_gone"].memory_id)
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+
+    def plant_a_forgotten_row(step: str) -> None:
+        # As if the replay had missed a tombstone: put the forgotten version back inside the load.
+        with store.transaction() as conn:
+            conn.execute(
+                "INSERT INTO control.tombstones (tenant_id, memory_id, version, job_id) VALUES (%s, %s, 1, 'planted')"
+                " ON CONFLICT DO NOTHING",
+                (tenant, w["carol"].memory_id),
+            )
+
+    broken = BackupService(store, storage, staging=tmp_path / "s", hooks={"replayed": plant_a_forgotten_row})
+    report = broken.restore(tenant_id=tenant, backup_id=manifest["backup_id"])
+    assert report["state"] == "BLOCKED" and report["verification"]["tombstones"] == 1
+    with pytest.raises(ConflictError, match="being restored"):
+        store.list_visible(tenant_id=tenant, user_id="bob")
+    assert tenant not in store.tenant_watermarks()  # the partitions sensor skips it, does not fail
+    with store.transaction() as conn:
+        state = conn.execute(
+            "SELECT state FROM control.restores WHERE restore_id = %s", (report["restore_id"],)
+        ).fetchone()[0]
+    assert state == "BLOCKED"
+
+
+def test_restore_sensors_launch_the_restore_and_then_the_rebuild(store, derived, tenant, tmp_path, session_settings):
+    import dagster as dg
+
+    from memory_pipelines.defs.backups.sensors import restore_requests_sensor, restored_tenants_backfill_sensor
+    from memory_pipelines.resources import MemoryStoreResource
+
+    seed(store, derived, tenant)
+    service = BackupService(store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s")
+    manifest = service.backup(tenant_id=tenant)
+    requested = service.request_restore(tenant_id=tenant, backup_id=manifest["backup_id"])
+    resource = MemoryStoreResource(home=str(session_settings.home))
+    with dg.instance_for_test() as instance:
+        context = dg.build_sensor_context(instance=instance, resources={"memory_store": resource})
+        runs = restore_requests_sensor(context).run_requests
+        mine = [r for r in runs if r.run_key == f"restore:{requested['restore_id']}"]
+        assert len(mine) == 1 and mine[0].partition_key == tenant
+        config = mine[0].run_config["ops"]["restore_tenant"]["config"]
+        assert config == {"backup_id": manifest["backup_id"], "restore_id": requested["restore_id"]}
+        service.restore(tenant_id=tenant, backup_id=manifest["backup_id"], restore_id=requested["restore_id"])
+        result = restored_tenants_backfill_sensor(
+            dg.build_sensor_context(instance=instance, resources={"memory_store": resource})
+        )
+        keys = {r.run_key: r.partition_key for r in result.run_requests}
+        assert keys[f"backfill-after:{requested['restore_id']}"] == tenant
+        later = restored_tenants_backfill_sensor(
+            dg.build_sensor_context(instance=instance, resources={"memory_store": resource}, cursor=result.cursor)
+        )
+        assert f"backfill-after:{requested['restore_id']}" not in {r.run_key for r in later.run_requests}

@@ -72,7 +72,7 @@ def test_dev_shows_memories_partitioned_by_tenant(tmp_path):
                 pass
             time.sleep(2)
         by_key = {"/".join(n["assetKey"]["path"]): n for n in nodes or []}
-        assert set(by_key) == {"memories", "deletion_canary"} | DERIVED
+        assert set(by_key) == {"memories", "deletion_canary", "tenant_backups"} | DERIVED
         assert by_key["memories"]["groupName"] == "memory_store"
         assert by_key["memory_embeddings"]["groupName"] == "derived_stores"
         assert all(by_key[name]["partitionKeys"] == ["acme"] for name in {"memories"} | DERIVED)

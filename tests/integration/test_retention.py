@@ -139,3 +139,25 @@ def test_shipped_policies_load():
 def test_bad_sweep_day(store, derived):
     with pytest.raises(ValidationError, match="YYYY-MM-DD"):
         retention.preview(store, day="yesterday")
+
+
+def test_dagster_retention_job_backfills_missed_days(store, derived, tenant, session_settings):
+    import os
+
+    import dagster as dg
+
+    from memory_pipelines.definitions import defs
+
+    days = [date(2025, 3, d) for d in (1, 2, 3)]
+    for i, day in enumerate(days):
+        written_days_ago(store, tenant, write(store, tenant, "financial", f"invoice {i}"), 1825, day=day)
+    os.environ["MEMORY_PIPELINES_HOME"] = str(session_settings.home)
+    job = defs().resolve_job_def("retention")
+    with dg.instance_for_test() as instance:
+        removed = {}
+        for day in days:  # what a backfill over the missed days launches, one run per day
+            result = job.execute_in_process(instance=instance, partition_key=day.isoformat())
+            assert result.success
+            removed[day] = result.output_for_node("retention_sweep")["jobs"].get(tenant, {}).get("categories")
+    assert removed == {day: {"financial": 1} for day in days}
+    assert store.list_visible(tenant_id=tenant, user_id="ann") == []
