@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from memory_pipelines.lib import crypto, lineage, registry, validation
+from memory_pipelines.lib import crypto, gate, lineage, registry, validation
 from memory_pipelines.lib.analytics import STORE as ANALYTICS_STORE
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ServiceError, ValidationError
@@ -147,10 +147,15 @@ class DeletionLedger:
 class DeletionService(DeletionLedger):
     """Accepts deletion requests and runs them. `hooks` let fault-injection tests act between steps."""
 
-    def __init__(self, derived: DerivedStores, *, hooks: dict[str, Hook] | None = None) -> None:
+    def __init__(
+        self, derived: DerivedStores, *, hooks: dict[str, Hook] | None = None, drain_timeout: float = 30.0
+    ) -> None:
         super().__init__(derived.store)
         self.derived = derived
         self.hooks = hooks or {}
+        self.gate = gate.Gate(derived.store)
+        self.drain_timeout = drain_timeout
+        self._erased_snapshots: set[str] = set()
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -204,7 +209,18 @@ class DeletionService(DeletionLedger):
                 " 'REQUESTED', %s)",
                 (job_id, tenant_id, scope, subject, memory_id, version, scope_hash, basis, POLICY_VERSION, deadline),
             )
+            # The gate's exclusive lock: permits are ordered strictly before or after this closure.
+            gate.lock_gate_exclusive(conn, tenant_id)
             epoch = self._hide(conn, job_id, scope, tenant_id, subject, memory_id, versions)
+            gate.close_fences(
+                conn,
+                tenant_id=tenant_id,
+                job_id=job_id,
+                subject=subject if scope == "SUBJECT" else None,
+                epoch=epoch,
+                versions=[(memory_id, v) for v in versions] if memory_id is not None else [],
+                tenant=scope == "TENANT",
+            )
             if epoch is not None:
                 conn.execute("UPDATE control.deletion_jobs SET subject_epoch = %s WHERE job_id = %s", (epoch, job_id))
             conn.execute(
@@ -278,6 +294,7 @@ class DeletionService(DeletionLedger):
                     json.dumps({"categories": categories, "retentionPolicyVersion": policy_version}),
                 ),
             )
+            gate.lock_gate_exclusive(conn, tenant_id)
             # Set-based: a sweep can cover a large share of a tenant.
             conn.execute(
                 "INSERT INTO control.tombstones (tenant_id, memory_id, version, job_id)"
@@ -285,6 +302,10 @@ class DeletionService(DeletionLedger):
                 " WHERE v.tenant_id = %s AND v.memory_id = ANY(%s) ON CONFLICT DO NOTHING",
                 (job_id, tenant_id, memory_ids),
             )
+            swept = conn.execute(
+                "SELECT memory_id, version FROM control.tombstones WHERE job_id = %s", (job_id,)
+            ).fetchall()
+            gate.close_fences(conn, tenant_id=tenant_id, job_id=job_id, versions=[(m, v) for m, v in swept])
             conn.execute(
                 "INSERT INTO control.journal (tenant_id, kind, memory_id, version, job_id)"
                 " SELECT tenant_id, 'TOMBSTONE', memory_id, version, job_id FROM control.tombstones WHERE job_id = %s",
@@ -434,6 +455,15 @@ class DeletionService(DeletionLedger):
         try:
             started = time.perf_counter()
             self._set_state(jobs, "FROZEN")
+            step = "gate"
+            # Permits issued before the fence closed must be released or cancelled first; an expired
+            # lease does not count as drained, and a drain deadline is a block, never completion.
+            left = self.gate.wait_drained(
+                tenant_id=tenant_id, job_ids=[j["job_id"] for j in jobs], timeout=self.drain_timeout
+            )
+            if left:
+                raise DeletionBlocked("gate", "UNDRAINED_PERMITS", f"{left} permit(s) still in flight")
+            step = "freeze"
             targets = self._resolve_targets(tenant_id, jobs)
             found = self._found(tenant_id, jobs, targets)
             sweep = any(job["scope"]["type"] == "RETENTION" for job in jobs)
@@ -633,6 +663,28 @@ class DeletionService(DeletionLedger):
                 "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s AND record_id = ANY(%s)",
                 (tenant_id, CACHE_STORE, sorted(records)),
             )
+
+    def _delete_prompt_snapshots(
+        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
+    ) -> None:
+        # A snapshot holding any forgotten version goes whole: it is one sealed prompt.
+        with self.store.transaction() as conn:
+            if _tenant_scope(jobs):
+                conn.execute("DELETE FROM derived.prompt_snapshots WHERE tenant_id = %s", (tenant_id,))
+                conn.execute(
+                    "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = 'prompt_snapshots'", (tenant_id,)
+                )
+                return
+            conn.execute(
+                "DELETE FROM derived.prompt_snapshots WHERE tenant_id = %s AND snapshot_id = ANY(%s)",
+                (tenant_id, sorted(records)),
+            )
+            conn.execute(
+                "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = 'prompt_snapshots'"
+                " AND record_id = ANY(%s)",
+                (tenant_id, sorted(records)),
+            )
+        self._erased_snapshots |= records
 
     def _delete_chroma(
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
@@ -838,6 +890,11 @@ class DeletionService(DeletionLedger):
             else []
         )
         leftovers["chroma"] = len(found)
+        with self.store.transaction() as conn:
+            leftovers["prompt_snapshots"] = conn.execute(
+                "SELECT count(*) FROM derived.prompt_snapshots WHERE tenant_id = %s AND snapshot_id = ANY(%s)",
+                (tenant_id, sorted(self._erased_snapshots)),
+            ).fetchone()[0]  # type: ignore[index]
         table = self.derived.analytics.read_partition(tenant_id)
         if table is not None:
             rows = {
@@ -918,6 +975,7 @@ class DeletionService(DeletionLedger):
 
 
 _LINEAGE_STORE = {
+    "prompt_snapshots": "prompt_snapshots",
     "chroma": "chroma",
     "keyword_index": "keyword_index",
     "analytics": ANALYTICS_STORE,
@@ -972,7 +1030,7 @@ def _tables_to_compact(jobs: list[dict[str, Any]]) -> list[str]:
     if kinds & {"MEMORY", "RETENTION"}:
         tables.append("memory.memory_versions")
     if kinds & {"MEMORY", "RETENTION", "SUBJECT"}:
-        tables += ["derived.keyword_postings", "derived.summaries"]
+        tables += ["derived.keyword_postings", "derived.summaries", "derived.prompt_snapshots"]
     return tables
 
 
@@ -988,5 +1046,6 @@ _TENANT_ROWS = (
     "DELETE FROM derived.summaries WHERE tenant_id = %s",
     "DELETE FROM derived.summary_modes WHERE tenant_id = %s",
     "DELETE FROM derived.recall_cache WHERE tenant_id = %s",
+    "DELETE FROM derived.prompt_snapshots WHERE tenant_id = %s",
     "DELETE FROM derived.lineage WHERE tenant_id = %s",
 )

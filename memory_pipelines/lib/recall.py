@@ -43,11 +43,24 @@ class Recaller:
         self.store = store
         self.vectors = vectors
         self.keywords = keywords
+        self._gate: Any = None
 
     def recall(
-        self, *, tenant_id: str, user_id: str, query: str, team_id: str | None = None, k: int = 5, mode: str = "hybrid"
+        self,
+        *,
+        tenant_id: str,
+        user_id: str,
+        query: str,
+        team_id: str | None = None,
+        k: int = 5,
+        mode: str = "hybrid",
+        lease_id: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Top-k visible current memories for `query`: memory_id, version, text, score, and scope."""
+        """Top-k visible current memories for `query`: memory_id, version, text, score, and scope.
+
+        Inside an agent run (`lease_id`), every recalled version is fenced on the lease with its
+        author's epoch as read, so the run's sinks get no permit once any of it is forgotten.
+        """
         validation.check_text("query", query)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 100:
             raise ValidationError("k", "must be an integer from 1 to 100")
@@ -73,6 +86,17 @@ class Recaller:
             hits = self._rank(tenant_id, user_id, team_id, query, k, mode, scope)
             self._cache(tenant_id, cache_key, change_seq, hits)
             from_cache = False
+        if lease_id is not None:
+            from memory_pipelines.lib.gate import Fence, Gate
+
+            if self._gate is None:
+                self._gate = Gate(self.store)
+            self._gate.record_reads(
+                lease_id=lease_id,
+                fences=[
+                    Fence(m, v, visible[(m, v)]["user_id"], int(visible[(m, v)]["subject_epoch"])) for (m, v), _ in hits
+                ],
+            )
         texts = self.store.open_texts(tenant_id=tenant_id, sources=[source for source, _ in hits])
         return [
             {

@@ -32,6 +32,14 @@ STORES: tuple[StoreSpec, ...] = (
         "no lineage edge of recall_cache to a target version",
     ),
     StoreSpec(
+        "prompt_snapshots",
+        "team:agent-runtime",
+        "lineage(prompt_snapshots) -> snapshot_id",
+        "prompt-snapshots-v1",
+        60,
+        "no snapshot with a lineage edge to a target version",
+    ),
+    StoreSpec(
         "chroma",
         "team:memory-platform",
         "memory_id:version (collection per tenant)",
@@ -90,7 +98,15 @@ STORES: tuple[StoreSpec, ...] = (
 )
 BY_NAME = {spec.name: spec for spec in STORES}
 # Stores that receive derived records through lineage (the primary and the key store are the source).
-DERIVED_STORES = ("chroma", "keyword_index", "subject_summaries", "team_summaries", "analytics", "recall_cache")
+DERIVED_STORES = (
+    "chroma",
+    "keyword_index",
+    "subject_summaries",
+    "team_summaries",
+    "analytics",
+    "recall_cache",
+    "prompt_snapshots",
+)
 
 
 def require_registered(store: str) -> None:

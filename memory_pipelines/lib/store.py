@@ -45,7 +45,7 @@ _SELECT_MEMORY = (
     "SELECT m.tenant_id, m.memory_id, m.user_id, m.team_id, m.memory_type, m.do_not_sell AS memory_dns,"
     " m.created_at AS memory_created_at, m.updated_at, m.current_version,"
     " v.version, v.shareable, v.category, v.confidence, v.text_ct, v.original_query_ct, v.key_id,"
-    " v.restored_from, v.created_at, v.superseded_at, s.do_not_sell AS subject_dns"
+    " v.restored_from, v.created_at, v.superseded_at, s.do_not_sell AS subject_dns, s.epoch AS subject_epoch"
     " FROM memory.memories m"
     " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
     " JOIN memory.memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
