@@ -279,6 +279,31 @@ def cmd_retention(args: argparse.Namespace) -> None:
         _emit(retention.sweep(_deletions(args), day=day, run=False))
 
 
+def _runs(args: argparse.Namespace) -> Any:
+    from memory_pipelines.lib.runs import AgentRuns
+
+    return AgentRuns(_derived(args))
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    runs = _runs(args)
+    if args.run_command == "open":
+        lease = runs.open(tenant_id=args.tenant, subject_id=args.user, run_id=args.run, ttl_seconds=args.ttl)
+        _emit({"lease_id": lease, "run_id": args.run, "tenant_id": args.tenant, "subject_id": args.user})
+    elif args.run_command == "recall":
+        _emit(runs.recall(lease_id=args.lease, query=args.query, team_id=args.team, k=args.k, mode=args.mode))
+    elif args.run_command == "permit":
+        with runs.gate.permit(lease_id=args.lease, sink=args.sink) as permit:
+            held = {"permit_id": permit.permit_id, "seq": permit.seq, "sink": permit.sink}
+        _emit({**held, "state": "RELEASED"})
+    else:
+        _emit(runs.snapshot_prompt(lease_id=args.lease, prompt=_text_arg(args.prompt)))
+
+
+def cmd_explain(args: argparse.Namespace) -> None:
+    _emit(_runs(args).explain(tenant_id=args.tenant, run_id=args.run))
+
+
 def cmd_canary(args: argparse.Namespace) -> None:
     from memory_pipelines.lib.canary import run_canary_drill
 
@@ -471,6 +496,34 @@ def build_parser() -> argparse.ArgumentParser:
         day.add_argument("--date", required=True, help="the day, YYYY-MM-DD (UTC)")
         if action == "sweep":
             day.add_argument("--wait", action="store_true", help="run the retention job now (else the sensor runs it)")
+
+    run = add("run", cmd_run, "try the agent-run fence: open a lease, recall inside it, take a permit, snapshot")
+    run_sub = run.add_subparsers(dest="run_command", required=True, metavar="ACTION")
+    opening = run_sub.add_parser("open", help="open a run's lease")
+    opening.add_argument("--tenant", required=True)
+    opening.add_argument("--user", required=True, help="the subject the run acts for")
+    opening.add_argument("--run", required=True, help="the run id (what explain takes)")
+    opening.add_argument("--ttl", type=int, default=300, help="lease lifetime in seconds (default 300)")
+    fenced = run_sub.add_parser("recall", help="recall inside the run: every hit is fenced on the lease")
+    fenced.add_argument("--lease", required=True)
+    fenced.add_argument("--team")
+    fenced.add_argument("--k", type=int, default=5)
+    fenced.add_argument("--mode", default="hybrid")
+    fenced.add_argument("query", metavar="QUERY")
+    permit = run_sub.add_parser("permit", help="take and release one permit (fails once a fence closed)")
+    permit.add_argument("--lease", required=True)
+    permit.add_argument(
+        "--sink", required=True, help="model_output, tool_dispatch, state_write, memory_write, queued_work"
+    )
+    snapshot = run_sub.add_parser("snapshot", help="store the prompt the run sent (sealed, with lineage)")
+    snapshot.add_argument("--lease", required=True)
+    snapshot.add_argument("prompt", metavar="PROMPT", help="prompt text, or - to read it from stdin")
+
+    explain = add(
+        "explain", cmd_explain, "the recall chain of a run: memories read (text while present), derived records"
+    )
+    explain.add_argument("--tenant", required=True)
+    explain.add_argument("--run", required=True)
 
     add("canary", cmd_canary, "end-to-end deletion drill in an isolated tenant; fails if anything is left")
     add("stop", cmd_stop, "stop the embedded services of this HOME")

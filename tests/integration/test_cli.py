@@ -274,3 +274,24 @@ def test_backup_restore_and_retention_reject_bad_input(cli_env, args, field):
     result = cli(cli_env, *args)
     assert result.returncode != 0
     assert f"error: {field}:" in result.stderr
+
+
+def test_run_lease_permit_snapshot_and_explain(cli_env, tenant):
+    memory = ok(cli_env, "write", "--tenant", tenant, "--user", "ann", "Ann is allergic to penicillin")
+    ok(cli_env, "materialize", "--tenant", tenant, "--select", "keyword_index")
+    lease = ok(cli_env, "run", "open", "--tenant", tenant, "--user", "ann", "--run", "r1")["lease_id"]
+    hits = ok(cli_env, "run", "recall", "--lease", lease, "--mode", "keyword", "penicillin")
+    assert [h["memory_id"] for h in hits] == [memory["memory_id"]]
+    assert ok(cli_env, "run", "permit", "--lease", lease, "--sink", "model_output")["state"] == "RELEASED"
+    assert ok(cli_env, "run", "snapshot", "--lease", lease, "the prompt")["sources"] == 1
+    before = ok(cli_env, "explain", "--tenant", tenant, "--run", "r1")
+    assert before["memories"][0]["text"] == "Ann is allergic to penicillin"
+    assert len(before["prompt_snapshots"]) == 1
+    ok(cli_env, "forget", "--tenant", tenant, "--memory-id", memory["memory_id"], "--wait")
+    refused = cli(cli_env, "run", "permit", "--lease", lease, "--sink", "model_output")
+    assert refused.returncode == 5 and "error: lease:" in refused.stderr and refused.stdout == ""
+    after = ok(cli_env, "explain", "--tenant", tenant, "--run", "r1")
+    assert after["memories"][0]["state"] == "forgotten" and after["memories"][0]["text"] is None
+    assert after["prompt_snapshots"] == []
+    missing = cli(cli_env, "explain", "--tenant", tenant, "--run", "nope")
+    assert missing.returncode == 3 and "error: run:" in missing.stderr
