@@ -304,6 +304,37 @@ def cmd_explain(args: argparse.Namespace) -> None:
     _emit(_runs(args).explain(tenant_id=args.tenant, run_id=args.run))
 
 
+def cmd_eval(args: argparse.Namespace) -> None:
+    from memory_pipelines.lib import evaluation
+
+    if args.eval_command == "run":
+        from memory_pipelines.materialize import run_evaluation
+
+        month = _month(args.month)
+        result = run_evaluation(_settings(args), month)
+        if not result["success"]:
+            raise MemoryPipelinesError("eval", "; ".join(f["error"] for f in result["failures"]) or "run failed")
+        _emit(result)
+        return
+    eval_set = evaluation.load_eval_set()
+    rows = evaluation.trend(_store(args), tenant_id=eval_set.tenant, mode=args.mode)
+    if not rows:
+        raise MemoryPipelinesError("eval", "no evaluation yet: run `eval run --month YYYY-MM` first")
+    print(f"memory quality of tenant {eval_set.tenant!r}, recall mode {args.mode}, K={eval_set.k}")
+    print(evaluation.trend_markdown(rows))
+
+
+def _month(value: str) -> str:
+    today = datetime.now(UTC).date()
+    try:
+        first = datetime.strptime(value, "%Y-%m").date()
+    except ValueError:
+        raise ValidationError("month", f"must be YYYY-MM, got {value!r}") from None
+    if not (2026, 1) <= (first.year, first.month) < (today.year, today.month):
+        raise ValidationError("month", f"must be a month that has ended, from 2026-01 to before {today:%Y-%m}")
+    return first.isoformat()
+
+
 def cmd_canary(args: argparse.Namespace) -> None:
     from memory_pipelines.lib.canary import run_canary_drill
 
@@ -524,6 +555,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("--tenant", required=True)
     explain.add_argument("--run", required=True)
+
+    ev = add("eval", cmd_eval, "memory quality: run a month's evaluation, or print the month-by-month report")
+    ev_sub = ev.add_subparsers(dest="eval_command", required=True, metavar="ACTION")
+    ev_run = ev_sub.add_parser("run", help="materialize memory_eval and memory_drift for one month")
+    ev_run.add_argument("--month", required=True, help="YYYY-MM, a month that has ended")
+    report = ev_sub.add_parser("report", help="the trend table: month, precision, recall, drift")
+    report.add_argument("--mode", default="hybrid", help="semantic, keyword or hybrid (default)")
 
     add("canary", cmd_canary, "end-to-end deletion drill in an isolated tenant; fails if anything is left")
     add("stop", cmd_stop, "stop the embedded services of this HOME")

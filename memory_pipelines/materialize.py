@@ -36,7 +36,9 @@ def _execute(
     import dagster as dg
 
     from memory_pipelines.definitions import defs
+    from memory_pipelines.lib.services import ensure_services
 
+    ensure_services(settings)  # the embedded server and dagster.yaml, on a fresh HOME too
     os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
     os.environ[ENV_HOME] = str(settings.home)
     with dg.DagsterInstance.get() as instance:
@@ -91,6 +93,28 @@ def run_retention(settings: Settings, day: str) -> dict[str, Any]:
     """Run the `retention` job for one day partition now; returns the sweep summary and the run."""
     result, failures = _execute(settings, "retention", "", day=day)
     return {"sweep": _output(result, "retention_sweep"), "run_id": result.run_id, "failures": failures}
+
+
+def run_evaluation(settings: Settings, month: str) -> dict[str, Any]:
+    """Materialize `memory_eval` and `memory_drift` for one month partition (YYYY-MM-01) now."""
+    result, failures = _execute(settings, "memory_evaluation", "", day=month)
+    figures: dict[str, Any] = {}
+    for event in result.get_asset_materialization_events():
+        materialization = event.step_materialization_data.materialization
+        figures[materialization.asset_key.to_user_string()] = {
+            k: getattr(v, "value", None) for k, v in materialization.metadata.items() if k not in ("trend",)
+        }
+    checks = {
+        e.check_name: {"passed": e.passed, "severity": e.severity.value} for e in result.get_asset_check_evaluations()
+    }
+    return {
+        "month": month[:7],
+        "run_id": result.run_id,
+        "success": result.success,
+        "assets": figures,
+        "checks": checks,
+        "failures": failures,
+    }
 
 
 def materialize(settings: Settings, tenant_id: str, select: Sequence[str] | None = None) -> dict[str, Any]:

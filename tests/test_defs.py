@@ -30,6 +30,8 @@ def test_assets_partitions_and_checks(definitions):
         "memories",
         "deletion_canary",
         "tenant_backups",
+        "memory_eval",
+        "memory_drift",
     } | DERIVED
     memories = definitions.resolve_assets_def("memories")
     partitions = memories.partitions_def
@@ -68,7 +70,16 @@ def test_sensors_jobs_and_resources(definitions):
         "restore_requests_sensor",
         "restored_tenants_backfill_sensor",
     }
-    assert {s.name for s in definitions.schedules} == {"canary_drill_schedule", "nightly_backups", "retention_schedule"}
+    assert {s.name for s in definitions.schedules} == {
+        "canary_drill_schedule",
+        "nightly_backups",
+        "retention_schedule",
+        "memory_evaluation_schedule",
+    }
+    evaluation = definitions.resolve_assets_def("memory_eval")
+    assert isinstance(evaluation.partitions_def, dg.MonthlyPartitionsDefinition)
+    assert {key.name for key in evaluation.check_keys} == {"precision_target"}
+    assert {key.name for key in definitions.resolve_assets_def("memory_drift").check_keys} == {"drift_target"}
     assert all(s.default_status == dg.DefaultScheduleStatus.RUNNING for s in definitions.schedules)
     assert definitions.resolve_job_def("retention").partitions_def.get_partition_keys()[0] == "2024-01-01"
     assert definitions.resolve_job_def("restore").executor_def.name == "in_process"
@@ -82,7 +93,7 @@ def test_sensors_jobs_and_resources(definitions):
     assert definitions.resolve_sensor_def("tenant_partitions_sensor").default_status == dg.DefaultSensorStatus.RUNNING
     assert definitions.resolve_job_def("memories_snapshot").partitions_def.name == "tenants"
     assert isinstance(definitions.resources["memory_store"], MemoryStoreResource)
-    assert {"chroma", "summarizer", "analytics", "backups"} <= set(definitions.resources)
+    assert {"chroma", "summarizer", "analytics", "backups", "judge"} <= set(definitions.resources)
     assert definitions.resolve_job_def("tenant_refresh") is not None
 
 

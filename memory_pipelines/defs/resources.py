@@ -9,6 +9,7 @@ from memory_pipelines.resources import (
     AnalyticsResource,
     BackupResource,
     ChromaResource,
+    JudgeResource,
     MemoryStoreResource,
     SummarizerResource,
 )
@@ -36,6 +37,11 @@ def resources() -> dg.Definitions:
                 api_key=_env_or(env.ENV_SUMMARIZER_API_KEY, None),
             ),
             "analytics": AnalyticsResource(home=home),  # type: ignore[arg-type]
+            "judge": JudgeResource(
+                base_url=_env_or(env.ENV_JUDGE_URL, None),
+                model=_env_or(env.ENV_JUDGE_MODEL, None),
+                api_key=_env_or(env.ENV_JUDGE_API_KEY, None),
+            ),
             "backups": BackupResource(
                 home=home,  # type: ignore[arg-type]
                 s3_bucket=_env_or(env.ENV_S3_BUCKET, None),

@@ -55,11 +55,13 @@ class Recaller:
         k: int = 5,
         mode: str = "hybrid",
         lease_id: str | None = None,
+        use_cache: bool = True,
     ) -> list[dict[str, Any]]:
         """Top-k visible current memories for `query`: memory_id, version, text, score, and scope.
 
         Inside an agent run (`lease_id`), every recalled version is fenced on the lease with its
         author's epoch as read, so the run's sinks get no permit once any of it is forgotten.
+        `use_cache=False` measures the indexes themselves (evaluation).
         """
         validation.check_text("query", query)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 100:
@@ -79,7 +81,12 @@ class Recaller:
                 (tenant_id, cache_key),
             ).fetchone()
         hits: list[tuple[tuple[str, int], float]]
-        if cached is not None and cached[0] == change_seq and all((m, v) in visible for m, v, _ in cached[1]):
+        if (
+            use_cache
+            and cached is not None
+            and cached[0] == change_seq
+            and all((m, v) in visible for m, v, _ in cached[1])
+        ):
             hits = [((m, v), s) for m, v, s in cached[1]]
             from_cache = True
         else:

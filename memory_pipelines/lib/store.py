@@ -79,6 +79,13 @@ _CURRENT_BASE = (
     " WHERE m.tenant_id = %s"
 )
 _SELECT_CURRENT = _CURRENT_BASE + _NOT_HIDDEN + " ORDER BY m.memory_id"
+_SELECT_QUERIES = (
+    "SELECT v.tenant_id, v.memory_id, v.version, v.original_query_ct, v.key_id"  # noqa: S608
+    " FROM memory.memories m JOIN memory.memory_versions v ON v.tenant_id = m.tenant_id"
+    " AND v.memory_id = m.memory_id AND v.version = m.current_version"
+    " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
+    " WHERE m.tenant_id = %s AND m.memory_id = ANY(%s)" + _NOT_HIDDEN
+)
 _SELECT_CURRENT_OF_OWNERS = (
     _CURRENT_BASE + _NOT_HIDDEN + " AND (m.user_id = ANY(%s) OR m.team_id = ANY(%s)) ORDER BY m.memory_id"
 )
@@ -1029,6 +1036,21 @@ class MemoryStore:
                 return [CurrentVersion(*row) for row in conn.execute(_SELECT_CURRENT, (tenant_id,))]
             params = (tenant_id, user_ids or [], team_ids or [])
             return [CurrentVersion(*row) for row in conn.execute(_SELECT_CURRENT_OF_OWNERS, params)]
+
+    def original_queries(self, *, tenant_id: str, memory_ids: list[str]) -> dict[str, str]:
+        """memory_id -> the query that produced its current version (drift evaluation); hidden ones left out."""
+        validation.check_id("tenant", tenant_id)
+        out: dict[str, str] = {}
+        with self.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(
+                _SELECT_QUERIES,
+                (tenant_id, memory_ids),
+            ).fetchall()
+            for row in rows:
+                query = self._open_query(conn, row)
+                if query is not None:
+                    out[row["memory_id"]] = query
+        return out
 
     def open_texts(
         self, *, tenant_id: str, sources: list[tuple[str, int]], skip_unreadable: bool = False

@@ -1,5 +1,14 @@
 from memory_pipelines.resources.backups import BackupResource
-from memory_pipelines.resources.derived import AnalyticsResource, ChromaResource, SummarizerResource
+from memory_pipelines.resources.derived import AnalyticsResource, ChromaResource, SummarizerResource, derived_stores
+from memory_pipelines.resources.judge import JudgeResource
 from memory_pipelines.resources.memory_store import MemoryStoreResource
 
-__all__ = ["AnalyticsResource", "BackupResource", "ChromaResource", "MemoryStoreResource", "SummarizerResource"]
+__all__ = [
+    "AnalyticsResource",
+    "BackupResource",
+    "ChromaResource",
+    "JudgeResource",
+    "MemoryStoreResource",
+    "SummarizerResource",
+    "derived_stores",
+]

@@ -9,10 +9,13 @@ from typing import ClassVar
 import dagster as dg
 
 from memory_pipelines.lib.analytics import AnalyticsStore
+from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.embedding import Embedder, HashingEmbedder
+from memory_pipelines.lib.keyword import KeywordIndex
 from memory_pipelines.lib.settings import DEFAULT_HOME
-from memory_pipelines.lib.summaries import ExtractiveSummarizer, OpenAICompatibleSummarizer, Summarizer
+from memory_pipelines.lib.summaries import ExtractiveSummarizer, OpenAICompatibleSummarizer, Summarizer, SummaryStore
 from memory_pipelines.lib.vectors import VectorStore
+from memory_pipelines.resources.memory_store import MemoryStoreResource
 
 EMBEDDING_MODELS = ("all-MiniLM-L6-v2", "hashing-test-only")
 
@@ -74,3 +77,20 @@ class AnalyticsResource(dg.ConfigurableResource):
 
     def analytics(self) -> AnalyticsStore:
         return AnalyticsStore(Path(self.home).resolve() / "analytics")
+
+
+def derived_stores(
+    memory_store: MemoryStoreResource,
+    chroma: ChromaResource,
+    summarizer: SummarizerResource,
+    analytics: AnalyticsResource,
+) -> DerivedStores:
+    """Every derived store of the configured resources, as the pure-logic layer takes them."""
+    store = memory_store.store()
+    return DerivedStores(
+        store=store,
+        vectors=chroma.vector_store(),
+        keywords=KeywordIndex(store),
+        summaries=SummaryStore(store, summarizer.summarizer()),
+        analytics=analytics.analytics(),
+    )

@@ -65,14 +65,16 @@ def test_dev_shows_memories_partitioned_by_tenant(tmp_path):
             try:
                 nodes = graphql(port, ASSET_QUERY)["data"]["assetNodes"]
                 if nodes and all(
-                    "acme" in n["partitionKeys"] for n in nodes if n["assetKey"]["path"][0] != "deletion_canary"
+                    "acme" in n["partitionKeys"]
+                    for n in nodes
+                    if n["assetKey"]["path"][0] not in ("deletion_canary", "memory_eval", "memory_drift")
                 ):
                     break
             except OSError:
                 pass
             time.sleep(2)
         by_key = {"/".join(n["assetKey"]["path"]): n for n in nodes or []}
-        assert set(by_key) == {"memories", "deletion_canary", "tenant_backups"} | DERIVED
+        assert set(by_key) == {"memories", "deletion_canary", "tenant_backups", "memory_eval", "memory_drift"} | DERIVED
         assert by_key["memories"]["groupName"] == "memory_store"
         assert by_key["memory_embeddings"]["groupName"] == "derived_stores"
         assert all(by_key[name]["partitionKeys"] == ["acme"] for name in {"memories"} | DERIVED)

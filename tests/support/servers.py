@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -56,6 +56,7 @@ class FakeLLM:
     def __init__(self) -> None:
         self.mode = "ok"  # ok | garbage | error | empty
         self.requests: list[dict[str, Any]] = []
+        self.respond: Callable[[str], str] | None = None  # the answer to a prompt, when a test decides it
         llm = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -67,8 +68,11 @@ class FakeLLM:
                 elif llm.mode == "garbage":
                     self._send(200, b"<html>not json</html>")
                 else:
-                    facts = body["messages"][-1]["content"].count("\n") + 1
+                    prompt = body["messages"][-1]["content"]
+                    facts = prompt.count("\n") + 1
                     content = "" if llm.mode == "empty" else f"LLM summary of {facts} facts"
+                    if llm.respond is not None and llm.mode == "ok":
+                        content = llm.respond(prompt)
                     answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
                     self._send(200, json.dumps(answer).encode())
 

@@ -3,10 +3,13 @@ from pydantic import Field
 
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.derived import DerivedStores
-from memory_pipelines.lib.keyword import KeywordIndex
-from memory_pipelines.lib.summaries import SummaryStore
-from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
+from memory_pipelines.resources import (
+    AnalyticsResource,
+    ChromaResource,
+    MemoryStoreResource,
+    SummarizerResource,
+    derived_stores,
+)
 
 TOUCHED_ASSETS = (
     "memories",
@@ -30,16 +33,7 @@ def deletion_service(
     summarizer: SummarizerResource,
     analytics: AnalyticsResource,
 ) -> DeletionService:
-    store = memory_store.store()
-    return DeletionService(
-        DerivedStores(
-            store=store,
-            vectors=chroma.vector_store(),
-            keywords=KeywordIndex(store),
-            summaries=SummaryStore(store, summarizer.summarizer()),
-            analytics=analytics.analytics(),
-        )
-    )
+    return DeletionService(derived_stores(memory_store, chroma, summarizer, analytics))
 
 
 @dg.op(tags={"domain": "forget"})

@@ -1,0 +1,121 @@
+"""Memory quality on the real engines: the evaluation tenant, a broken index, forgetting, the LLM judge,
+and the monthly assets with a backfill and the dashboard."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import date
+
+import pytest
+
+from memory_pipelines.lib import evaluation as ev
+from memory_pipelines.lib.deletion import DeletionService
+from memory_pipelines.lib.derived import open_derived
+from memory_pipelines.lib.errors import ServiceError
+from tests.support.servers import FakeLLM
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def derived(session_settings, store):
+    return open_derived(session_settings, store)
+
+
+@pytest.fixture
+def seeded(derived, store):
+    eval_set = dataclasses.replace(ev.load_eval_set(), tenant="eval-" + uuid.uuid4().hex[:8])
+    ids = ev.seed_eval_tenant(store, eval_set)
+    derived.sync_all(tenant_id=eval_set.tenant)
+    return eval_set, ids
+
+
+def test_real_figures_then_a_broken_index_drives_them_down(derived, seeded):
+    eval_set, ids = seeded
+    assert ev.seed_eval_tenant(derived.store, eval_set) == ids  # idempotent: written once
+    good = ev.evaluate(derived, eval_set, ids, modes=("semantic",))["semantic"]
+    assert good["queries"] == len(eval_set.queries) and good["precision"] > 0.9 and good["recall"] > 0.85
+    assert ev.severity("precision", good["precision"]) == "PASS"
+    drift_before = ev.measure_drift(derived, eval_set.tenant, month=date(2026, 10, 1), k=eval_set.k)
+    assert drift_before["sampled"] == 100 and drift_before["drift"] < 0.1
+
+    derived.vectors.drop(eval_set.tenant)  # the vectors are gone: semantic recall finds nothing
+    broken = ev.evaluate(derived, eval_set, ids, modes=("semantic",))["semantic"]
+    assert broken["precision"] == 0.0 and broken["recall"] == 0.0
+    assert ev.severity("precision", broken["precision"]) == "ERROR"
+    drift_after = ev.measure_drift(derived, eval_set.tenant, month=date(2026, 10, 1), k=eval_set.k, mode="semantic")
+    assert drift_after["drift"] == 1.0 and ev.severity("drift", drift_after["drift"]) == "ERROR"
+
+
+def test_forgotten_memories_never_count_as_recalled(derived, seeded):
+    eval_set, ids = seeded
+    gone = ids["ana.allergy"][0]
+    service = DeletionService(derived)
+    job = service.request(tenant_id=eval_set.tenant, memory_id=gone)
+    service.run_batch(tenant_id=eval_set.tenant, job_ids=[job["job_id"]])
+    after = ev.seed_eval_tenant(derived.store, eval_set)
+    assert "ana.allergy" not in after
+    recalled = []
+
+    class Recording(ev.LabelJudge):
+        def useful(self, *, query, memory_text, labelled_useful):
+            recalled.append(memory_text)
+            return labelled_useful
+
+    results = ev.evaluate(derived, eval_set, after, judge=Recording(), modes=("semantic",), k=3)["semantic"]
+    assert not any("allergic to penicillin" in text for text in recalled)
+    assert results["queries"] == len(eval_set.queries) - 2  # ana's two allergy-only queries have nothing useful left
+
+
+def test_llm_judge_over_an_openai_compatible_server(derived, seeded):
+    eval_set, ids = seeded
+    small = dataclasses.replace(eval_set, queries=[q for q in eval_set.queries if q["user"] == "ben"])
+    with FakeLLM() as llm:
+        # The judge model says a memory is useful when it shares a content word with the question.
+        def respond(prompt: str) -> str:
+            question = prompt.split("Question: ")[1].split("\n")[0].lower()
+            memory = prompt.split("Retrieved memory: ")[1].split("\n")[0].lower()
+            words = {w.strip("?.,'") for w in question.split() if len(w) > 5}
+            return "yes" if any(w in memory for w in words) else "no"
+
+        llm.respond = respond
+        judge = ev.LLMJudge(base_url=llm.base_url, model="judge-small", api_key="secret")
+        result = ev.evaluate(derived, small, ids, judge=judge, modes=("semantic",))["semantic"]
+        assert result["judge"] == "llm:judge-small" and 0.0 < result["precision"] <= 1.0
+        assert llm.requests and llm.requests[0]["auth"] == "Bearer secret"
+        assert llm.requests[0]["body"]["model"] == "judge-small"
+        llm.respond = lambda prompt: "perhaps"
+        with pytest.raises(ServiceError, match="neither yes nor no"):
+            ev.evaluate(derived, small, ids, judge=judge, modes=("semantic",))
+        llm.mode = "error"
+        with pytest.raises(ServiceError, match="judge"):
+            ev.evaluate(derived, small, ids, judge=judge, modes=("semantic",))
+
+
+def test_monthly_assets_backfill_and_dashboard(session_settings, store):
+    import os
+
+    import dagster as dg
+
+    from memory_pipelines.definitions import defs
+
+    os.environ["MEMORY_PIPELINES_HOME"] = str(session_settings.home)
+    job = defs().resolve_job_def("memory_evaluation")
+    with dg.instance_for_test() as instance:
+        for month in ("2026-08-01", "2026-09-01"):  # a backfill, one run per month partition
+            result = job.execute_in_process(instance=instance, partition_key=month)
+            assert result.success
+        events = {
+            e.asset_key.to_user_string(): e
+            for e in (
+                ev_.step_materialization_data.materialization for ev_ in result.get_asset_materialization_events()
+            )
+        }
+        trend_md = events["memory_eval"].metadata["trend"].value
+        assert "| 2026-08 |" in trend_md and "| 2026-09 |" in trend_md and "data:image/png;base64," in trend_md
+        assert events["memory_eval"].metadata["precision_hybrid"].value > 0.9
+        assert {c.check_name for c in result.get_asset_check_evaluations()} == {"precision_target", "drift_target"}
+    rows = ev.trend(store, tenant_id="eval")
+    assert [r["month"] for r in rows][-2:] == ["2026-08", "2026-09"]
+    assert (session_settings.home / "eval" / "memory_quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,72 @@
+"""Memory-quality metrics on hand-made cases with known answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from memory_pipelines.lib import evaluation as ev
+
+
+def test_precision_is_the_useful_share_of_the_top_k():
+    assert ev.precision_at_k(["a", "b", "c"], {"a", "c"}, 3) == pytest.approx(2 / 3)
+    assert ev.precision_at_k(["a", "b", "c"], {"a"}, 1) == 1.0
+    assert ev.precision_at_k(["b", "a"], {"a"}, 1) == 0.0
+    assert ev.precision_at_k(["a"], {"a", "b"}, 3) == 1.0  # fewer recalled than K: share of what came back
+    assert ev.precision_at_k([], {"a"}, 3) == 0.0
+
+
+def test_recall_is_the_share_of_useful_memories_found():
+    assert ev.recall_at_k(["a", "b", "c"], {"a", "c", "d", "e"}, 3) == 0.5
+    assert ev.recall_at_k(["b", "a"], {"a"}, 1) == 0.0
+    assert ev.recall_at_k(["b", "a"], {"a"}, 2) == 1.0
+    with pytest.raises(ev.ValidationError):
+        ev.recall_at_k(["a"], set(), 1)
+
+
+def test_drift_is_one_minus_the_share_still_recalled():
+    assert ev.drift([True] * 9 + [False]) == pytest.approx(0.1)
+    assert ev.drift([True, True]) == 0.0
+    assert ev.drift([]) is None
+
+
+@pytest.mark.parametrize(
+    ("metric", "value", "state"),
+    [
+        ("precision", 0.97, "PASS"),
+        ("precision", 0.84, "PASS"),
+        ("precision", 0.83, "WARN"),
+        ("precision", 0.79, "ERROR"),
+        ("drift", 0.05, "PASS"),
+        ("drift", 0.08, "WARN"),
+        ("drift", 0.10, "WARN"),
+        ("drift", 0.12, "ERROR"),
+        ("drift", None, "PASS"),
+    ],
+)
+def test_severity_warns_at_80_percent_of_the_way_and_errors_past_the_threshold(metric, value, state):
+    assert ev.severity(metric, value) == state
+
+
+def test_trend_table_marks_the_states():
+    table = ev.trend_markdown(
+        [
+            {"month": "2026-08", "precision": 0.86, "recall": 0.74, "drift": 0.07},
+            {"month": "2026-09", "precision": 0.84, "recall": 0.72, "drift": 0.09},
+            {"month": "2026-10", "precision": 0.78, "recall": 0.70, "drift": 0.12},
+        ]
+    )
+    assert table.splitlines() == [
+        "| month | precision | recall | drift |",
+        "|---|---|---|---|",
+        "| 2026-08 | 0.86 | 0.74 | 7.0% |",
+        "| 2026-09 | 0.84 | 0.72 | 9.0% (WARN) |",
+        "| 2026-10 | 0.78 (ERROR) | 0.70 | 12.0% (ERROR) |",
+    ]
+
+
+def test_the_shipped_evaluation_set_is_large_and_covers_the_boundaries():
+    eval_set = ev.load_eval_set()
+    kinds = {q["kind"] for q in eval_set.queries}
+    assert len(eval_set.queries) >= 100
+    assert {"direct", "paraphrase", "topic", "superseded", "team"} <= kinds
+    assert any(m.get("supersedes") for m in eval_set.memories)
