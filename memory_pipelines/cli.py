@@ -240,6 +240,11 @@ def cmd_backup(args: argparse.Namespace) -> None:
 
 def cmd_restore(args: argparse.Namespace) -> None:
     service = _backups(args)
+    if args.reopen:
+        _emit(service.reopen(tenant_id=args.tenant))
+        return
+    if not args.backup:
+        raise ValidationError("backup", "is required: restore --tenant T --backup ID")
     if not args.wait:
         _emit(service.request_restore(tenant_id=args.tenant, backup_id=args.backup))
         return
@@ -510,7 +515,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     restore = add("restore", cmd_restore, "restore a tenant from a backup; forgotten data stays forgotten")
     restore.add_argument("--tenant", required=True)
-    restore.add_argument("--backup", required=True, metavar="BACKUP_ID")
+    restore.add_argument("--backup", metavar="BACKUP_ID")
+    restore.add_argument("--reopen", action="store_true", help="open a tenant a BLOCKED restore left closed")
     restore.add_argument("--wait", action="store_true", help="run the restore now and print its report")
 
     keys = add("keys", cmd_keys, "crypto-shredding of a subject's or a whole tenant's keys")

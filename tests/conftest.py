@@ -12,6 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from memory_pipelines.lib.derived import DerivedStores, open_derived
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.services import Endpoints, ensure_services, stop_services
 from memory_pipelines.lib.settings import Settings
@@ -53,6 +54,12 @@ def store(session_settings: Settings, endpoints: Endpoints) -> Iterator[MemorySt
     memory_store = open_store(session_settings, endpoints)
     yield memory_store
     memory_store.close()
+
+
+@pytest.fixture(scope="session")
+def derived(session_settings: Settings, store: MemoryStore) -> DerivedStores:
+    """Every derived store on the session's engines (the embedding model loads once)."""
+    return open_derived(session_settings, store)
 
 
 @pytest.fixture

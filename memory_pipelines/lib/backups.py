@@ -96,7 +96,9 @@ TABLES: dict[str, tuple[str, list[tuple[str, pa.DataType]]]] = {
 }
 # Load order respects foreign keys; deletion runs in reverse.
 _LOAD_ORDER = ["subjects", "teams", "team_members", "memories", "memory_versions", "lineage", "summary_modes"]
-_REPLACED = ["summary_modes", "lineage", "memory_versions", "memories", "team_members", "teams"]
+# Lineage is merged, not replaced: edges of derived records made after the backup (prompt snapshots,
+# summaries) must survive, or a later forget could not find those records.
+_REPLACED = ["summary_modes", "memory_versions", "memories", "team_members", "teams"]
 
 Hook = Callable[[str], None]
 
@@ -150,8 +152,9 @@ class BackupService:
             snapshot = scratch / "snapshot"
             snapshot.mkdir()
             with self.store.transaction() as conn:
-                # One REPEATABLE READ snapshot would need its own transaction; the per-tenant
-                # advisory lock of forget runs keeps deletions from interleaving instead.
+                # One snapshot for every table: a write between two dumps cannot split a memory
+                # from its versions.
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 self.store._tenant_mode(conn, tenant_id)
                 tenant_key_id, tenant_key = self.store.keys.tenant_key(conn, tenant_id)
                 rows = {name: self._dump(conn, tenant_id, name, snapshot) for name in _LOAD_ORDER}
@@ -289,13 +292,14 @@ class BackupService:
     ) -> dict[str, Any]:
         """Load a backup into the tenant behind the restore gate, replay the journal, verify, reopen.
 
-        Never interleaves with a forget run of the tenant (same advisory lock); waits up to
-        `lock_timeout` seconds for one to finish, then refuses.
+        Load, replay and verification are one transaction: a restore that fails verification (or
+        fails at all) rolls back to the tenant's rows as they were, is reported BLOCKED, and keeps
+        the gate closed until a later restore succeeds or `reopen` is called. Never interleaves with
+        a forget run of the tenant (same advisory lock); waits up to `lock_timeout` seconds.
         """
         manifest = self._backup_row(tenant_id, backup_id)
         with self._tenant_lock(tenant_id, lock_timeout), self._scratch() as scratch:
-            with self.store.transaction() as conn:
-                self.store._tenant_mode(conn, tenant_id)
+            self._require_restorable(tenant_id)
             tables = self._fetch_and_open(manifest, scratch)
             restore_id = restore_id or "r_" + secrets.token_hex(8)
             with self.store.transaction() as conn:
@@ -317,14 +321,8 @@ class BackupService:
                     report["replay_seconds"] = round(time.perf_counter() - started, 3)
                     self._hook("replayed")
                     report["verification"] = self._verify(conn, tenant_id)
-                    bad = {k: v for k, v in report["verification"].items() if v}
-                    if bad:
-                        conn.execute(
-                            "UPDATE control.restores SET state = 'BLOCKED', report = %s WHERE restore_id = %s",
-                            (json.dumps(report), restore_id),
-                        )
-                        report["state"] = "BLOCKED"
-                        return report
+                    if any(report["verification"].values()):
+                        raise _VerificationFailed  # rolls the load back: forgotten rows never commit
                     conn.execute(
                         "UPDATE memory.tenants SET restoring_since = NULL, change_seq = change_seq + 1,"
                         " updated_at = now() WHERE tenant_id = %s",
@@ -336,6 +334,9 @@ class BackupService:
                         " WHERE restore_id = %s",
                         (json.dumps(report), restore_id),
                     )
+            except _VerificationFailed:
+                self._mark_blocked(restore_id, report)
+                return report
             except MemoryPipelinesError:
                 self._mark_blocked(restore_id, report)
                 raise
@@ -344,12 +345,32 @@ class BackupService:
                 raise
         return report
 
+    def _require_restorable(self, tenant_id: str) -> None:
+        """The tenant exists and is not deleted; a gate left closed by a BLOCKED restore is no obstacle."""
+        with self.store.transaction() as conn:
+            row = conn.execute("SELECT deleted_at FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)).fetchone()
+        if row is None:
+            raise NotFoundError("tenant", f"unknown tenant {tenant_id!r}")
+        if row[0] is not None:
+            raise NotFoundError("tenant", f"tenant {tenant_id!r} was deleted")
+
+    def reopen(self, *, tenant_id: str) -> dict[str, Any]:
+        """Open a tenant whose gate a BLOCKED restore left closed; its rows are those before that restore."""
+        validation.check_id("tenant", tenant_id)
+        with self.store.transaction() as conn:
+            row = conn.execute(
+                "UPDATE memory.tenants SET restoring_since = NULL, change_seq = change_seq + 1 WHERE tenant_id = %s"
+                " AND restoring_since IS NOT NULL RETURNING tenant_id",
+                (tenant_id,),
+            ).fetchone()
+        return {"tenant_id": tenant_id, "reopened": row is not None}
+
     def _hook(self, step: str) -> None:
         if step in self.hooks:
             self.hooks[step](step)
 
     def _mark_blocked(self, restore_id: str, report: dict[str, Any]) -> None:
-        # The load rolled back; the gate stays closed until a restore succeeds or it is reopened.
+        # The load rolled back; the gate stays closed until a restore succeeds or `reopen`.
         with self.store.transaction() as conn:
             conn.execute(
                 "UPDATE control.restores SET state = 'BLOCKED', report = %s WHERE restore_id = %s",
@@ -363,7 +384,7 @@ class BackupService:
         conn = psycopg.connect(self.store.conninfo, autocommit=True)
         try:
             deadline = time.monotonic() + timeout
-            while not conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (lock_key,)).fetchone()[
+            while not conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 2))", (lock_key,)).fetchone()[
                 0  # type: ignore[index]
             ]:
                 if time.monotonic() >= deadline:
@@ -374,7 +395,7 @@ class BackupService:
             try:
                 yield
             finally:
-                conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key,))
+                conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 2))", (lock_key,))
         finally:
             conn.close()
 
@@ -443,6 +464,15 @@ class BackupService:
                         data["do_not_sell"].to_pylist(),
                         data["created_at"].to_pylist(),
                     ),
+                )
+                loaded[name] = data.num_rows
+                continue
+            if name == "lineage":
+                conn.execute(
+                    "INSERT INTO derived.lineage (tenant_id, store, record_id, source_memory_id, source_version,"
+                    " created_at) SELECT %s, * FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[],"
+                    " %s::timestamptz[]) ON CONFLICT DO NOTHING",
+                    (tenant_id, *(data[c].to_pylist() for c, _ in columns)),
                 )
                 loaded[name] = data.num_rows
                 continue
@@ -577,6 +607,10 @@ def restores(store: MemoryStore, *, states: tuple[str, ...]) -> list[dict[str, A
     return [
         {"restore_id": r[0], "tenant_id": r[1], "backup_id": r[2], "state": r[3], "completed_at": r[4]} for r in rows
     ]
+
+
+class _VerificationFailed(Exception):
+    """Forgotten rows left after the replay: the restore transaction must not commit."""
 
 
 def _plain(value: Any) -> Any:

@@ -423,12 +423,13 @@ class DeletionService(DeletionLedger):
         except psycopg.OperationalError as exc:
             raise DeletionBlocked("postgres", "POSTGRES_UNAVAILABLE", str(exc)) from exc
         try:
-            lock_conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lock_key,))
+            # Seed 2 is the tenant run lock (seed 0: per-subject write locks, seed 1: the gate).
+            lock_conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 2))", (lock_key,))
             return self._run_locked(tenant_id, job_ids)
         finally:
             # A session that died has released its advisory lock already; nothing to undo then.
             try:
-                lock_conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key,))
+                lock_conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 2))", (lock_key,))
             except psycopg.Error:
                 pass
             lock_conn.close()

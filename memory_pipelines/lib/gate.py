@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 
 from memory_pipelines.lib import validation
-from memory_pipelines.lib.errors import ConflictError, NotFoundError, ValidationError
+from memory_pipelines.lib.errors import ConflictError, NotFoundError, ServiceError, ValidationError
 from memory_pipelines.lib.store import MemoryStore
 
 SINKS = ("model_output", "tool_dispatch", "state_write", "memory_write", "queued_work")
@@ -127,12 +127,17 @@ class Permit:
             raise PermitCancelled("permit", f"a deletion closed a fence of lease {self.lease_id}; output stopped")
 
     def cancel(self) -> None:
-        """Run the cancel hooks (stop the stream, drop buffered tokens, revoke tools) and end the permit."""
+        """Run the cancel hooks (stop the stream, drop buffered tokens, revoke tools) and end the permit.
+
+        The permit ends even if a hook fails: a stuck permit would block every deletion of its fences.
+        """
         if not self.cancelled:
             self.cancelled = True
-            for hook in self.on_cancel:
-                hook()
-            self.gate._end(self.permit_id, "CANCELLED")
+            try:
+                for hook in self.on_cancel:
+                    hook()
+            finally:
+                self.gate._end(self.permit_id, "CANCELLED")
 
 
 class Gate:
@@ -147,6 +152,9 @@ class Gate:
         conn = getattr(self._local, "conn", None)
         if conn is None or conn.closed or conn.broken:
             conn = psycopg.connect(self.store.conninfo, autocommit=True)
+            # A permit waits for a deletion's acceptance (short); never forever, e.g. if a caller
+            # holds a row lock that acceptance needs in another connection.
+            conn.execute("SET lock_timeout = '15s'")
             self._local.conn = conn
         return conn
 
@@ -171,17 +179,55 @@ class Gate:
         return lease_id
 
     def record_reads(self, *, lease_id: str, fences: Iterable[Fence]) -> int:
-        """Bind the lease to what the run read (exact versions and the epochs they were read under)."""
+        """Bind the lease to what the run read (exact versions and the epochs they were read under).
+
+        Ordered against deletions like a permit: if a fence was closed before this lands (the
+        run read something that is being forgotten), the lease's in-flight permits are asked to
+        cancel and FenceClosed is raised, so the read's text never reaches a sink.
+        """
         rows = [(f.memory_id, f.version, f.author_id, f.epoch) for f in fences]
         lease = self._lease(lease_id)
-        if rows:
-            with self._conn().cursor() as cur:
+        if not rows:
+            return 0
+        conn = self._conn()
+        with conn.transaction():
+            self._lock_shared(conn, lease["tenant_id"])
+            with conn.cursor() as cur:
                 cur.executemany(
                     "INSERT INTO control.lease_fences (lease_id, tenant_id, memory_id, version, author_id, epoch)"
                     " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (lease_id, memory_id, version) DO NOTHING",
                     [(lease_id, lease["tenant_id"], *row) for row in rows],
                 )
+            stale = conn.execute(_STALE_FENCES, {"lease": lease_id, "tenant": lease["tenant_id"]}).fetchone()
+            if stale is not None and stale[0]:
+                conn.execute(
+                    "UPDATE control.permits SET cancel_requested = true WHERE lease_id = %s AND state = 'IN_FLIGHT'",
+                    (lease_id,),
+                )
+        if stale is not None and stale[0]:
+            raise FenceClosed("lease", f"lease {lease_id} read {stale[0]} version(s) that are being forgotten")
         return len(rows)
+
+    def _lock_shared(self, conn: psycopg.Connection, tenant_id: str) -> None:
+        try:
+            conn.execute("SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 1))", (_LOCK_PREFIX + tenant_id,))
+        except psycopg.errors.LockNotAvailable as exc:
+            raise ServiceError("gate", f"the gate of tenant {tenant_id!r} stayed locked: {exc}") from exc
+
+    def revoke(self, *, lease_id: str) -> dict[str, Any]:
+        """Operator action for a crashed worker: cancel the lease's in-flight permits and close it.
+
+        Cancelled permits count as drained (expiry alone does not), so a deletion waiting on them
+        can complete on its next run.
+        """
+        self._lease(lease_id)
+        cur = self._conn().execute(
+            "UPDATE control.permits SET state = 'CANCELLED', cancel_requested = true, ended_at = clock_timestamp()"
+            " WHERE lease_id = %s AND state = 'IN_FLIGHT'",
+            (lease_id,),
+        )
+        self.close_lease(lease_id=lease_id)
+        return {"lease_id": lease_id, "permits_cancelled": cur.rowcount}
 
     def close_lease(self, *, lease_id: str) -> None:
         self._conn().execute("UPDATE control.leases SET closed_at = now() WHERE lease_id = %s", (lease_id,))
@@ -228,9 +274,7 @@ class Gate:
             lease = self._lease(lease_id)
             if lease["closed"] or lease["expired"]:
                 raise FenceClosed("lease", f"lease {lease_id} is {'closed' if lease['closed'] else 'expired'}")
-            conn.execute(
-                "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 1))", (_LOCK_PREFIX + lease["tenant_id"],)
-            )
+            self._lock_shared(conn, lease["tenant_id"])
             # A new statement after the lock: it sees every closure committed before we got it.
             stale = conn.execute(_STALE_FENCES, {"lease": lease_id, "tenant": lease["tenant_id"]}).fetchone()
             if stale is not None and stale[0]:
@@ -298,15 +342,16 @@ class Gate:
         return {"permits": int(row[0]), "closures": int(row[1]), "permits_after_closure": int(row[2])}
 
 
-# Fences of the lease that a later deletion closed: the author's epoch moved on, the version is
-# tombstoned (or gone), or the tenant was deleted.
+# Fences of the lease that a later deletion closed: the author's epoch moved on or the author is
+# gone, the version is tombstoned, or the tenant was deleted (or is behind a restore's gate).
 _STALE_FENCES = (
     "SELECT count(*) FROM control.lease_fences f"
     " LEFT JOIN memory.subjects s ON s.tenant_id = f.tenant_id AND s.user_id = f.author_id"
     " WHERE f.lease_id = %(lease)s AND (s.user_id IS NULL OR s.epoch <> f.epoch"
     " OR EXISTS (SELECT 1 FROM control.tombstones t WHERE t.tenant_id = f.tenant_id"
     "   AND t.memory_id = f.memory_id AND t.version = f.version)"
-    " OR EXISTS (SELECT 1 FROM memory.tenants x WHERE x.tenant_id = %(tenant)s AND x.deleted_at IS NOT NULL))"
+    " OR EXISTS (SELECT 1 FROM memory.tenants x WHERE x.tenant_id = %(tenant)s"
+    "   AND (x.deleted_at IS NOT NULL OR x.restoring_since IS NOT NULL)))"
 )
 _AUDIT = (
     "SELECT (SELECT count(*) FROM control.permits WHERE %(tenant)s::text IS NULL OR tenant_id = %(tenant)s),"

@@ -1,9 +1,10 @@
 """Retention: policies as data, and the daily sweep that removes memories whose period ended.
 
 A memory's period starts when it was first written and follows the category of its current
-version. Day D's sweep removes the memories whose period ended on D (UTC), through the deletion
-cascade (scope RETENTION: every version, tombstoned at once, verified, one proof per tenant and
-day with counts by category). Sweeping a day twice finds nothing the second time.
+version. Day D's sweep removes the memories whose period ended on D (UTC) or earlier without
+being swept (a missed day, a tightened policy), through the deletion cascade (scope RETENTION:
+every version, tombstoned at once, verified, one proof per tenant and day with counts by
+category). Sweeping a day twice finds nothing the second time.
 """
 
 from __future__ import annotations
@@ -100,21 +101,29 @@ def check_day(day: Any) -> date:
         raise ValidationError("date", f"must be a day as YYYY-MM-DD, got {day!r}") from None
 
 
-# Memories whose period ended on the day: first written in [day - keep, day + 1 - keep) for their
-# current category. One query per category; everything bound.
+# Memories whose period ended by the end of the day (on it, or earlier and not swept yet: a missed
+# day, a tightened policy, a category changed to a shorter one), first written before
+# day + 1 - keep for their current category; hidden and deleted or restoring tenants left out.
 _EXPIRED = (
     "SELECT m.tenant_id, m.memory_id, v.category FROM memory.memories m"
     " JOIN memory.memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
     " AND v.version = m.current_version"
-    " WHERE v.category = %(category)s AND m.created_at >= %(start)s AND m.created_at < %(end)s"
+    " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
+    " JOIN memory.tenants x ON x.tenant_id = m.tenant_id"
+    " WHERE v.category = %(category)s AND m.created_at < %(end)s"
     " AND (%(tenant)s::text IS NULL OR m.tenant_id = %(tenant)s)"
+    " AND x.deleted_at IS NULL AND x.restoring_since IS NULL AND s.forgotten_at IS NULL"
+    " AND NOT EXISTS (SELECT 1 FROM control.tombstones t WHERE t.tenant_id = v.tenant_id"
+    " AND t.memory_id = v.memory_id AND t.version = v.version)"
 )
 _IMMEDIATE = (
     "SELECT m.tenant_id, m.memory_id, v.category FROM memory.memories m"
     " JOIN memory.memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
     " AND v.version = m.current_version"
     " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
+    " JOIN memory.tenants x ON x.tenant_id = m.tenant_id"
     " WHERE v.category = ANY(%(categories)s) AND s.forgotten_at IS NULL"
+    " AND x.deleted_at IS NULL AND x.restoring_since IS NULL"
     " AND (%(tenant)s::text IS NULL OR m.tenant_id = %(tenant)s)"
     " AND NOT EXISTS (SELECT 1 FROM control.tombstones t WHERE t.tenant_id = v.tenant_id"
     " AND t.memory_id = v.memory_id AND t.version = v.version)"
@@ -124,12 +133,12 @@ _IMMEDIATE = (
 def expired(
     store: MemoryStore, *, day: date, policies: Policies, tenant_id: str | None = None
 ) -> dict[str, dict[str, list[str]]]:
-    """tenant -> category -> memory ids whose retention ended on `day`."""
+    """tenant -> category -> memory ids whose retention ended by the end of `day`, not yet removed."""
     out: dict[str, dict[str, list[str]]] = {}
     with store.transaction() as conn:
         for category, keep in sorted(policies.keep_days.items()):
-            start = datetime.combine(day - timedelta(days=keep), time.min, tzinfo=UTC)
-            params = {"category": category, "start": start, "end": start + timedelta(days=1), "tenant": tenant_id}
+            end = datetime.combine(day - timedelta(days=keep), time.min, tzinfo=UTC) + timedelta(days=1)
+            params = {"category": category, "end": end, "tenant": tenant_id}
             for tenant, memory_id, cat in conn.execute(_EXPIRED, params):
                 out.setdefault(tenant, {}).setdefault(cat, []).append(memory_id)
     return out

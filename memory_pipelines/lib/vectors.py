@@ -7,6 +7,7 @@ Chroma server (`chroma run`) through HttpClient.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sqlite3
 import threading
@@ -50,11 +51,35 @@ def _embedded_client(path: Path) -> Any:
         return _EMBEDDED[key]
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _serialized(method: F) -> F:
+    """Embedded Chroma: one operation at a time per process, so an erasure's reload of the index
+    never races another thread holding a collection of the old one. A server needs no such lock."""
+
+    @functools.wraps(method)
+    def wrapper(self: VectorStore, *args: Any, **kwargs: Any) -> Any:
+        if self.path is None:
+            return method(self, *args, **kwargs)
+        with _EMBEDDED_LOCK:
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
 def _reopen_embedded() -> None:
     """Drop every loaded index in this process; the next call loads them from disk afresh."""
     from chromadb.api.shared_system_client import SharedSystemClient
 
     with _EMBEDDED_LOCK:
+        for client in _EMBEDDED.values():
+            # Stop the old system so no stale index survives in memory (clearing the cache alone
+            # leaves it running for whoever still holds one of its collections).
+            try:
+                client._system.stop()
+            except Exception:  # a system that cannot stop is being dropped anyway
+                pass
         SharedSystemClient.clear_system_cache()
         _EMBEDDED.clear()
         _SEEN.clear()
@@ -127,6 +152,7 @@ class VectorStore:
                 )
             return self._client
 
+    @_serialized
     def collection(self, tenant_id: str) -> Any:
         def open_it() -> Any:
             client = self.client()
@@ -156,6 +182,7 @@ class VectorStore:
             _SEEN[key] = generation
         return open_it()
 
+    @_serialized
     def reset(self, *, store: MemoryStore, tenant_id: str) -> None:
         """Drop the tenant's collection and its lineage; the next sync re-embeds everything."""
         client = self.client()
@@ -166,6 +193,7 @@ class VectorStore:
         with store.transaction() as conn:
             conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
 
+    @_serialized
     def existing(self, tenant_id: str) -> Any | None:
         """The tenant's collection if it exists; reads must never create one (a forgotten tenant stays gone)."""
         name = collection_name(tenant_id)
@@ -181,6 +209,7 @@ class VectorStore:
 
         return self._fresh(open_it)
 
+    @_serialized
     def drop(self, tenant_id: str) -> bool:
         """Delete the tenant's collection (its files go with it); True when one existed."""
         client = self.client()
@@ -191,6 +220,7 @@ class VectorStore:
         self._call("deleting the collection", lambda: client.delete_collection(name=name))
         return True
 
+    @_serialized
     def rebuild(self, tenant_id: str) -> int:
         """Copy the remaining vectors into a fresh collection: deleted vectors leave the HNSW files."""
         client = self.client()
@@ -217,6 +247,7 @@ class VectorStore:
             )
         return len(ids)
 
+    @_serialized
     def vectors_of(self, tenant_id: str, record_ids: Sequence[str]) -> dict[str, Any]:
         """Stored vectors of the given records; records without one are left out."""
         col = self.existing(tenant_id)
@@ -225,6 +256,7 @@ class VectorStore:
         got = self._call("reading vectors", lambda: col.get(ids=list(record_ids), include=["embeddings"]))
         return dict(zip(got["ids"], got["embeddings"], strict=True))
 
+    @_serialized
     def erase(self, tenant_id: str, record_ids: Sequence[str]) -> int:
         """Delete vectors so that their bytes leave the index files, not only flag them; returns how many.
 
@@ -272,10 +304,12 @@ class VectorStore:
             # A loaded index keeps the threshold it was loaded with.
             _reopen_embedded()
 
+    @_serialized
     def ids(self, tenant_id: str) -> set[str]:
         col = self.collection(tenant_id)
         return set(self._call("listing ids", lambda: col.get(include=[])["ids"]))
 
+    @_serialized
     def sync(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
         """Embed current versions that are missing, remove vectors of versions no longer current."""
         current = {cv.record_id: cv for cv in store.current_versions(tenant_id=tenant_id)}
@@ -339,12 +373,14 @@ class VectorStore:
             out.append(((str(meta["memory_id"]), int(meta["version"])), 1.0 - float(distance)))
         return out
 
+    @_serialized
     def query_many(self, *, tenant_id: str, texts: list[str], limit: int) -> list[list[tuple[str, int]]]:
         """Nearest (memory_id, version) for many texts: one embedding batch, one Chroma call."""
         if not texts or self.existing(tenant_id) is None:
             return [[] for _ in texts]
         return self.query_vectors(tenant_id=tenant_id, vectors=list(self.embedder.embed(texts)), limit=limit)
 
+    @_serialized
     def query_vectors(self, *, tenant_id: str, vectors: list[Any], limit: int) -> list[list[tuple[str, int]]]:
         """Nearest (memory_id, version) for query vectors already computed, in one Chroma call."""
         col = self.existing(tenant_id)
@@ -358,6 +394,7 @@ class VectorStore:
         )
         return [[_source(record_id) for record_id in ids] for ids in result["ids"]]
 
+    @_serialized
     def check(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
         """Counts that must be zero: documents stored, vectors without lineage, vectors not current."""
         col = self.collection(tenant_id)

@@ -10,16 +10,10 @@ import pytest
 from memory_pipelines.lib.backup_storage import LocalBackupStorage, S3BackupStorage
 from memory_pipelines.lib.backups import BackupService
 from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.derived import open_derived
 from memory_pipelines.lib.errors import ConflictError, NotFoundError, ValidationError
 from tests.conftest import row_counts
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def derived(session_settings, store):
-    return open_derived(session_settings, store)
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +190,7 @@ def test_restore_waits_for_a_running_forget_and_closes_reads_while_loading(store
     manifest = service.backup(tenant_id=tenant)
     # A forget run holds the tenant's lock: the restore refuses after its wait instead of interleaving.
     holder = psycopg.connect(store.conninfo, autocommit=True)
-    holder.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"forget\x1f{tenant}",))
+    holder.execute("SELECT pg_advisory_lock(hashtextextended(%s, 2))", (f"forget\x1f{tenant}",))
     with pytest.raises(ConflictError, match="forget run"):
         service.restore(tenant_id=tenant, backup_id=manifest["backup_id"], lock_timeout=0.5)
     holder.close()
@@ -271,6 +265,7 @@ def test_restore_failing_verification_stays_closed_and_blocked(store, derived, t
                 (tenant, w["carol"].memory_id),
             )
 
+    before = {u: visible_ids(store, tenant, u) for u in ("alice", "bob", "carol")}
     broken = BackupService(store, storage, staging=tmp_path / "s", hooks={"replayed": plant_a_forgotten_row})
     report = broken.restore(tenant_id=tenant, backup_id=manifest["backup_id"])
     assert report["state"] == "BLOCKED" and report["verification"]["tombstones"] == 1
@@ -282,6 +277,16 @@ def test_restore_failing_verification_stays_closed_and_blocked(store, derived, t
             "SELECT state FROM control.restores WHERE restore_id = %s", (report["restore_id"],)
         ).fetchone()[0]
     assert state == "BLOCKED"
+    # The load rolled back: reopening shows the rows exactly as before the failed restore.
+    assert broken.reopen(tenant_id=tenant) == {"tenant_id": tenant, "reopened": True}
+    assert {u: visible_ids(store, tenant, u) for u in ("alice", "bob", "carol")} == before
+    # And a restore may run again on a gate a BLOCKED restore left closed.
+    again = broken.restore(tenant_id=tenant, backup_id=manifest["backup_id"])
+    assert again["state"] == "BLOCKED"
+    fixed = BackupService(store, storage, staging=tmp_path / "s").restore(
+        tenant_id=tenant, backup_id=manifest["backup_id"]
+    )
+    assert fixed["state"] == "COMPLETE" and visible_ids(store, tenant, "carol") == before["carol"]
 
 
 def test_restore_sensors_launch_the_restore_and_then_the_rebuild(store, derived, tenant, tmp_path, session_settings):

@@ -11,16 +11,11 @@ from memory_pipelines.defs.derived import assets as derived_assets
 from memory_pipelines.defs.derived import checks as derived_checks
 from memory_pipelines.defs.memories.assets import memories
 from memory_pipelines.lib import keyword as keyword_module
-from memory_pipelines.lib.derived import open_derived, sync_embeddings, sync_keywords
+from memory_pipelines.lib.derived import sync_embeddings, sync_keywords
 from memory_pipelines.lib.errors import NotFoundError, PermissionDeniedError, ValidationError
 from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
 
 STORES = ("chroma", "keyword_index", "analytics", "subject_summaries")
-
-
-@pytest.fixture(scope="module")
-def derived(session_settings, store):
-    return open_derived(session_settings, store)
 
 
 @pytest.fixture

@@ -11,16 +11,10 @@ import pytest
 
 from memory_pipelines.lib import evaluation as ev
 from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.derived import open_derived
 from memory_pipelines.lib.errors import ServiceError
 from tests.support.servers import FakeLLM
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def derived(session_settings, store):
-    return open_derived(session_settings, store)
 
 
 @pytest.fixture

@@ -20,11 +20,6 @@ from memory_pipelines.lib.runtime import open_store
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def derived(session_settings, store):
-    return open_derived(session_settings, store)
-
-
 @pytest.fixture
 def world(store, derived, tenant):
     """alice and bob in team core; personal and team memories; every derived store materialized."""

@@ -13,17 +13,11 @@ import time
 import pytest
 
 from memory_pipelines.lib.deletion import DeletionBlocked, DeletionService
-from memory_pipelines.lib.derived import open_derived
 from memory_pipelines.lib.errors import ValidationError
 from memory_pipelines.lib.gate import FenceClosed, PermitCancelled
 from memory_pipelines.lib.runs import AgentRuns
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def derived(session_settings, store):
-    return open_derived(session_settings, store)
 
 
 @pytest.fixture
@@ -188,9 +182,30 @@ def test_lease_expiring_mid_flight_is_not_drained(derived, world):
     status = service.status(job_id=job["job_id"])
     assert status["state"] == "BLOCKED" and status["targets"]["gate"] == "FAILED:UNDRAINED_PERMITS"
     assert "primary" not in status["targets"]  # nothing was deleted while undrained
-    permit.cancel()  # the runtime's cancel hook finally runs
+    # The worker crashed: an operator revokes the lease; cancelled permits count as drained.
+    assert runs.gate.revoke(lease_id=lease) == {"lease_id": lease, "permits_cancelled": 1}
+    with pytest.raises(PermitCancelled):
+        permit.check()
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
     assert service.status(job_id=job["job_id"])["state"] == "COMPLETE"
+
+
+def test_a_read_recorded_after_the_closure_cancels_the_run(derived, world):
+    """The read happened before the deletion was accepted, its fence lands after: the run must stop."""
+    from memory_pipelines.lib.gate import Fence
+
+    tenant = world["tenant"]
+    runs = AgentRuns(derived)
+    lease, _ = run_reading(runs, tenant, "alice", "cello", "run-late-read")
+    permit = runs.gate.acquire(lease_id=lease, sink="model_output")
+    DeletionService(derived).request(tenant_id=tenant, subject="bob")  # bob's epoch 0 -> 1
+    late = Fence(world["bob"].memory_id, 1, "bob", 0)  # read under epoch 0, recorded now
+    with pytest.raises(FenceClosed, match="being forgotten"):
+        runs.gate.record_reads(lease_id=lease, fences=[late])
+    with pytest.raises(PermitCancelled):
+        permit.check()
+    with pytest.raises(FenceClosed):
+        runs.gate.acquire(lease_id=lease, sink="model_output")
 
 
 def test_prompt_snapshots_are_forgotten_and_explain_shows_the_chain(derived, world, store):

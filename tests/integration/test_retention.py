@@ -11,16 +11,10 @@ from memory_pipelines.lib import retention
 from memory_pipelines.lib.backup_storage import LocalBackupStorage
 from memory_pipelines.lib.backups import BackupService
 from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.derived import open_derived
 from memory_pipelines.lib.errors import ValidationError
 
 pytestmark = pytest.mark.slow
 DAY = date(2026, 6, 15)
-
-
-@pytest.fixture(scope="module")
-def derived(session_settings, store):
-    return open_derived(session_settings, store)
 
 
 def written_days_ago(store, tenant, memory_id, days, day=DAY):
@@ -71,17 +65,22 @@ def test_sweep_removes_by_category_through_the_cascade_once(store, derived, tena
     assert tomorrow["jobs"][tenant]["categories"] == {"financial": 1}
 
 
-def test_backfill_across_missed_days_in_any_order(store, derived, tenant):
+def test_backfill_across_missed_days_and_a_tightened_policy(store, derived, tenant):
     days = [DAY + timedelta(days=i) for i in range(3)]
-    ids = []
     for i, day in enumerate(days):
-        memory_id = write(store, tenant, "general", f"note {i}")
-        written_days_ago(store, tenant, memory_id, 730, day=day)
-        ids.append(memory_id)
+        written_days_ago(store, tenant, write(store, tenant, "general", f"note {i}"), 730, day=day)
     service = DeletionService(derived)
-    removed = {d: retention.sweep(service, day=d, tenant_id=tenant)["removed"] for d in reversed(days)}
-    assert removed == {d: 1 for d in days}
+    removed = {d: retention.sweep(service, day=d, tenant_id=tenant)["removed"] for d in days}
+    assert removed == {d: 1 for d in days}  # a backfill, oldest day first: each day its own
     assert all(retention.sweep(service, day=d, tenant_id=tenant)["removed"] == 0 for d in days)
+    # Missed days swept late, newest first: the first sweep takes everything overdue, the rest none.
+    for i, day in enumerate(days):
+        written_days_ago(store, tenant, write(store, tenant, "general", f"late {i}"), 730, day=day)
+    assert [retention.sweep(service, day=d, tenant_id=tenant)["removed"] for d in reversed(days)] == [3, 0, 0]
+    # A tightened policy: a memory whose (new) period ended long ago goes at the next sweep.
+    old = write(store, tenant, "medical", "note under a policy that got shorter")
+    written_days_ago(store, tenant, old, 4000)
+    assert retention.sweep(service, day=DAY, tenant_id=tenant)["jobs"][tenant]["categories"] == {"medical": 1}
     assert store.list_visible(tenant_id=tenant, user_id="ann") == []
 
 
