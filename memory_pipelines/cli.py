@@ -297,6 +297,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         _emit({"lease_id": lease, "run_id": args.run, "tenant_id": args.tenant, "subject_id": args.user})
     elif args.run_command == "recall":
         _emit(runs.recall(lease_id=args.lease, query=args.query, team_id=args.team, k=args.k, mode=args.mode))
+    elif args.run_command == "revoke":
+        _emit(runs.gate.revoke(lease_id=args.lease))
     elif args.run_command == "permit":
         with runs.gate.permit(lease_id=args.lease, sink=args.sink) as permit:
             held = {"permit_id": permit.permit_id, "seq": permit.seq, "sink": permit.sink}
@@ -552,6 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
     permit.add_argument(
         "--sink", required=True, help="model_output, tool_dispatch, state_write, memory_write, queued_work"
     )
+    revoke = run_sub.add_parser("revoke", help="operator: cancel a crashed run's in-flight permits, close its lease")
+    revoke.add_argument("--lease", required=True)
     snapshot = run_sub.add_parser("snapshot", help="store the prompt the run sent (sealed, with lineage)")
     snapshot.add_argument("--lease", required=True)
     snapshot.add_argument("prompt", metavar="PROMPT", help="prompt text, or - to read it from stdin")
