@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import threading
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -85,8 +86,7 @@ def encrypt_stream(key: bytes, source: BinaryIO, sink: BinaryIO, aad: bytes, *, 
     written = sink.write(STREAM_MAGIC + prefix)
     # Two input buffers (read one chunk ahead to know which is final) and one output buffer,
     # reused for every chunk: no per-chunk allocation or copy beyond the cipher itself.
-    buffers = [bytearray(chunk_size), bytearray(chunk_size)]
-    out = bytearray(chunk_size + 16)
+    buffers, out = _stream_buffers(chunk_size)
     index = 0
     filled = _fill(source, buffers[0])
     while True:
@@ -103,6 +103,19 @@ def encrypt_stream(key: bytes, source: BinaryIO, sink: BinaryIO, aad: bytes, *, 
             return written
         index += 1
         filled = following
+
+
+_BUFFERS = threading.local()
+
+
+def _stream_buffers(chunk_size: int) -> tuple[list[bytearray], bytearray]:
+    """Per-thread buffers, allocated once: zeroing 3 MiB per call cost more than sealing a small backup."""
+    cached = getattr(_BUFFERS, "by_size", None)
+    if cached is None:
+        cached = _BUFFERS.by_size = {}
+    if chunk_size not in cached:
+        cached[chunk_size] = ([bytearray(chunk_size), bytearray(chunk_size)], bytearray(chunk_size + 16))
+    return cached[chunk_size]
 
 
 def _fill(source: BinaryIO, buffer: bytearray) -> int:
