@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from memory_pipelines.lib import crypto, validation
 from memory_pipelines.lib.backup_storage import BackupStorage, LocalBackupStorage, S3BackupStorage
 from memory_pipelines.lib.errors import ConflictError, MemoryPipelinesError, NotFoundError, ValidationError
-from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.store import MemoryStore, repair_heads
 
 FORMAT = 1
 BATCH_ROWS = 20_000
@@ -497,24 +497,7 @@ class BackupService:
         removed = {
             reason: conn.execute(query, (tenant_id, tenant_id)).rowcount for reason, query in _REPLAY_DELETES.items()
         }
-        # Memories that lost versions point at their newest remaining one; empty ones go.
-        conn.execute(
-            "UPDATE memory.memories m SET current_version = latest.version FROM (SELECT memory_id,"
-            " max(version) AS version FROM memory.memory_versions WHERE tenant_id = %s GROUP BY memory_id) latest"
-            " WHERE m.tenant_id = %s AND m.memory_id = latest.memory_id AND m.current_version <> latest.version",
-            (tenant_id, tenant_id),
-        )
-        conn.execute(
-            "UPDATE memory.memory_versions v SET superseded_at = NULL FROM memory.memories m"
-            " WHERE v.tenant_id = %s AND m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
-            " AND v.version = m.current_version AND v.superseded_at IS NOT NULL",
-            (tenant_id,),
-        )
-        removed["empty_memories"] = conn.execute(
-            "DELETE FROM memory.memories m WHERE m.tenant_id = %s AND NOT EXISTS (SELECT 1 FROM"
-            " memory.memory_versions v WHERE v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id)",
-            (tenant_id,),
-        ).rowcount
+        removed["empty_memories"] = repair_heads(conn, tenant_id=tenant_id)
         removed["lineage_edges"] = conn.execute(
             "DELETE FROM derived.lineage l WHERE l.tenant_id = %s AND NOT EXISTS (SELECT 1 FROM"
             " memory.memory_versions v WHERE v.tenant_id = l.tenant_id AND v.memory_id = l.source_memory_id"

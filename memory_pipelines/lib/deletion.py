@@ -25,7 +25,7 @@ from memory_pipelines.lib.analytics import STORE as ANALYTICS_STORE
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ServiceError, ValidationError
 from memory_pipelines.lib.recall import CACHE_STORE
-from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.store import MemoryStore, repair_heads
 from memory_pipelines.lib.summaries import SUBJECT_STORE, TEAM_STORE
 from memory_pipelines.lib.vectors import vacuum_sqlite
 
@@ -788,27 +788,7 @@ class DeletionService(DeletionLedger):
                 " WHERE v.tenant_id = %s AND v.memory_id = w.memory_id AND v.version = w.version",
                 (*lineage.pair_arrays(wanted), tenant_id),
             )
-            memory_ids = sorted({m for m, _ in wanted})
-            # A memory that lost only some versions points at its newest remaining one.
-            conn.execute(
-                "UPDATE memory.memories m SET current_version = latest.version, updated_at = now()"
-                " FROM (SELECT memory_id, max(version) AS version FROM memory.memory_versions"
-                "       WHERE tenant_id = %s AND memory_id = ANY(%s) GROUP BY memory_id) latest"
-                " WHERE m.tenant_id = %s AND m.memory_id = latest.memory_id AND m.current_version <> latest.version",
-                (tenant_id, memory_ids, tenant_id),
-            )
-            conn.execute(
-                "UPDATE memory.memory_versions v SET superseded_at = NULL FROM memory.memories m"
-                " WHERE v.tenant_id = %s AND m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
-                " AND v.version = m.current_version AND m.memory_id = ANY(%s) AND v.superseded_at IS NOT NULL",
-                (tenant_id, memory_ids),
-            )
-            conn.execute(
-                "DELETE FROM memory.memories m WHERE m.tenant_id = %s AND m.memory_id = ANY(%s)"
-                " AND NOT EXISTS (SELECT 1 FROM memory.memory_versions v WHERE v.tenant_id = m.tenant_id"
-                " AND v.memory_id = m.memory_id)",
-                (tenant_id, memory_ids),
-            )
+            repair_heads(conn, tenant_id=tenant_id, memory_ids=sorted({m for m, _ in wanted}))
             conn.execute(
                 "DELETE FROM derived.lineage l USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
                 " WHERE l.tenant_id = %s AND l.source_memory_id = w.memory_id AND l.source_version = w.version",

@@ -156,6 +156,34 @@ def _query_aad(tenant_id: str, memory_id: str, version: int) -> bytes:
     return crypto.aad("original-query", tenant_id, memory_id, version)
 
 
+def repair_heads(conn: psycopg.Connection, *, tenant_id: str, memory_ids: list[str] | None = None) -> int:
+    """After versions were deleted (forget, a restore's replay): each memory that lost some points at
+    its newest remaining version, and memories left with none go. `None` checks the whole tenant.
+    Returns how many memories went."""
+    conn.execute(
+        "UPDATE memory.memories m SET current_version = latest.version, updated_at = now()"
+        " FROM (SELECT memory_id, max(version) AS version FROM memory.memory_versions"
+        "       WHERE tenant_id = %(t)s AND (%(ids)s::text[] IS NULL OR memory_id = ANY(%(ids)s))"
+        "       GROUP BY memory_id) latest"
+        " WHERE m.tenant_id = %(t)s AND m.memory_id = latest.memory_id AND m.current_version <> latest.version",
+        {"t": tenant_id, "ids": memory_ids},
+    )
+    conn.execute(
+        "UPDATE memory.memory_versions v SET superseded_at = NULL FROM memory.memories m"
+        " WHERE v.tenant_id = %(t)s AND m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
+        " AND v.version = m.current_version AND v.superseded_at IS NOT NULL"
+        " AND (%(ids)s::text[] IS NULL OR m.memory_id = ANY(%(ids)s))",
+        {"t": tenant_id, "ids": memory_ids},
+    )
+    return conn.execute(
+        "DELETE FROM memory.memories m WHERE m.tenant_id = %(t)s"
+        " AND (%(ids)s::text[] IS NULL OR m.memory_id = ANY(%(ids)s))"
+        " AND NOT EXISTS (SELECT 1 FROM memory.memory_versions v WHERE v.tenant_id = m.tenant_id"
+        " AND v.memory_id = m.memory_id)",
+        {"t": tenant_id, "ids": memory_ids},
+    ).rowcount
+
+
 class MemoryStore:
     """API over the memory and key-store schemas. Methods take keyword arguments only."""
 
