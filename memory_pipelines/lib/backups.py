@@ -495,7 +495,8 @@ class BackupService:
             ).fetchall()
         )
         removed = {
-            reason: conn.execute(query, (tenant_id, tenant_id)).rowcount for reason, query in _REPLAY_DELETES.items()
+            reason: conn.execute(_forgotten_query(reason, delete=True), (tenant_id, tenant_id)).rowcount
+            for reason in _FORGOTTEN
         }
         removed["empty_memories"] = repair_heads(conn, tenant_id=tenant_id)
         removed["lineage_edges"] = conn.execute(
@@ -516,49 +517,48 @@ class BackupService:
     @staticmethod
     def _verify(conn: psycopg.Connection, tenant_id: str) -> dict[str, int]:
         """Rows of forgotten scopes left after replay; all must be zero before reads reopen."""
-        return {
-            reason: int(conn.execute(query, (tenant_id, tenant_id)).fetchone()[0])  # type: ignore[index]
-            for reason, query in _REPLAY_COUNTS.items()
-        }
+        counts = {}
+        for reason in _FORGOTTEN:
+            row = conn.execute(_forgotten_query(reason, delete=False), (tenant_id, tenant_id)).fetchone()
+            counts[reason] = int(row[0]) if row else 0
+        return counts
 
 
-# Rows the journal says must not exist, as deletes (replay) and counts (verification). Each query
-# takes (tenant_id, tenant_id). An epoch forgets what its subject wrote before it; a version whose
-# key was destroyed, or whose key is unknown to the key store, can never be read again.
-_REPLAY_DELETES = {
+# Rows the journal says must not exist: (other tables, condition) on memory_versions v, run as a
+# DELETE by the replay and as a count by the verification. Each takes (tenant_id, tenant_id). An
+# epoch forgets what its subject wrote before it; a version whose key was destroyed, or whose key
+# is unknown to the key store, can never be read again.
+_FORGOTTEN: dict[str, tuple[str, str]] = {
     "subject_epochs": (
-        "DELETE FROM memory.memory_versions v USING memory.memories m, control.journal j"
-        " WHERE v.tenant_id = %s AND m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
+        "memory.memories m, control.journal j",
+        "v.tenant_id = %s AND m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
         " AND j.tenant_id = %s AND j.kind = 'SUBJECT_EPOCH' AND j.subject_id = m.user_id"
-        " AND v.created_at < j.created_at"
+        " AND v.created_at < j.created_at",
     ),
     "tombstones": (
-        "DELETE FROM memory.memory_versions v USING control.tombstones t WHERE v.tenant_id = %s"
-        " AND t.tenant_id = %s AND t.memory_id = v.memory_id AND t.version = v.version"
+        "control.tombstones t",
+        "v.tenant_id = %s AND t.tenant_id = %s AND t.memory_id = v.memory_id AND t.version = v.version",
     ),
     "destroyed_keys": (
-        "DELETE FROM memory.memory_versions v WHERE v.tenant_id = %s AND (v.key_id IN (SELECT j.key_id"
-        " FROM control.journal j WHERE j.tenant_id = %s AND j.kind = 'KEY_DESTROYED')"
-        " OR NOT EXISTS (SELECT 1 FROM keystore.subject_keys k WHERE k.key_id = v.key_id))"
+        "",
+        "v.tenant_id = %s AND (v.key_id IN (SELECT j.key_id FROM control.journal j WHERE j.tenant_id = %s"
+        " AND j.kind = 'KEY_DESTROYED') OR NOT EXISTS (SELECT 1 FROM keystore.subject_keys k"
+        " WHERE k.key_id = v.key_id))",
     ),
 }
-_REPLAY_COUNTS = {
-    "subject_epochs": (
-        "SELECT count(*) FROM memory.memory_versions v, memory.memories m, control.journal j"
-        " WHERE v.tenant_id = %s AND m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
-        " AND j.tenant_id = %s AND j.kind = 'SUBJECT_EPOCH' AND j.subject_id = m.user_id"
-        " AND v.created_at < j.created_at"
-    ),
-    "tombstones": (
-        "SELECT count(*) FROM memory.memory_versions v, control.tombstones t WHERE v.tenant_id = %s"
-        " AND t.tenant_id = %s AND t.memory_id = v.memory_id AND t.version = v.version"
-    ),
-    "destroyed_keys": (
-        "SELECT count(*) FROM memory.memory_versions v WHERE v.tenant_id = %s AND (v.key_id IN (SELECT j.key_id"
-        " FROM control.journal j WHERE j.tenant_id = %s AND j.kind = 'KEY_DESTROYED')"
-        " OR NOT EXISTS (SELECT 1 FROM keystore.subject_keys k WHERE k.key_id = v.key_id))"
-    ),
-}
+
+
+def _forgotten_query(reason: str, *, delete: bool) -> Any:
+    from psycopg import sql
+
+    tables, condition = _FORGOTTEN[reason]
+    if delete:
+        using = sql.SQL(" USING " + tables if tables else "")
+        template = sql.SQL("DELETE FROM memory.memory_versions v{} WHERE {}")
+    else:
+        using = sql.SQL(", " + tables if tables else "")
+        template = sql.SQL("SELECT count(*) FROM memory.memory_versions v{} WHERE {}")
+    return template.format(using, sql.SQL(condition))
 
 
 def backup_service(

@@ -89,12 +89,17 @@ def close_fences(
 
 # Leases holding a fence that one of %(jobs)s closed: the author's epoch below the closure's, the
 # exact version, or any fence of the tenant for a TENANT closure.
-_AFFECTED_LEASES = (
-    "SELECT f.lease_id FROM control.lease_fences f JOIN control.fence_closures c ON c.tenant_id = f.tenant_id"
-    " WHERE c.job_id = ANY(%(jobs)s) AND f.tenant_id = %(tenant)s AND ("
-    " (c.subject_id IS NOT NULL AND c.subject_id = f.author_id AND f.epoch < c.epoch)"
+# Closure c closed fence f: the author's epoch below the closure's, the exact version, or any
+# fence of the tenant for a TENANT closure. The one definition deletion, drain and audit share.
+_CLOSES = (
+    " ((c.subject_id IS NOT NULL AND c.subject_id = f.author_id AND f.epoch < c.epoch)"
     " OR (c.memory_id IS NOT NULL AND c.memory_id = f.memory_id AND c.version = f.version)"
     " OR (c.subject_id IS NULL AND c.memory_id IS NULL))"
+)
+_AFFECTED_LEASES = (
+    "SELECT f.lease_id FROM control.lease_fences f"  # noqa: S608 - constant text; values are bound
+    " JOIN control.fence_closures c ON c.tenant_id = f.tenant_id"
+    " WHERE c.job_id = ANY(%(jobs)s) AND f.tenant_id = %(tenant)s AND" + _CLOSES
 )
 # Constant text only; every value is bound.
 _CANCEL_AFFECTED = (
@@ -354,13 +359,12 @@ _STALE_FENCES = (
     "   AND (x.deleted_at IS NOT NULL OR x.restoring_since IS NOT NULL)))"
 )
 _AUDIT = (
-    "SELECT (SELECT count(*) FROM control.permits WHERE %(tenant)s::text IS NULL OR tenant_id = %(tenant)s),"
+    "SELECT (SELECT count(*) FROM control.permits"  # noqa: S608 - constant text; values are bound
+    " WHERE %(tenant)s::text IS NULL OR tenant_id = %(tenant)s),"
     " (SELECT count(*) FROM control.fence_closures WHERE %(tenant)s::text IS NULL OR tenant_id = %(tenant)s),"
     " (SELECT count(DISTINCT p.permit_id) FROM control.permits p"
     "  JOIN control.lease_fences f ON f.lease_id = p.lease_id"
-    "  JOIN control.fence_closures c ON c.tenant_id = f.tenant_id AND c.seq < p.seq AND ("
-    "   (c.subject_id IS NOT NULL AND c.subject_id = f.author_id AND f.epoch < c.epoch)"
-    "   OR (c.memory_id IS NOT NULL AND c.memory_id = f.memory_id AND c.version = f.version)"
-    "   OR (c.subject_id IS NULL AND c.memory_id IS NULL))"
-    "  WHERE %(tenant)s::text IS NULL OR p.tenant_id = %(tenant)s)"
+    "  JOIN control.fence_closures c ON c.tenant_id = f.tenant_id AND c.seq < p.seq AND"
+    + _CLOSES
+    + "  WHERE %(tenant)s::text IS NULL OR p.tenant_id = %(tenant)s)"
 )
