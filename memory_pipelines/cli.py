@@ -227,14 +227,14 @@ def cmd_backup(args: argparse.Namespace) -> None:
     elif args.backup_command == "sweep":
         _emit(_backups(args).sweep_expired())
     else:
-        from memory_pipelines.materialize import run_backup
+        from memory_pipelines.materialize import failure_message, run_backup
 
         if not args.tenant:
             raise ValidationError("tenant", "is required: backup --tenant T")
         _store(args).require_tenant(tenant_id=args.tenant)
         result = run_backup(_settings(args), args.tenant)
         if not result["success"]:
-            raise MemoryPipelinesError("backup", "; ".join(f["error"] for f in result["failures"]) or "run failed")
+            raise MemoryPipelinesError("backup", failure_message(result["failures"]))
         _emit(result)
 
 
@@ -248,12 +248,12 @@ def cmd_restore(args: argparse.Namespace) -> None:
     if not args.wait:
         _emit(service.request_restore(tenant_id=args.tenant, backup_id=args.backup))
         return
-    from memory_pipelines.materialize import run_restore
+    from memory_pipelines.materialize import failure_message, run_restore
 
     service._backup_row(args.tenant, args.backup)  # bad ids fail here, before a run starts
     result = run_restore(_settings(args), args.tenant, args.backup)
     if result["report"] is None:
-        raise MemoryPipelinesError("restore", "; ".join(f["error"] for f in result["failures"]) or "run failed")
+        raise MemoryPipelinesError("restore", failure_message(result["failures"]))
     _emit({**result["report"], "run_id": result["run_id"]})
 
 
@@ -270,7 +270,7 @@ def cmd_retention(args: argparse.Namespace) -> None:
     if args.retention_command == "preview":
         _emit(retention.preview(_store(args), day=day))
     elif args.wait:
-        from memory_pipelines.materialize import run_retention
+        from memory_pipelines.materialize import failure_message, run_retention
 
         retention.load_policies()  # a broken policy file fails here, naming its line
         today = datetime.now(UTC).date().isoformat()
@@ -278,7 +278,7 @@ def cmd_retention(args: argparse.Namespace) -> None:
             raise ValidationError("date", f"must be a day that has ended, from {retention.FIRST_DAY} to before {today}")
         result = run_retention(_settings(args), day)
         if result["sweep"] is None:
-            raise MemoryPipelinesError("retention", "; ".join(f["error"] for f in result["failures"]) or "run failed")
+            raise MemoryPipelinesError("retention", failure_message(result["failures"]))
         _emit({**result["sweep"], "run_id": result["run_id"]})
     else:
         _emit(retention.sweep(_deletions(args), day=day, run=False))
@@ -315,12 +315,12 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from memory_pipelines.lib import evaluation
 
     if args.eval_command == "run":
-        from memory_pipelines.materialize import run_evaluation
+        from memory_pipelines.materialize import failure_message, run_evaluation
 
         month = _month(args.month)
         result = run_evaluation(_settings(args), month)
         if not result["success"]:
-            raise MemoryPipelinesError("eval", "; ".join(f["error"] for f in result["failures"]) or "run failed")
+            raise MemoryPipelinesError("eval", failure_message(result["failures"]))
         _emit(result)
         return
     eval_set = evaluation.load_eval_set()

@@ -65,6 +65,24 @@ def run_forget(settings: Settings, tenant_id: str, job_ids: Sequence[str]) -> di
     return {"run_id": result.run_id, "success": result.success, "failures": failures}
 
 
+def _asset_figures(result: Any, leave_out: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """asset -> its materialization's metadata values, from an in-process run's events."""
+    figures: dict[str, dict[str, Any]] = {}
+    for event in result.get_asset_materialization_events():
+        materialization = event.step_materialization_data.materialization
+        figures[materialization.asset_key.to_user_string()] = {
+            name: getattr(value, "value", None)
+            for name, value in materialization.metadata.items()
+            if name not in leave_out
+        }
+    return figures
+
+
+def failure_message(failures: list[dict[str, Any]]) -> str:
+    """The failed steps' root causes (our errors name their field), for a CLI error line."""
+    return "; ".join(f["error"] for f in failures) or "run failed"
+
+
 def _output(result: Any, node: str) -> Any:
     return result.output_for_node(node) if result.success else None
 
@@ -72,11 +90,7 @@ def _output(result: Any, node: str) -> Any:
 def run_backup(settings: Settings, tenant_id: str) -> dict[str, Any]:
     """Materialize `tenant_backups` for one tenant now; returns the backup's figures and the run."""
     result, failures = _execute(settings, "backup", tenant_id)
-    figures: dict[str, Any] = {}
-    for event in result.get_asset_materialization_events():
-        figures = {
-            k: getattr(v, "value", None) for k, v in event.step_materialization_data.materialization.metadata.items()
-        }
+    figures = _asset_figures(result).get("tenant_backups", {})
     return {**figures, "run_id": result.run_id, "success": result.success, "failures": failures}
 
 
@@ -98,12 +112,7 @@ def run_retention(settings: Settings, day: str) -> dict[str, Any]:
 def run_evaluation(settings: Settings, month: str) -> dict[str, Any]:
     """Materialize `memory_eval` and `memory_drift` for one month partition (YYYY-MM-01) now."""
     result, failures = _execute(settings, "memory_evaluation", "", day=month)
-    figures: dict[str, Any] = {}
-    for event in result.get_asset_materialization_events():
-        materialization = event.step_materialization_data.materialization
-        figures[materialization.asset_key.to_user_string()] = {
-            k: getattr(v, "value", None) for k, v in materialization.metadata.items() if k not in ("trend",)
-        }
+    figures = _asset_figures(result, leave_out=("trend",))  # the trend is Markdown with an embedded PNG
     checks = {
         e.check_name: {"passed": e.passed, "severity": e.severity.value} for e in result.get_asset_check_evaluations()
     }
@@ -133,17 +142,11 @@ def materialize(settings: Settings, tenant_id: str, select: Sequence[str] | None
     result, failures = _execute(
         settings, "tenant_refresh", tenant_id, asset_selection=[dg.AssetKey(name) for name in chosen]
     )
-    assets: dict[str, Any] = {}
-    for event in result.get_asset_materialization_events():
-        materialization = event.step_materialization_data.materialization
-        assets[materialization.asset_key.to_user_string()] = {
-            name: getattr(value, "value", None) for name, value in materialization.metadata.items()
-        }
     return {
         "tenant": tenant_id,
         "run_id": result.run_id,
         "success": result.success,
-        "assets": assets,
+        "assets": _asset_figures(result),
         "checks": {e.check_name: e.passed for e in result.get_asset_check_evaluations()},
         "failures": failures,
     }
