@@ -254,7 +254,7 @@ class DeletionService(DeletionLedger):
                     [(tenant_id, subject, key_id, job["job_id"]) for key_id in destroyed],
                 )
             self._audit(conn, job["job_id"], tenant_id, "keys_shredded", job["state"], {"keys": len(destroyed)})
-        self._vacuum_full(["keystore.subject_keys", "keystore.team_keys", "keystore.tenant_keys"])
+        self._vacuum_full(list(_KEY_TABLES))
         return {"tenant_id": tenant_id, "subject": subject, "destroyed_keys": destroyed, "forget_job": job}
 
     def _scope(self, conn: psycopg.Connection, tenant_id: str, parts: list[str]) -> tuple[bytes, dict[str, Any] | None]:
@@ -452,6 +452,7 @@ class DeletionService(DeletionLedger):
                 ([j["job_id"] for j in jobs],),
             )
         timings: dict[str, float] = {}
+        self._erased_snapshots = set()  # filled by this batch's snapshot adapter, checked by its verify
         step = "freeze"
         try:
             started = time.perf_counter()
@@ -813,8 +814,7 @@ class DeletionService(DeletionLedger):
                         " VALUES (%s, 'KEY_DESTROYED', %s, %s, %s)",
                         [(tenant_id, scope["subject"], key_id, job["job_id"]) for key_id in destroyed],
                     )
-        # Compact the key tables so no wrapped copy of a destroyed key lingers in their files.
-        self._vacuum_full(["keystore.subject_keys", "keystore.team_keys", "keystore.tenant_keys"])
+        self._vacuum_full(list(_KEY_TABLES))
 
     def _vacuum_full(self, tables: list[str]) -> None:
         from psycopg import sql
@@ -974,6 +974,8 @@ _LEFTOVER_QUERIES = {
     " AS w(memory_id, version) ON x.source_memory_id = w.memory_id AND x.source_version = w.version"
     " WHERE x.tenant_id = %s",
 }
+# Compacted after every key destruction, so no wrapped copy lingers in their heap files.
+_KEY_TABLES = ("keystore.subject_keys", "keystore.team_keys", "keystore.tenant_keys")
 _COUNT_TENANT_KEYS = (
     "SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s",
     "SELECT count(*) FROM keystore.team_keys WHERE tenant_id = %s",

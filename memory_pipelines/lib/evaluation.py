@@ -210,8 +210,6 @@ def evaluate(
     """mode -> precision, recall (means over queries), query count; per-kind means too."""
     judge = judge or LabelJudge()
     k = k or eval_set.k
-    by_id = {memory_id: key for key, (memory_id, _) in ids.items()}
-    texts = {m["key"]: m["text"] for m in eval_set.memories}
     out: dict[str, dict[str, Any]] = {}
     for mode in modes:
         precisions: list[float] = []
@@ -232,16 +230,14 @@ def evaluate(
                 use_cache=False,
             )
             retrieved = [h["memory_id"] for h in hits]
-            judged = [
-                memory_id
-                for memory_id, hit in zip(retrieved, hits, strict=True)
+            judged = {
+                hit["memory_id"]
+                for hit in hits
                 if judge.useful(
-                    query=query["query"],
-                    memory_text=hit["text"] or texts.get(by_id.get(memory_id, ""), ""),
-                    labelled_useful=memory_id in useful,
+                    query=query["query"], memory_text=hit["text"], labelled_useful=hit["memory_id"] in useful
                 )
-            ]
-            p = len(judged) / len(retrieved[:k]) if retrieved else 0.0
+            }
+            p = precision_at_k(retrieved, judged, k)
             r = recall_at_k(retrieved, useful, k)
             precisions.append(p)
             recalls.append(r)

@@ -1,6 +1,7 @@
 import dagster as dg
 from pydantic import Field
 
+from memory_pipelines.defs.derived.jobs import DERIVED_ASSETS
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.deletion import DeletionService
 from memory_pipelines.resources import (
@@ -11,14 +12,7 @@ from memory_pipelines.resources import (
     derived_stores,
 )
 
-TOUCHED_ASSETS = (
-    "memories",
-    "memory_embeddings",
-    "keyword_index",
-    "subject_summaries",
-    "team_summaries",
-    "analytics_memories",
-)
+TOUCHED_ASSETS = ("memories", *DERIVED_ASSETS)
 
 
 class ForgetConfig(dg.Config):
