@@ -20,6 +20,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from benchmarks.forget import build
 from benchmarks.ingest import corpus
 from memory_pipelines.lib import crypto, retention
 from memory_pipelines.lib.backup_storage import LocalBackupStorage
@@ -35,14 +36,9 @@ from memory_pipelines.lib.store import MemoryStore
 SWEEP_DAY = date(2026, 6, 15)
 
 
-def build(store: MemoryStore, tenant: str, items: list[dict[str, Any]]) -> float:
+def timed_build(store: MemoryStore, tenant: str, items: list[dict[str, Any]]) -> float:
     started = time.perf_counter()
-    store.create_tenant(tenant_id=tenant, sharing_mode="shared_pool")
-    for item in items:
-        if "team_id" in item:
-            store.add_team_member(tenant_id=tenant, team_id=item["team_id"], user_id=item["user_id"])
-    for start in range(0, len(items), 5000):
-        store.write_many(tenant_id=tenant, items=items[start : start + 5000])
+    build(store, tenant, items)
     return time.perf_counter() - started
 
 
@@ -78,7 +74,7 @@ def main() -> None:
     service = DeletionService(derived)
 
     tenant = "bench-backup"
-    took = build(store, tenant, corpus(args.n, 1000))
+    took = timed_build(store, tenant, corpus(args.n, 1000))
     print(f"setup: {args.n:,} memories from 1,000 subjects in {took:.1f} s")
     started = time.perf_counter()
     manifest = backups.backup(tenant_id=tenant)
@@ -126,7 +122,7 @@ def main() -> None:
     print("  verification (must be zeros):", report["verification"])
 
     sweep_tenant = "bench-retention"
-    took = build(store, sweep_tenant, corpus(args.rows, 1000, seed=11))
+    took = timed_build(store, sweep_tenant, corpus(args.rows, 1000, seed=11))
     with store.transaction() as conn:
         # 10% of the tenant reaches the end of its 2-year `general` retention on SWEEP_DAY.
         expired_at = datetime(SWEEP_DAY.year, SWEEP_DAY.month, SWEEP_DAY.day, 12, tzinfo=UTC) - timedelta(days=730)

@@ -24,11 +24,12 @@ from memory_pipelines.lib.derived import DerivedStores, default_embedder, open_d
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.services import stop_services
 from memory_pipelines.lib.settings import Settings
+from memory_pipelines.lib.store import MemoryStore
 from memory_pipelines.lib.vectors import metadata_of
 
 
-def build(derived: DerivedStores, tenant: str, items: list[dict[str, Any]]) -> list[str]:
-    store = derived.store
+def build(store: MemoryStore, tenant: str, items: list[dict[str, Any]]) -> list[str]:
+    """A shared-pool tenant with these memories (team members added first); returns their ids."""
     store.create_tenant(tenant_id=tenant, sharing_mode="shared_pool")
     for item in items:
         if "team_id" in item:
@@ -93,9 +94,9 @@ def main() -> None:
     if built and built[0] and args.home is not None:
         print(f"reusing the tenants built earlier under {home}")
     else:
-        full_ids = build(derived, "bench-full", items)
+        full_ids = build(store, "bench-full", items)
         derived.sync_all(tenant_id="bench-full")
-        naive_ids = build(derived, "bench-naive", items)
+        naive_ids = build(store, "bench-naive", items)
         copy_vectors(derived, "bench-full", "bench-naive", dict(zip(full_ids, naive_ids, strict=True)))
         sync_embeddings(store, derived.vectors, tenant_id="bench-naive")
         took = time.perf_counter() - setup
