@@ -45,6 +45,15 @@ class Recaller:
         self.keywords = keywords
         self._gate: Any = None
 
+    @property
+    def gate(self) -> Any:
+        """The deletion gate recall fences runs on (created on first use: most recalls have no run)."""
+        if self._gate is None:
+            from memory_pipelines.lib.gate import Gate
+
+            self._gate = Gate(self.store)
+        return self._gate
+
     def recall(
         self,
         *,
@@ -94,11 +103,9 @@ class Recaller:
             self._cache(tenant_id, cache_key, change_seq, hits)
             from_cache = False
         if lease_id is not None:
-            from memory_pipelines.lib.gate import Fence, Gate
+            from memory_pipelines.lib.gate import Fence
 
-            if self._gate is None:
-                self._gate = Gate(self.store)
-            self._gate.record_reads(
+            self.gate.record_reads(
                 lease_id=lease_id,
                 fences=[
                     Fence(m, v, visible[(m, v)]["user_id"], int(visible[(m, v)]["subject_epoch"])) for (m, v), _ in hits

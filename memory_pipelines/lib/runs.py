@@ -35,7 +35,7 @@ class AgentRuns:
     def __init__(self, derived: DerivedStores) -> None:
         self.derived = derived
         self.store = derived.store
-        self.gate = Gate(derived.store)
+        self.gate: Gate = derived.recaller.gate  # one gate (and its connections) for recall and sinks
 
     def open(self, *, tenant_id: str, subject_id: str, run_id: str, ttl_seconds: int = 300) -> str:
         """Open the run's lease; returns its id."""
