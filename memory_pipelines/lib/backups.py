@@ -31,7 +31,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from memory_pipelines.lib import crypto, validation
+from memory_pipelines.lib import crypto, ordering, validation
 from memory_pipelines.lib.backup_storage import BackupStorage, LocalBackupStorage, S3BackupStorage
 from memory_pipelines.lib.errors import ConflictError, MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.store import MemoryStore, repair_heads
@@ -303,6 +303,9 @@ class BackupService:
             tables = self._fetch_and_open(manifest, scratch)
             restore_id = restore_id or "r_" + secrets.token_hex(8)
             with self.store.transaction() as conn:
+                # Closing the gate waits for every write in flight (they hold the lock shared) and is
+                # seen by every later one: a restore never meets a write that began before it closed.
+                ordering.lock_tenant_exclusive(conn, tenant_id)
                 conn.execute("UPDATE memory.tenants SET restoring_since = now() WHERE tenant_id = %s", (tenant_id,))
                 conn.execute(
                     "INSERT INTO control.restores (restore_id, tenant_id, backup_id, state) VALUES (%s, %s, %s,"
@@ -363,6 +366,8 @@ class BackupService:
                 " AND restoring_since IS NOT NULL RETURNING tenant_id",
                 (tenant_id,),
             ).fetchone()
+        if row is None:
+            self.store.require_tenant(tenant_id=tenant_id)  # an unknown tenant is not found, not "already open"
         return {"tenant_id": tenant_id, "reopened": row is not None}
 
     def _hook(self, step: str) -> None:

@@ -78,6 +78,7 @@ class DeletionLedger:
 
     @staticmethod
     def _job(conn: psycopg.Connection, job_id: str) -> dict[str, Any]:
+        validation.check_id("job_id", job_id)
         with conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute("SELECT * FROM control.deletion_jobs WHERE job_id = %s", (job_id,)).fetchone()
         if row is None:
@@ -118,6 +119,7 @@ class DeletionLedger:
     def list_jobs(self, *, state: str | None = None, tenant_id: str | None = None) -> list[dict[str, Any]]:
         if state is not None and state not in (*OPEN_STATES, "COMPLETE"):
             raise ValidationError("state", f"must be one of {', '.join((*OPEN_STATES, 'COMPLETE'))}")
+        validation.check_optional_id("tenant", tenant_id)
         with self.store.transaction() as conn:
             ids = [
                 r[0]
@@ -194,9 +196,16 @@ class DeletionService(DeletionLedger):
         self.store.require_tenant(tenant_id=tenant_id)
         parts = [scope, tenant_id, subject or "", memory_id or "", "" if version is None else str(version)]
         with self.store.transaction() as conn:
+            # The gate's exclusive lock first: writes in flight commit before the scope is resolved
+            # (so it covers them), later ones see it hidden; permits are ordered before or after
+            # this closure; identical concurrent requests queue here and find the first one's job.
+            gate.lock_gate_exclusive(conn, tenant_id)
             scope_hash, open_job = self._scope(conn, tenant_id, parts)
             if open_job is not None:
                 return {**open_job, "duplicate": True}
+            if scope == "SUBJECT" and not self._subject_exists(conn, tenant_id, subject):
+                # Ids are exact: a typo ("Alice" for "alice") must not produce a proof of nothing.
+                raise NotFoundError("subject", f"no subject {subject!r} in tenant {tenant_id!r}")
             versions: list[int] = []
             if scope == "MEMORY":
                 assert memory_id is not None
@@ -209,8 +218,6 @@ class DeletionService(DeletionLedger):
                 " 'REQUESTED', %s)",
                 (job_id, tenant_id, scope, subject, memory_id, version, scope_hash, basis, POLICY_VERSION, deadline),
             )
-            # The gate's exclusive lock: permits are ordered strictly before or after this closure.
-            gate.lock_gate_exclusive(conn, tenant_id)
             epoch = self._hide(conn, job_id, scope, tenant_id, subject, memory_id, versions)
             gate.close_fences(
                 conn,
@@ -229,6 +236,15 @@ class DeletionService(DeletionLedger):
             )
             self._audit(conn, job_id, tenant_id, "received", "REQUESTED", {"scope": scope, "basis": basis})
             return {**self._job(conn, job_id), "duplicate": False}
+
+    @staticmethod
+    def _subject_exists(conn: psycopg.Connection, tenant_id: str, subject: str | None) -> bool:
+        return (
+            conn.execute(
+                "SELECT 1 FROM memory.subjects WHERE tenant_id = %s AND user_id = %s", (tenant_id, subject)
+            ).fetchone()
+            is not None
+        )
 
     def shred_keys(self, *, tenant_id: str, subject: str | None = None, confirm: str | None = None) -> dict[str, Any]:
         """Crypto-shred now: destroy the subject's key (or every key of the tenant) and journal it.
@@ -254,7 +270,10 @@ class DeletionService(DeletionLedger):
                     [(tenant_id, subject, key_id, job["job_id"]) for key_id in destroyed],
                 )
             self._audit(conn, job["job_id"], tenant_id, "keys_shredded", job["state"], {"keys": len(destroyed)})
-        self._vacuum_full(list(_KEY_TABLES))
+        try:
+            self._vacuum_full(list(_KEY_TABLES))
+        except psycopg.OperationalError:
+            pass  # the keys are gone already; the forget job's key step compacts the tables again
         return {"tenant_id": tenant_id, "subject": subject, "destroyed_keys": destroyed, "forget_job": job}
 
     def _scope(self, conn: psycopg.Connection, tenant_id: str, parts: list[str]) -> tuple[bytes, dict[str, Any] | None]:
@@ -276,6 +295,7 @@ class DeletionService(DeletionLedger):
             return None
         parts = ["RETENTION", tenant_id, day.isoformat(), policy_version]
         with self.store.transaction() as conn:
+            gate.lock_gate_exclusive(conn, tenant_id)
             scope_hash, open_job = self._scope(conn, tenant_id, parts)
             if open_job is not None:
                 return {**open_job, "duplicate": True}
@@ -294,7 +314,6 @@ class DeletionService(DeletionLedger):
                     json.dumps({"categories": categories, "retentionPolicyVersion": policy_version}),
                 ),
             )
-            gate.lock_gate_exclusive(conn, tenant_id)
             # Set-based: a sweep can cover a large share of a tenant.
             conn.execute(
                 "INSERT INTO control.tombstones (tenant_id, memory_id, version, job_id)"
@@ -820,6 +839,9 @@ class DeletionService(DeletionLedger):
         from psycopg import sql
 
         with psycopg.connect(self.store.conninfo, autocommit=True) as conn:
+            # VACUUM FULL queues for an ACCESS EXCLUSIVE lock, and every reader of the table queues
+            # behind it: a long reader elsewhere must block this job (retried later), not everyone.
+            conn.execute("SET lock_timeout = '10s'")
             for table in tables:
                 schema, name = table.split(".")
                 conn.execute(sql.SQL("VACUUM FULL {}.{}").format(sql.Identifier(schema), sql.Identifier(name)))

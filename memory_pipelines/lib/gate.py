@@ -27,13 +27,12 @@ from typing import Any
 
 import psycopg
 
-from memory_pipelines.lib import validation
+from memory_pipelines.lib import ordering, validation
 from memory_pipelines.lib.errors import ConflictError, NotFoundError, ServiceError, ValidationError
 from memory_pipelines.lib.store import MemoryStore
 
 SINKS = ("model_output", "tool_dispatch", "state_write", "memory_write", "queued_work")
 DEFAULT_LEASE_SECONDS = 300
-_LOCK_PREFIX = "gate\x1f"
 
 
 class FenceClosed(ConflictError):
@@ -54,7 +53,7 @@ class Fence:
 
 def lock_gate_exclusive(conn: psycopg.Connection, tenant_id: str) -> None:
     """Taken by a deletion's acceptance in its own transaction: permits wait, then see the closure."""
-    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 1))", (_LOCK_PREFIX + tenant_id,))
+    ordering.lock_tenant_exclusive(conn, tenant_id)
 
 
 def close_fences(
@@ -177,9 +176,11 @@ class Gate:
         self.store.require_tenant(tenant_id=tenant_id)
         lease_id = "lease_" + secrets.token_hex(12)
         self._conn().execute(
-            "INSERT INTO control.leases (lease_id, tenant_id, subject_id, run_id, expires_at)"
-            " VALUES (%s, %s, %s, %s, now() + make_interval(secs => %s))",
-            (lease_id, tenant_id, subject_id, run_id, ttl_seconds),
+            "INSERT INTO control.leases (lease_id, tenant_id, subject_id, run_id, expires_at, subject_epoch)"
+            " VALUES (%s, %s, %s, %s, now() + make_interval(secs => %s),"
+            # A subject not yet written starts at epoch 0 when it is.
+            " COALESCE((SELECT epoch FROM memory.subjects WHERE tenant_id = %s AND user_id = %s), 0))",
+            (lease_id, tenant_id, subject_id, run_id, ttl_seconds, tenant_id, subject_id),
         )
         return lease_id
 
@@ -204,6 +205,8 @@ class Gate:
                     [(lease_id, lease["tenant_id"], *row) for row in rows],
                 )
             stale = conn.execute(_STALE_FENCES, {"lease": lease_id, "tenant": lease["tenant_id"]}).fetchone()
+            if self._lease_fenced(conn, lease_id):
+                stale = (max(1, stale[0] if stale else 0),)
             if stale is not None and stale[0]:
                 conn.execute(
                     "UPDATE control.permits SET cancel_requested = true WHERE lease_id = %s AND state = 'IN_FLIGHT'",
@@ -215,7 +218,7 @@ class Gate:
 
     def _lock_shared(self, conn: psycopg.Connection, tenant_id: str) -> None:
         try:
-            conn.execute("SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 1))", (_LOCK_PREFIX + tenant_id,))
+            ordering.lock_tenant_shared(conn, tenant_id)
         except psycopg.errors.LockNotAvailable as exc:
             raise ServiceError("gate", f"the gate of tenant {tenant_id!r} stayed locked: {exc}") from exc
 
@@ -238,6 +241,7 @@ class Gate:
         self._conn().execute("UPDATE control.leases SET closed_at = now() WHERE lease_id = %s", (lease_id,))
 
     def _lease(self, lease_id: str) -> dict[str, Any]:
+        validation.check_id("lease", lease_id)
         row = (
             self._conn()
             .execute(
@@ -281,6 +285,8 @@ class Gate:
                 raise FenceClosed("lease", f"lease {lease_id} is {'closed' if lease['closed'] else 'expired'}")
             self._lock_shared(conn, lease["tenant_id"])
             # A new statement after the lock: it sees every closure committed before we got it.
+            if self._lease_fenced(conn, lease_id):
+                raise FenceClosed("lease", f"lease {lease_id} acts for a user or tenant that is being forgotten")
             stale = conn.execute(_STALE_FENCES, {"lease": lease_id, "tenant": lease["tenant_id"]}).fetchone()
             if stale is not None and stale[0]:
                 raise FenceClosed(
@@ -308,6 +314,13 @@ class Gate:
             raise
         if not held.cancelled:
             self._end(held.permit_id, "RELEASED")
+
+    @staticmethod
+    def _lease_fenced(conn: psycopg.Connection, lease_id: str) -> bool:
+        """The lease's own scope closed: its tenant deleted or being restored, or its subject being
+        forgotten (or forgotten since the lease opened), even if the run has read nothing yet."""
+        row = conn.execute(_LEASE_FENCED, (lease_id,)).fetchone()
+        return row is None or bool(row[0])
 
     def _cancel_requested(self, permit_id: str) -> bool:
         row = (
@@ -357,6 +370,13 @@ _STALE_FENCES = (
     "   AND t.memory_id = f.memory_id AND t.version = f.version)"
     " OR EXISTS (SELECT 1 FROM memory.tenants x WHERE x.tenant_id = %(tenant)s"
     "   AND (x.deleted_at IS NOT NULL OR x.restoring_since IS NOT NULL)))"
+)
+_LEASE_FENCED = (
+    "SELECT x.tenant_id IS NULL OR x.deleted_at IS NOT NULL OR x.restoring_since IS NOT NULL"
+    " OR s.forgotten_at IS NOT NULL OR (l.subject_epoch IS NOT NULL AND COALESCE(s.epoch, 0) <> l.subject_epoch)"
+    " FROM control.leases l LEFT JOIN memory.tenants x ON x.tenant_id = l.tenant_id"
+    " LEFT JOIN memory.subjects s ON s.tenant_id = l.tenant_id AND s.user_id = l.subject_id"
+    " WHERE l.lease_id = %s"
 )
 _AUDIT = (
     "SELECT (SELECT count(*) FROM control.permits"  # noqa: S608 - constant text; values are bound

@@ -184,17 +184,31 @@ class KeyStore:
         return key_id, self._remember(key_id, key)
 
     def key_by_id(self, conn: psycopg.Connection, tenant_id: str, key_id: str) -> bytes:
-        """The subject key a stored ciphertext names, for decryption."""
-        cached = self._cached(key_id)
-        if cached is not None:
-            return cached
-        row = conn.execute(
-            "SELECT user_id FROM keystore.subject_keys WHERE tenant_id = %s AND key_id = %s",
-            (tenant_id, key_id),
-        ).fetchone()
-        if row is None:
+        """The subject key a stored ciphertext names, for decryption.
+
+        The key store is asked every time (one indexed lookup in the caller's transaction): a
+        key destroyed by another process must stop decrypting here at once, whatever this
+        process cached. Only the unwrapping is cached.
+        """
+        keys = self.keys_by_id(conn, tenant_id, [key_id])
+        if key_id not in keys:
             raise KeyDestroyedError("key_id", f"subject key {key_id!r} does not exist")
-        found_id, key = self.subject_key(conn, tenant_id, row[0], create=False)
-        if found_id != key_id:
-            raise KeyDestroyedError("key_id", f"subject key {key_id!r} was replaced")
-        return key
+        return keys[key_id]
+
+    def keys_by_id(self, conn: psycopg.Connection, tenant_id: str, key_ids: list[str]) -> dict[str, bytes]:
+        """key_id -> subject key for those of `key_ids` that still exist (one query for all)."""
+        rows = conn.execute(
+            "SELECT key_id, user_id, wrapped FROM keystore.subject_keys WHERE tenant_id = %s AND key_id = ANY(%s)",
+            (tenant_id, sorted(set(key_ids))),
+        ).fetchall()
+        out: dict[str, bytes] = {}
+        for key_id, user_id, wrapped in rows:
+            if wrapped is None:
+                continue
+            cached = self._cached(key_id)
+            if cached is None:
+                _, tenant_key = self.tenant_key(conn, tenant_id, create=False)
+                aad = crypto.aad("subject-key", tenant_id, user_id, key_id)
+                cached = self._remember(key_id, crypto.open_sealed(tenant_key, bytes(wrapped), aad))
+            out[key_id] = cached
+        return out

@@ -10,7 +10,7 @@ import re
 import unicodedata
 from typing import Any
 
-from memory_pipelines.lib import crypto, lineage
+from memory_pipelines.lib import crypto, lineage, ordering
 from memory_pipelines.lib.errors import NotFoundError
 from memory_pipelines.lib.store import MemoryStore
 
@@ -45,9 +45,17 @@ class KeywordIndex:
             existing = lineage.records_of_store(conn, tenant_id=tenant_id, store=STORE)
         stale = sorted(set(existing) - set(current))
         new = [cv for record_id, cv in current.items() if record_id not in existing]
-        key = self._key(tenant_id)
+        if not stale and not new:
+            return {"records": len(current), "indexed": 0, "removed": 0, "postings_written": 0}
+        try:
+            key = self._key(tenant_id, create=False)  # derived writes never create keys
+        except NotFoundError:
+            return {"records": len(current), "indexed": 0, "removed": 0, "postings_written": 0}
         postings = 0
         with self.store.transaction() as conn:
+            # Versions whose deletion was accepted are left to the forget cascade (it verifies them).
+            hidden = ordering.guard_build(conn, tenant_id, [src for r in stale for src in existing[r]])
+            stale = [r for r in stale if not (existing[r] & hidden)]
             if stale:
                 stale_sources = [src for record_id in stale for src in existing[record_id]]
                 memory_ids, versions = lineage.pair_arrays(stale_sources)
@@ -58,11 +66,18 @@ class KeywordIndex:
                     (memory_ids, versions, tenant_id),
                 )
                 lineage.remove_records(conn, tenant_id=tenant_id, store=STORE, record_ids=stale)
+        indexed = 0
         for start in range(0, len(new), 2000):
             chunk = new[start : start + 2000]
-            texts = self.store.open_texts(tenant_id=tenant_id, sources=[cv.source for cv in chunk])
-            # Postings and their lineage commit together: a posting never exists without its edge.
+            texts = self.store.open_texts(
+                tenant_id=tenant_id, sources=[cv.source for cv in chunk], skip_unreadable=True
+            )
+            # Postings and their lineage commit together: a posting never exists without its edge;
+            # nothing is indexed from a version forgotten since it was read.
             with self.store.transaction() as conn:
+                hidden = ordering.guard_build(conn, tenant_id, [(cv.memory_id, cv.version, cv.epoch) for cv in chunk])
+                chunk = [cv for cv in chunk if cv.source not in hidden and cv.source in texts]
+                indexed += len(chunk)
                 with (
                     conn.cursor() as cur,
                     cur.copy(
@@ -76,7 +91,7 @@ class KeywordIndex:
                 lineage.insert_edges(
                     conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in chunk]
                 )
-        return {"records": len(current), "indexed": len(new), "removed": len(stale), "postings_written": postings}
+        return {"records": len(current), "indexed": indexed, "removed": len(stale), "postings_written": postings}
 
     def search(self, *, tenant_id: str, query: str, limit: int) -> list[tuple[tuple[str, int], float]]:
         """(memory_id, version) with the share of the query's tokens they contain, best first."""
@@ -130,9 +145,10 @@ class KeywordIndex:
                 )
             }
             edges = lineage.records_of_store(conn, tenant_id=tenant_id, store=STORE)
+            pending = ordering.hidden_sources(conn, tenant_id, sorted(indexed - current))  # the cascade's to delete
         with_lineage = {src for sources in edges.values() for src in sources}
         return {
             "records": len(indexed),
             "without_lineage": len(indexed - with_lineage),
-            "not_current": len(indexed - current),
+            "not_current": len(indexed - current - pending),
         }

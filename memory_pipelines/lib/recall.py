@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from memory_pipelines.lib import crypto, lineage, validation
-from memory_pipelines.lib.errors import ValidationError
+from memory_pipelines.lib import crypto, lineage, ordering, validation
+from memory_pipelines.lib.errors import NotFoundError, ValidationError
 from memory_pipelines.lib.keyword import KeywordIndex
 from memory_pipelines.lib.store import MemoryStore
 from memory_pipelines.lib.vectors import VectorStore
@@ -80,11 +80,14 @@ class Recaller:
         scope = self.store.visible_scope(tenant_id=tenant_id, user_id=user_id, team_id=team_id)
         visible: dict[tuple[str, int], dict[str, Any]] = scope["visible"]
         change_seq = self.store.change_seq(tenant_id=tenant_id)
+        if not visible:
+            return []
         with self.store.transaction() as conn:
-            cache_key = crypto.mac(
-                self.store.keys.tenant_subkey(conn, tenant_id, "recall-cache"),
-                json.dumps([user_id, team_id, mode, k, query]).encode(),
-            )
+            try:
+                subkey = self.store.keys.tenant_subkey(conn, tenant_id, "recall-cache", create=False)
+            except NotFoundError:
+                return []  # no tenant key: nothing was ever written, or the tenant was shredded
+            cache_key = crypto.mac(subkey, json.dumps([user_id, team_id, mode, k, query]).encode())
             cached = conn.execute(
                 "SELECT change_seq, results FROM derived.recall_cache WHERE tenant_id = %s AND cache_key = %s",
                 (tenant_id, cache_key),
@@ -111,7 +114,9 @@ class Recaller:
                     Fence(m, v, visible[(m, v)]["user_id"], int(visible[(m, v)]["subject_epoch"])) for (m, v), _ in hits
                 ],
             )
-        texts = self.store.open_texts(tenant_id=tenant_id, sources=[source for source, _ in hits])
+        # Decrypted only if still visible now: a deletion accepted while we ranked hides its scope.
+        texts = self.store.open_texts(tenant_id=tenant_id, sources=[source for source, _ in hits], visible_only=True)
+        hits = [(source, score) for source, score in hits if source in texts]
         return [
             {
                 "memory_id": memory_id,
@@ -169,6 +174,8 @@ class Recaller:
     ) -> None:
         results = json.dumps([[m, v, s] for (m, v), s in hits])
         with self.store.transaction() as conn:
+            if ordering.guard_build(conn, tenant_id, [source for source, _ in hits]):
+                return  # an answer set naming forgotten versions is not worth caching
             conn.execute(
                 "INSERT INTO derived.recall_cache (tenant_id, cache_key, change_seq, results) VALUES (%s, %s, %s, %s)"
                 " ON CONFLICT (tenant_id, cache_key) DO UPDATE SET change_seq = EXCLUDED.change_seq,"

@@ -19,10 +19,10 @@ import secrets
 from collections.abc import Iterable
 from typing import Any
 
-from memory_pipelines.lib import crypto, lineage, validation
+from memory_pipelines.lib import crypto, lineage, ordering, validation
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import NotFoundError
-from memory_pipelines.lib.gate import Gate
+from memory_pipelines.lib.gate import FenceClosed, Gate
 
 STORE = "prompt_snapshots"
 
@@ -71,7 +71,14 @@ class AgentRuns:
         tenant_id, subject_id = lease["tenant_id"], lease["subject_id"]
         snapshot_id = "ps_" + secrets.token_hex(12)
         with self.gate.permit(lease_id=lease_id, sink="state_write"), self.store.transaction() as conn:
-            key_id, key = self.store.keys.subject_key(conn, tenant_id, subject_id)
+            # The permit was issued before any closure; this commit is ordered by the gate lock too,
+            # so a snapshot of versions forgotten since (or of a forgotten run subject) is refused.
+            if ordering.guard_build(conn, tenant_id, chosen) or Gate._lease_fenced(conn, lease_id):
+                raise FenceClosed("lease", f"lease {lease_id} read something that is being forgotten")
+            try:
+                key_id, key = self.store.keys.subject_key(conn, tenant_id, subject_id, create=False)
+            except NotFoundError as exc:
+                raise NotFoundError("subject", f"subject {subject_id!r} has no key: they have written nothing") from exc
             conn.execute(
                 "INSERT INTO derived.prompt_snapshots (tenant_id, snapshot_id, run_id, subject_id, prompt_ct, key_id)"
                 " VALUES (%s, %s, %s, %s, %s, %s)",

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from memory_pipelines.lib import crypto, validation
+from memory_pipelines.lib import crypto, ordering, validation
 from memory_pipelines.lib.errors import (
     ConflictError,
     NotFoundError,
@@ -27,7 +27,7 @@ from memory_pipelines.lib.errors import (
     ServiceError,
     ValidationError,
 )
-from memory_pipelines.lib.keystore import KeyStore
+from memory_pipelines.lib.keystore import KeyDestroyedError, KeyStore
 
 DEFAULT_CATEGORY = "general"
 _IDLE_PING_SECONDS = 1.0
@@ -94,6 +94,20 @@ _SELECT_EXPORT = (
     + " WHERE m.tenant_id = %s AND m.user_id = %s"
     + _NOT_HIDDEN
     + " ORDER BY m.created_at, m.memory_id, v.version"
+)
+
+_SELECT_TEXTS = (
+    "SELECT v.tenant_id, v.memory_id, v.version, v.text_ct, v.key_id FROM memory.memory_versions v"
+    " JOIN unnest(%s::text[], %s::int[]) AS want(memory_id, version)"
+    " ON v.memory_id = want.memory_id AND v.version = want.version WHERE v.tenant_id = %s"
+)
+_SELECT_VISIBLE_TEXTS = (
+    "SELECT v.tenant_id, v.memory_id, v.version, v.text_ct, v.key_id FROM memory.memory_versions v"  # noqa: S608
+    " JOIN unnest(%s::text[], %s::int[]) AS want(memory_id, version)"
+    " ON v.memory_id = want.memory_id AND v.version = want.version"
+    " JOIN memory.memories m ON m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
+    " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
+    " WHERE v.tenant_id = %s" + _NOT_HIDDEN
 )
 
 
@@ -455,7 +469,9 @@ class MemoryStore:
             validation.check_text("original_query", original_query)
 
         with self.transaction() as conn:
-            # Serialises writes per subject, so two identical concurrent writes make one memory.
+            # Ordered against deletion acceptance and the restore gate (see lib/ordering.py); then
+            # serialised per subject, so two identical concurrent writes make one memory.
+            ordering.lock_tenant_shared(conn, tenant_id)
             conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{tenant_id}\x1f{user_id}",))
             head = None
             if memory_id is not None:
@@ -529,15 +545,14 @@ class MemoryStore:
                 validation.check_text(f"{field}.original_query", item["original_query"])
         results: list[WriteResult] = []
         with self.transaction() as conn:
+            ordering.lock_tenant_shared(conn, tenant_id)
             self._ensure_tenant(conn, tenant_id)
             users = sorted({item["user_id"] for item in items})
             for user_id in users:
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{tenant_id}\x1f{user_id}",))
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO memory.subjects (tenant_id, user_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                    [(tenant_id, u) for u in users],
-                )
+            # Same rule as a single write: nothing lands for a subject that is being forgotten.
+            for user_id in users:
+                self._ensure_subject(conn, tenant_id, user_id)
             for team_id, user_id in sorted({(i["team_id"], i["user_id"]) for i in items if i.get("team_id")}):
                 self._require_member(conn, tenant_id, team_id, user_id)
             keys = {user_id: self.keys.subject_key(conn, tenant_id, user_id) for user_id in users}
@@ -633,8 +648,15 @@ class MemoryStore:
             "  ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id AND v.version = m.current_version "
             "WHERE m.tenant_id = %s AND m.memory_id = %s"
         )
+        if lock:
+            # Lock the head alone, then read it with a fresh statement: locking inside the join let a
+            # concurrent new version drop the row from the result (a false "no memory").
+            conn.execute(
+                "SELECT 1 FROM memory.memories WHERE tenant_id = %s AND memory_id = %s FOR UPDATE",
+                (tenant_id, memory_id),
+            )
         with conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(query + (" FOR UPDATE OF m" if lock else ""), (tenant_id, memory_id)).fetchone()
+            row = cur.execute(query, (tenant_id, memory_id)).fetchone()
         if row is None or row["hidden"]:
             raise NotFoundError("memory_id", f"no memory {memory_id} in tenant {tenant_id!r}")
         return row
@@ -824,17 +846,28 @@ class MemoryStore:
             ),
         )
 
-    def rollback(self, *, tenant_id: str, memory_id: str) -> dict[str, Any]:
-        """Make the version before the current one current again, as a new version (history is kept)."""
+    def rollback(self, *, tenant_id: str, memory_id: str, user_id: str) -> dict[str, Any]:
+        """Make the version before the current one current again, as a new version (history is kept).
+
+        `user_id` is the acting user: only the memory's author rolls it back. A previous version
+        that is being forgotten is never copied forward.
+        """
         validation.check_id("tenant", tenant_id)
         validation.check_memory_id("memory_id", memory_id)
+        validation.check_id("user", user_id)
         with self.transaction() as conn:
+            ordering.lock_tenant_shared(conn, tenant_id)
             self._tenant_mode(conn, tenant_id)
             head = self._head(conn, tenant_id, memory_id, lock=True)
+            self._require_author(head, user_id, "rolls it back")
             current = head["current_version"]
             if current < 2:
                 raise ConflictError(
                     "memory_id", f"memory {memory_id} has one version; there is nothing to roll back to"
+                )
+            if ordering.hidden_sources(conn, tenant_id, [(memory_id, current - 1)]):
+                raise ConflictError(
+                    "memory_id", f"version {current - 1} of memory {memory_id} is being forgotten; it cannot come back"
                 )
             previous = self._version_row(conn, tenant_id, memory_id, current - 1)
             text = self._open_text(conn, previous)
@@ -867,6 +900,13 @@ class MemoryStore:
         }
 
     @staticmethod
+    def _require_author(head: dict[str, Any], user_id: str, action: str) -> None:
+        if head["user_id"] != user_id:
+            raise PermissionDeniedError(
+                "user", f"memory {head['memory_id']} belongs to another user; only its author {action}"
+            )
+
+    @staticmethod
     def _version_row(conn: psycopg.Connection, tenant_id: str, memory_id: str, version: int) -> dict[str, Any]:
         with conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(
@@ -883,17 +923,32 @@ class MemoryStore:
         return crypto.open_sealed(key, bytes(row["text_ct"]), aad).decode("utf-8")
 
     def set_do_not_sell(
-        self, *, tenant_id: str, value: bool = True, memory_id: str | None = None, subject: str | None = None
+        self,
+        *,
+        tenant_id: str,
+        user_id: str,
+        value: bool = True,
+        memory_id: str | None = None,
+        subject: str | None = None,
     ) -> dict[str, Any]:
-        """CCPA opt-out for one memory or for every memory of a subject (present and future)."""
+        """CCPA opt-out for one memory or for every memory of a subject (present and future).
+
+        `user_id` is the acting user: a memory's author flags it, a subject flags themselves.
+        """
         validation.check_id("tenant", tenant_id)
+        validation.check_id("user", user_id)
         if (memory_id is None) == (subject is None):
             raise ValidationError("memory_id", "give exactly one of memory_id or subject")
+        if subject is not None:
+            validation.check_id("subject", subject)
+            if subject != user_id:
+                raise PermissionDeniedError("subject", "only the subject sets their own do-not-sell flag")
         with self.transaction() as conn:
             self._tenant_mode(conn, tenant_id)
             if memory_id is not None:
                 validation.check_memory_id("memory_id", memory_id)
-                self._head(conn, tenant_id, memory_id, lock=True)
+                head = self._head(conn, tenant_id, memory_id, lock=True)
+                self._require_author(head, user_id, "sets its do-not-sell flag")
                 conn.execute(
                     "UPDATE memory.memories SET do_not_sell = %s, updated_at = now() "
                     "WHERE tenant_id = %s AND memory_id = %s",
@@ -902,7 +957,6 @@ class MemoryStore:
                 result: dict[str, Any] = {"tenant_id": tenant_id, "memory_id": memory_id, "do_not_sell": value}
             else:
                 assert subject is not None
-                validation.check_id("subject", subject)
                 self._ensure_subject(conn, tenant_id, subject)
                 conn.execute(
                     "UPDATE memory.subjects SET do_not_sell = %s WHERE tenant_id = %s AND user_id = %s",
@@ -1015,23 +1069,37 @@ class MemoryStore:
             with conn.cursor(name="export_subject", row_factory=dict_row) as cur:
                 cur.itersize = EXPORT_BATCH
                 cur.execute(_SELECT_EXPORT, (tenant_id, subject))
-                for row in cur:
-                    yield {
-                        "memory_id": row["memory_id"],
-                        "version": row["version"],
-                        "current": row["version"] == row["current_version"],
-                        "text": self._open_text(conn, row),
-                        "team_id": row["team_id"],
-                        "memory_type": row["memory_type"],
-                        "shareable": row["shareable"],
-                        "category": row["category"],
-                        "confidence": row["confidence"],
-                        "original_query": self._open_query(conn, row),
-                        "do_not_sell": bool(row["memory_dns"] or row["subject_dns"]),
-                        "restored_from": row["restored_from"],
-                        "created_at": _iso(row["created_at"]),
-                        "superseded_at": _iso(row["superseded_at"]),
-                    }
+                while batch := cur.fetchmany(EXPORT_BATCH):
+                    # Keys are looked up per batch on the store's own short transactions: the export's
+                    # long-lived one must hold no lock on the key tables (key compaction waits for it).
+                    with self.transaction() as key_conn:
+                        keys = self.keys.keys_by_id(key_conn, tenant_id, [row["key_id"] for row in batch])
+                    yield from (self._export_row(row, keys) for row in batch)
+
+    def _export_row(self, row: dict[str, Any], keys: dict[str, bytes]) -> dict[str, Any]:
+        key = keys.get(row["key_id"])
+        if key is None:
+            raise KeyDestroyedError("key_id", f"subject key {row['key_id']!r} does not exist")
+        ids = (row["tenant_id"], row["memory_id"], row["version"])
+        query_ct = row["original_query_ct"]
+        return {
+            "memory_id": row["memory_id"],
+            "version": row["version"],
+            "current": row["version"] == row["current_version"],
+            "text": crypto.open_sealed(key, bytes(row["text_ct"]), _text_aad(*ids)).decode("utf-8"),
+            "team_id": row["team_id"],
+            "memory_type": row["memory_type"],
+            "shareable": row["shareable"],
+            "category": row["category"],
+            "confidence": row["confidence"],
+            "original_query": None
+            if query_ct is None
+            else crypto.open_sealed(key, bytes(query_ct), _query_aad(*ids)).decode("utf-8"),
+            "do_not_sell": bool(row["memory_dns"] or row["subject_dns"]),
+            "restored_from": row["restored_from"],
+            "created_at": _iso(row["created_at"]),
+            "superseded_at": _iso(row["superseded_at"]),
+        }
 
     def export_json(self, *, tenant_id: str, subject: str) -> Iterator[str]:
         """The subject's export (GDPR Art. 15/20, CCPA) as chunks of one JSON document."""
@@ -1081,27 +1149,36 @@ class MemoryStore:
         return out
 
     def open_texts(
-        self, *, tenant_id: str, sources: list[tuple[str, int]], skip_unreadable: bool = False
+        self,
+        *,
+        tenant_id: str,
+        sources: list[tuple[str, int]],
+        skip_unreadable: bool = False,
+        visible_only: bool = False,
     ) -> dict[tuple[str, int], str]:
         """Decrypt the text of exactly these versions (what a derived store or a recall answer needs).
 
-        `skip_unreadable` leaves out versions whose key is already destroyed (a resumed deletion).
+        `skip_unreadable` leaves out versions whose key is already destroyed (a resumed deletion);
+        `visible_only` leaves out versions hidden by a deletion accepted at this moment.
         """
         out: dict[tuple[str, int], str] = {}
         if not sources:
             return out
+        query = _SELECT_VISIBLE_TEXTS if visible_only else _SELECT_TEXTS
         with self.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
+            if visible_only:
+                self._tenant_mode(conn, tenant_id)
             for start in range(0, len(sources), 1000):
                 chunk = sources[start : start + 1000]
-                rows = cur.execute(
-                    "SELECT v.tenant_id, v.memory_id, v.version, v.text_ct, v.key_id FROM memory.memory_versions v"
-                    " JOIN unnest(%s::text[], %s::int[]) AS want(memory_id, version)"
-                    " ON v.memory_id = want.memory_id AND v.version = want.version WHERE v.tenant_id = %s",
-                    ([m for m, _ in chunk], [v for _, v in chunk], tenant_id),
-                ).fetchall()
+                rows = cur.execute(query, ([m for m, _ in chunk], [v for _, v in chunk], tenant_id)).fetchall()
+                keys = self.keys.keys_by_id(conn, tenant_id, [row["key_id"] for row in rows])
                 for row in rows:
                     try:
-                        out[(row["memory_id"], row["version"])] = self._open_text(conn, row)
+                        if row["key_id"] not in keys:
+                            raise KeyDestroyedError("key_id", f"subject key {row['key_id']!r} does not exist")
+                        aad = _text_aad(row["tenant_id"], row["memory_id"], row["version"])
+                        text = crypto.open_sealed(keys[row["key_id"]], bytes(row["text_ct"]), aad).decode("utf-8")
+                        out[(row["memory_id"], row["version"])] = text
                     except (NotFoundError, crypto.DecryptionError):
                         if not skip_unreadable:
                             raise

@@ -12,8 +12,9 @@ from collections import defaultdict
 from typing import Any, Protocol
 
 import httpx
+import psycopg
 
-from memory_pipelines.lib import crypto, lineage, validation
+from memory_pipelines.lib import crypto, lineage, ordering, validation
 from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.store import CurrentVersion, MemoryStore
 
@@ -187,7 +188,7 @@ class SummaryStore:
                     (tenant_id, scope, scope_ids, scope_ids),
                 ).fetchall()
             )
-        built = unchanged = 0
+        built = unchanged = discarded = 0
         for scope_id, members in sorted(groups.items()):
             members.sort(key=lambda cv: (-cv.confidence, cv.version_created_at, cv.memory_id))
             mode = modes.get(scope_id, DEFAULT_MODE)
@@ -196,14 +197,27 @@ class SummaryStore:
             if existing.get(scope_id) is not None and bytes(existing[scope_id]) == digest:
                 unchanged += 1
                 continue
-            texts = self.store.open_texts(tenant_id=tenant_id, sources=sources)
+            texts = self.store.open_texts(tenant_id=tenant_id, sources=sources, skip_unreadable=True)
+            if len(texts) < len(sources):
+                discarded += 1  # a key was destroyed since we listed the sources: a deletion is running
+                continue
             summary = compose(mode, [(cv, texts[cv.source]) for cv in members], self.summarizer)
+            del texts
             record_id = f"{scope}:{scope_id}"
             with self.store.transaction() as conn:
-                if scope == "subject":
-                    key_id, key = self.store.keys.subject_key(conn, tenant_id, scope_id)
-                else:
-                    key_id, key = self.store.keys.team_key(conn, tenant_id, scope_id)
+                # The summarizer may have taken seconds: if any source was forgotten meanwhile, the
+                # summary states forgotten text and is dropped (the cascade rebuilds it without).
+                if ordering.guard_build(conn, tenant_id, [(cv.memory_id, cv.version, cv.epoch) for cv in members]):
+                    discarded += 1
+                    continue
+                try:
+                    if scope == "subject":
+                        key_id, key = self.store.keys.subject_key(conn, tenant_id, scope_id, create=False)
+                    else:
+                        key_id, key = self._team_key(conn, tenant_id, scope_id)
+                except NotFoundError:
+                    discarded += 1
+                    continue
                 sealed = crypto.seal(key, summary.encode(), _aad(tenant_id, scope, scope_id))
                 conn.execute(
                     "INSERT INTO derived.summaries (tenant_id, scope, scope_id, mode, summary_ct, key_id,"
@@ -226,10 +240,22 @@ class SummaryStore:
                 lineage.remove_records(
                     conn, tenant_id=tenant_id, store=store_name, record_ids=[f"{scope}:{g}" for g in gone]
                 )
-        return {"summaries": len(groups), "rebuilt": built, "unchanged": unchanged, "removed": len(gone)}
+        return {
+            "summaries": len(groups),
+            "rebuilt": built,
+            "unchanged": unchanged,
+            "removed": len(gone),
+            "discarded": discarded,
+        }
+
+    def _team_key(self, conn: psycopg.Connection, tenant_id: str, team_id: str) -> tuple[str, bytes]:
+        """The team's key; made on the team's first summary, under the gate lock the caller holds (which
+        has just checked the tenant is alive), and never under a destroyed tenant key."""
+        return self.store.keys.team_key(conn, tenant_id, team_id, create=True)
 
     def read(self, *, tenant_id: str, scope: str, scope_id: str) -> dict[str, Any]:
         """The decrypted summary of one subject or team, with its sources."""
+        validation.check_id("subject" if scope == "subject" else "team", scope_id)
         self.store.require_tenant(tenant_id=tenant_id)
         with self.store.transaction() as conn:
             row = conn.execute(
@@ -237,19 +263,28 @@ class SummaryStore:
                 " WHERE tenant_id = %s AND scope = %s AND scope_id = %s",
                 (tenant_id, scope, scope_id),
             ).fetchone()
+            field = "subject" if scope == "subject" else "team"
             if row is None:
-                raise NotFoundError("subject" if scope == "subject" else "team", f"no {scope} summary for {scope_id!r}")
-            if scope == "subject":
-                _, key = self.store.keys.subject_key(conn, tenant_id, scope_id, create=False)
-            else:
-                _, key = self.store.keys.team_key(conn, tenant_id, scope_id, create=False)
-            text = crypto.open_sealed(key, bytes(row[1]), _aad(tenant_id, scope, scope_id)).decode()
-            sources = lineage.sources_of_record(
+                raise NotFoundError(field, f"no {scope} summary for {scope_id!r}")
+            record_sources = lineage.sources_of_record(
                 conn,
                 tenant_id=tenant_id,
                 store=SUBJECT_STORE if scope == "subject" else TEAM_STORE,
                 record_id=f"{scope}:{scope_id}",
             )
+            # Hide at once: a summary stating anything whose deletion was accepted is not shown,
+            # even before the cascade rebuilds it (or while that job is BLOCKED).
+            hidden = ordering.hidden_sources(conn, tenant_id, [(s["memory_id"], s["version"]) for s in record_sources])
+            if hidden or (scope == "subject" and self._forgotten(conn, tenant_id, scope_id)):
+                raise NotFoundError(
+                    field, f"the {scope} summary of {scope_id!r} is being rebuilt after a deletion; try again later"
+                )
+            if scope == "subject":
+                _, key = self.store.keys.subject_key(conn, tenant_id, scope_id, create=False)
+            else:
+                _, key = self.store.keys.team_key(conn, tenant_id, scope_id, create=False)
+            text = crypto.open_sealed(key, bytes(row[1]), _aad(tenant_id, scope, scope_id)).decode()
+            sources = record_sources
         return {
             "tenant_id": tenant_id,
             "scope": scope,
@@ -261,6 +296,14 @@ class SummaryStore:
             "created_at": row[4].isoformat(),
             "sources": sources,
         }
+
+    @staticmethod
+    def _forgotten(conn: psycopg.Connection, tenant_id: str, subject: str) -> bool:
+        row = conn.execute(
+            "SELECT forgotten_at IS NOT NULL FROM memory.subjects WHERE tenant_id = %s AND user_id = %s",
+            (tenant_id, subject),
+        ).fetchone()
+        return row is not None and bool(row[0])
 
     def check(self, *, tenant_id: str, scope: str) -> dict[str, int]:
         """Counts that must be zero: summaries without lineage, summaries built from non-current versions."""

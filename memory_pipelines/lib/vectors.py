@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from memory_pipelines.lib import lineage
+from memory_pipelines.lib import lineage, ordering
 from memory_pipelines.lib.embedding import Embedder
 from memory_pipelines.lib.errors import MemoryPipelinesError, ServiceError
 from memory_pipelines.lib.store import CurrentVersion, MemoryStore
@@ -329,27 +329,53 @@ class VectorStore:
             vectors = self.embedder.embed([texts[cv.source] for cv in chunk])
             del texts
             self._write_chunk(store, tenant_id, col, chunk, vectors)
+        removed = 0
         if stale:
-            self._call("deleting vectors", lambda: col.delete(ids=stale))
             with store.transaction() as conn:
-                lineage.remove_records(conn, tenant_id=tenant_id, store=STORE, record_ids=stale)
-        return {"records": len(current), "embedded": len(new), "removed": len(stale)}
+                # A version whose deletion was accepted is the forget cascade's to erase physically:
+                # a plain delete here would only flag it and drop the lineage the cascade follows.
+                hidden = ordering.guard_build(conn, tenant_id, [_source(record_id) for record_id in stale])
+                removable = [record_id for record_id in stale if _source(record_id) not in hidden]
+                if removable:
+                    self._call("deleting vectors", lambda: col.delete(ids=removable))
+                    lineage.remove_records(conn, tenant_id=tenant_id, store=STORE, record_ids=removable)
+                removed = len(removable)
+        return {"records": len(current), "embedded": len(new), "removed": removed}
 
     def _write_chunk(
         self, store: MemoryStore, tenant_id: str, col: Any, chunk: list[CurrentVersion], vectors: Any
     ) -> None:
-        # Lineage first: a vector is never in Chroma without its edge (a crash leaves an edge
-        # without a vector, which the next sync fills).
+        """Lineage, then the vectors, each committed under the gate lock with a fresh check of the sources.
+
+        Lineage first: a vector is never in Chroma without its edge (a crash leaves an edge without
+        a vector, which the next sync fills). The upsert happens while the lock is held, so a
+        deletion accepted after our check waits for it, and its cascade finds the vector.
+        """
+        import numpy as np
+
+        vectors = np.asarray(vectors)
+        sources = [(cv.memory_id, cv.version, cv.epoch) for cv in chunk]
         with store.transaction() as conn:
+            hidden = ordering.guard_build(conn, tenant_id, sources)
             lineage.insert_edges(
-                conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in chunk]
+                conn,
+                tenant_id=tenant_id,
+                store=STORE,
+                records=[(cv.record_id, cv.source) for cv in chunk if cv.source not in hidden],
             )
-        self._call(
-            "upserting vectors",
-            lambda: col.upsert(
-                ids=[cv.record_id for cv in chunk], embeddings=vectors, metadatas=[metadata_of(cv) for cv in chunk]
-            ),
-        )
+        with store.transaction() as conn:
+            hidden |= ordering.guard_build(conn, tenant_id, sources)
+            keep = [n for n, cv in enumerate(chunk) if cv.source not in hidden]
+            if not keep:
+                return
+            self._call(
+                "upserting vectors",
+                lambda: col.upsert(
+                    ids=[chunk[n].record_id for n in keep],
+                    embeddings=vectors[keep] if len(keep) < len(chunk) else vectors,
+                    metadatas=[metadata_of(chunk[n]) for n in keep],
+                ),
+            )
 
     def query(
         self, *, tenant_id: str, text: str, limit: int, where: dict[str, Any] | None
@@ -404,11 +430,13 @@ class VectorStore:
         current = {cv.record_id for cv in store.current_versions(tenant_id=tenant_id)}
         with store.transaction() as conn:
             edges = lineage.records_of_store(conn, tenant_id=tenant_id, store=STORE)
+            # Vectors of accepted deletions wait for their cascade, which erases them physically.
+            pending = ordering.hidden_sources(conn, tenant_id, [_source(i) for i in ids - current])
         return {
             "records": len(ids),
             "documents": documents,
             "without_lineage": len(ids - set(edges)),
-            "not_current": len(ids - current),
+            "not_current": len({i for i in ids - current if _source(i) not in pending}),
         }
 
 

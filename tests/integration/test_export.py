@@ -70,13 +70,13 @@ def test_do_not_sell_per_memory_and_per_subject(store, tenant):
         return {m["memory_id"]: m["do_not_sell"] for m in store.list_visible(tenant_id=tenant, user_id=user)}
 
     assert flags("alice") == {flagged.memory_id: True, later.memory_id: False}
-    store.set_do_not_sell(tenant_id=tenant, memory_id=later.memory_id)
+    store.set_do_not_sell(tenant_id=tenant, user_id="alice", memory_id=later.memory_id)
     assert flags("alice") == {flagged.memory_id: True, later.memory_id: True}
-    store.set_do_not_sell(tenant_id=tenant, memory_id=later.memory_id, value=False)
+    store.set_do_not_sell(tenant_id=tenant, user_id="alice", memory_id=later.memory_id, value=False)
     assert flags("alice")[later.memory_id] is False
 
     # A subject-wide opt-out covers present and future memories, and shows in the export.
-    store.set_do_not_sell(tenant_id=tenant, subject="bob")
+    store.set_do_not_sell(tenant_id=tenant, user_id="bob", subject="bob")
     future = store.write(tenant_id=tenant, user_id="bob", text="bob after opting out")
     assert flags("bob") == {plain.memory_id: True, future.memory_id: True}
     exported = list(store.iter_export(tenant_id=tenant, subject="bob"))

@@ -236,11 +236,9 @@ def test_proofs_audit_rows_outbox_and_dagster_metadata_hold_no_memory_text(
 def test_bad_requests(store, derived, world):
     tenant = world["tenant"]
     service = DeletionService(derived)
-    nobody = service.request(tenant_id=tenant, subject="never-wrote-anything")
-    service.run_batch(tenant_id=tenant, job_ids=[nobody["job_id"]])
-    status = service.status(job_id=nobody["job_id"])
-    assert status["state"] == "COMPLETE" and status["targets"]["primary"] == "DONE:0"
     cases = [
+        # An unknown subject is a typo or a stranger: never a job, never a proof of nothing.
+        (dict(tenant_id=tenant, subject="never-wrote-anything"), NotFoundError, "subject"),
         (dict(tenant_id="no-such-tenant-f", subject="x"), NotFoundError, "tenant"),
         (dict(tenant_id=tenant, memory_id="m_123"), ValidationError, "memory_id"),
         (dict(tenant_id=tenant, memory_id="m_" + "a" * 32), NotFoundError, "memory_id"),

@@ -98,6 +98,6 @@ def test_tenants_are_isolated(store, team_tenant):
     with pytest.raises(NotFoundError):
         store.write(tenant_id=team_tenant, user_id="alice", text="hijack", memory_id=theirs.memory_id)
     with pytest.raises(NotFoundError):
-        store.rollback(tenant_id=team_tenant, memory_id=theirs.memory_id)
+        store.rollback(tenant_id=team_tenant, memory_id=theirs.memory_id, user_id="alice")
     exported = list(store.iter_export(tenant_id=team_tenant, subject="alice"))
     assert theirs.memory_id not in {row["memory_id"] for row in exported}

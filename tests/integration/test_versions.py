@@ -29,7 +29,7 @@ def test_new_version_supersedes_and_history_keeps_everything(store, tenant):
 def test_rollback_appends_a_version_with_the_previous_text(store, tenant):
     first = store.write(tenant_id=tenant, user_id="alice", text="Lives in Lyon", category="general")
     store.write(tenant_id=tenant, user_id="alice", text="Lives in Porto", memory_id=first.memory_id, category="travel")
-    rolled = store.rollback(tenant_id=tenant, memory_id=first.memory_id)
+    rolled = store.rollback(tenant_id=tenant, memory_id=first.memory_id, user_id="alice")
     assert rolled == {
         "tenant_id": tenant,
         "memory_id": first.memory_id,
@@ -44,7 +44,7 @@ def test_rollback_appends_a_version_with_the_previous_text(store, tenant):
         (3, "Lives in Lyon", "general", True),
     ]
     # Rolling back again undoes the rollback: version 4 carries version 2's text.
-    again = store.rollback(tenant_id=tenant, memory_id=first.memory_id)
+    again = store.rollback(tenant_id=tenant, memory_id=first.memory_id, user_id="alice")
     assert (again["version"], again["text"]) == (4, "Lives in Porto")
 
 
@@ -65,7 +65,7 @@ def test_rollback_of_a_single_version_is_refused_and_writes_nothing(store, tenan
     only = store.write(tenant_id=tenant, user_id="alice", text="Runs marathons")
     before = row_counts(endpoints.store_conninfo)
     with pytest.raises(ConflictError) as err:
-        store.rollback(tenant_id=tenant, memory_id=only.memory_id)
+        store.rollback(tenant_id=tenant, memory_id=only.memory_id, user_id="alice")
     assert err.value.field == "memory_id" and "one version" in err.value.message
     assert row_counts(endpoints.store_conninfo) == before
 
@@ -88,7 +88,7 @@ def test_store_integrity_holds_after_many_versions(store, tenant):
     memory = store.write(tenant_id=tenant, user_id="alice", text="v0")
     for n in range(1, 6):
         store.write(tenant_id=tenant, user_id="alice", text=f"v{n}", memory_id=memory.memory_id)
-    store.rollback(tenant_id=tenant, memory_id=memory.memory_id)
+    store.rollback(tenant_id=tenant, memory_id=memory.memory_id, user_id="alice")
     assert store.integrity_problems(tenant_id=tenant) == {
         "heads_without_current_version": 0,
         "stale_versions_not_superseded": 0,

@@ -1,0 +1,408 @@
+"""Issue 11's reproductions of resurrection and races, one deterministic test each.
+
+Each places a write, a build or a second request inside the window a deletion opens (with the
+project's own hooks, a blocking summarizer or store, or a short delay inside a write's
+transaction) and checks what is left after the job is COMPLETE. Stores in other threads use
+their own connections and key caches, as other processes would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from memory_pipelines.lib.analytics import AnalyticsStore
+from memory_pipelines.lib.backup_storage import LocalBackupStorage
+from memory_pipelines.lib.backups import BackupService
+from memory_pipelines.lib.deletion import DeletionService
+from memory_pipelines.lib.derived import DerivedStores
+from memory_pipelines.lib.errors import ConflictError, NotFoundError, PermissionDeniedError
+from memory_pipelines.lib.gate import FenceClosed, Gate
+from memory_pipelines.lib.keystore import KeyDestroyedError, KeyStore
+from memory_pipelines.lib.keyword import KeywordIndex
+from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.summaries import ExtractiveSummarizer, SummaryStore
+from memory_pipelines.lib.vectors import VectorStore
+from tests.integration.test_forget import _files_with_vector, everything_of
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def world(store, derived, tenant):
+    """alice and bob in team core, personal and team memories, every derived store materialized."""
+    store.add_team_member(tenant_id=tenant, team_id="core", user_id="alice")
+    store.add_team_member(tenant_id=tenant, team_id="core", user_id="bob")
+    canary = f"cnry{uuid.uuid4().hex[:12]}"
+    first = f"Alice's {canary} is a weakness for licorice"
+    mem = {
+        "alice_personal": store.write(tenant_id=tenant, user_id="alice", text=first),
+        "alice_team": store.write(
+            tenant_id=tenant, user_id="alice", text=f"Core freeze {canary} Friday", team_id="core"
+        ),
+        "bob_personal": store.write(tenant_id=tenant, user_id="bob", text="Bob keeps sourdough starter alive"),
+        "bob_team": store.write(tenant_id=tenant, user_id="bob", text="Core pager rotation is weekly", team_id="core"),
+    }
+    store.write(
+        tenant_id=tenant,
+        user_id="alice",
+        text=f"Alice's {canary} is salty licorice",
+        memory_id=mem["alice_personal"].memory_id,
+    )
+    derived.sync_all(tenant_id=tenant)
+    return {"tenant": tenant, "canary": canary, "first_text": first, **mem}
+
+
+def another_store(store: MemoryStore, keys: KeyStore | None = None) -> MemoryStore:
+    """The same database through a connection and key cache of its own (what another process has)."""
+    return MemoryStore(store.conninfo, keys or KeyStore(store.keys.master))
+
+
+class BlockingStore(MemoryStore):
+    """Reads texts, then waits until released: the seconds a slow build spends between read and write."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store.conninfo, KeyStore(store.keys.master))
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    def open_texts(self, **kwargs: Any) -> dict[tuple[str, int], str]:
+        texts = super().open_texts(**kwargs)
+        self.reached.set()
+        assert self.release.wait(60)
+        return texts
+
+
+class SlowKeys(KeyStore):
+    """Sleeps inside the writer's transaction (after its locks): a write in flight for `delay` seconds."""
+
+    def __init__(self, master: Any, delay: float) -> None:
+        super().__init__(master)
+        self.delay = delay
+        self.inside = threading.Event()
+
+    def subject_key(self, conn: Any, tenant_id: str, user_id: str, *, create: bool = True) -> tuple[str, bytes]:
+        self.inside.set()
+        time.sleep(self.delay)
+        return super().subject_key(conn, tenant_id, user_id, create=create)
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = fn()
+        except BaseException as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def forget_now(derived: DerivedStores, tenant: str, **scope: Any) -> dict[str, Any]:
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, **scope)
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    done = service.status(job_id=job["job_id"])
+    assert done["state"] == "COMPLETE"
+    return done
+
+
+def alice_sources(store: MemoryStore, tenant: str) -> list[str]:
+    with store.transaction() as conn:
+        return [r[0] for r in conn.execute("SELECT memory_id FROM memory.memories WHERE tenant_id = %s", (tenant,))]
+
+
+# -- 6. a build that read before the deletion and writes after its COMPLETE ------------------------
+
+
+def test_06_summary_build_racing_a_forget_writes_nothing_back_and_mints_no_key(store, derived, world):
+    tenant = world["tenant"]
+    store.write(tenant_id=tenant, user_id="alice", text=f"Alice's {world['canary']} second fact")  # summary now stale
+    reached, release = threading.Event(), threading.Event()
+
+    class Slow(ExtractiveSummarizer):
+        def summarize(self, texts: list[str]) -> str:
+            reached.set()
+            assert release.wait(60)
+            return super().summarize(texts)
+
+    racing = SummaryStore(another_store(store), Slow())
+    thread, out = in_thread(lambda: racing.sync(tenant_id=tenant, scope="subject"))
+    assert reached.wait(30)
+    forget_now(derived, tenant, subject="alice")
+    release.set()
+    thread.join(60)
+    assert "error" not in out, out
+    with store.transaction() as conn:
+        summaries = conn.execute(
+            "SELECT count(*) FROM derived.summaries WHERE tenant_id = %s AND scope = 'subject' AND scope_id = 'alice'",
+            (tenant,),
+        ).fetchone()[0]
+        keys = conn.execute(
+            "SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = 'alice'", (tenant,)
+        ).fetchone()[0]
+    assert summaries == 0, "a summary of the forgotten subject came back after COMPLETE"
+    assert keys == 0, "a derived build minted a new key for the forgotten subject"
+    assert out["result"]["discarded"] >= 1
+
+
+@pytest.mark.parametrize("build", ["keyword_index", "analytics"])
+def test_06_index_builds_racing_a_forget_discard_what_was_forgotten(store, derived, world, build, tmp_path):
+    tenant = world["tenant"]
+    late = store.write(tenant_id=tenant, user_id="alice", text=f"Alice's {world['canary']} late fact")
+    blocking = BlockingStore(store)
+    if build == "keyword_index":
+        thread, out = in_thread(lambda: KeywordIndex(blocking).sync(tenant_id=tenant))
+    else:
+        racing = AnalyticsStore(derived.analytics.root)
+        thread, out = in_thread(lambda: racing.rebuild(store=blocking, tenant_id=tenant))
+    assert blocking.reached.wait(30)
+    forget_now(derived, tenant, subject="alice")
+    blocking.release.set()
+    thread.join(60)
+    assert "error" not in out, out
+    assert everything_of(store, tenant, late.memory_id) == {"versions": 0, "lineage": 0, "postings": 0}
+    table = derived.analytics.read_partition(tenant)
+    assert table is None or late.memory_id not in table["memory_id"].to_pylist()
+
+
+def test_06_chroma_sync_racing_a_forget_leaves_no_vector(store, derived, world, tmp_path):
+    from tests.support.servers import chroma_server
+
+    tenant = world["tenant"]
+    with chroma_server(tmp_path / "chroma") as (url, _):
+        vectors = VectorStore(embedder=derived.vectors.embedder, url=url)
+        on_server = dataclasses.replace(derived, vectors=vectors)
+        vectors.sync(store=store, tenant_id=tenant)
+        late = store.write(tenant_id=tenant, user_id="alice", text=f"Alice's {world['canary']} late fact")
+        blocking = BlockingStore(store)
+        racing = VectorStore(embedder=derived.vectors.embedder, url=url)
+        thread, out = in_thread(lambda: racing.sync(store=blocking, tenant_id=tenant))
+        assert blocking.reached.wait(30)
+        forget_now(on_server, tenant, subject="alice")
+        blocking.release.set()
+        thread.join(60)
+        assert "error" not in out, out
+        assert f"{late.memory_id}:1" not in vectors.ids(tenant)
+        assert everything_of(store, tenant, late.memory_id)["lineage"] == 0
+
+
+# -- 7. an eager refresh between acceptance and cascade -------------------------------------------
+
+
+def test_07_refresh_between_acceptance_and_cascade_does_not_defeat_physical_erasure(store, derived, world):
+    tenant = world["tenant"]
+    memory_id = world["alice_personal"].memory_id
+    gone = f"{memory_id}:2"
+    stored = derived.vectors.vectors_of(tenant, [gone])
+    assert _files_with_vector(derived.vectors.path, stored[gone])
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, memory_id=memory_id)
+    derived.sync_all(tenant_id=tenant)  # what eager automation runs when the tenant's memories change
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    done = service.status(job_id=job["job_id"])
+    assert done["state"] == "COMPLETE"
+    assert done["targets"]["chroma"] == "DONE:1"
+    assert _files_with_vector(derived.vectors.path, stored[gone]) == []
+
+
+# -- 8, 9, 10: writes that copy, race or land inside a deletion ------------------------------------
+
+
+def test_08_rollback_never_copies_a_version_being_forgotten(store, derived, world):
+    tenant, memory_id = world["tenant"], world["alice_personal"].memory_id
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, memory_id=memory_id, version=1)
+    with pytest.raises(ConflictError) as err:
+        store.rollback(tenant_id=tenant, memory_id=memory_id, user_id="alice")
+    assert err.value.field == "memory_id" and "being forgotten" in err.value.message
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    texts = [v["text"] for v in store.history(tenant_id=tenant, memory_id=memory_id)]
+    assert world["first_text"] not in texts and len(texts) == 1
+
+
+def test_09_forget_of_a_memory_covers_a_new_version_written_in_flight(store, derived, world):
+    tenant, memory_id = world["tenant"], world["bob_personal"].memory_id
+    slow = SlowKeys(store.keys.master, delay=1.0)
+    writer = another_store(store, slow)
+    thread, out = in_thread(
+        lambda: writer.write(tenant_id=tenant, user_id="bob", text="Bob keeps two starters", memory_id=memory_id)
+    )
+    assert slow.inside.wait(30)
+    time.sleep(0.2)
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, memory_id=memory_id)
+    thread.join(30)
+    assert out["result"].version == 2
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    assert service.status(job_id=job["job_id"])["target_versions"] == 2
+    assert everything_of(store, tenant, memory_id) == {"versions": 0, "lineage": 0, "postings": 0}
+
+
+def test_10_bulk_write_mid_cascade_is_refused_and_the_tenant_stays_healthy(store, derived, world):
+    tenant = world["tenant"]
+    refused: list[BaseException] = []
+
+    def bulk(step: str, jobs: list[str]) -> None:
+        try:
+            another_store(store).write_many(tenant_id=tenant, items=[{"user_id": "alice", "text": "Alice bulk fact"}])
+        except ConflictError as exc:
+            refused.append(exc)
+
+    service = DeletionService(derived, hooks={"frozen": bulk})
+    job = service.request(tenant_id=tenant, subject="alice")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    assert service.status(job_id=job["job_id"])["state"] == "COMPLETE"
+    assert len(refused) == 1 and refused[0].field == "user"
+    assert store.list_visible(tenant_id=tenant, user_id="alice") == []
+    assert list(store.iter_export(tenant_id=tenant, subject="alice")) == []
+    assert derived.sync_all(tenant_id=tenant)["memory_embeddings"]["records"] == 2  # bob's two
+
+
+# -- 11, 12: keys and summaries at the moment of use ------------------------------------------------
+
+
+def test_11_a_key_destroyed_elsewhere_stops_decrypting_in_a_long_lived_process(store, derived, world):
+    tenant = world["tenant"]
+    source = (world["alice_personal"].memory_id, 2)
+    long_lived = another_store(store)
+    assert long_lived.open_texts(tenant_id=tenant, sources=[source])  # its key cache is warm
+    with long_lived.transaction() as conn:
+        key_id, text_ct = conn.execute(
+            "SELECT key_id, text_ct FROM memory.memory_versions WHERE tenant_id = %s AND memory_id = %s"
+            " AND version = 2",
+            (tenant, source[0]),
+        ).fetchone()
+    service = DeletionService(derived)
+    shredded = service.shred_keys(tenant_id=tenant, subject="alice")
+    service.run_batch(tenant_id=tenant, job_ids=[shredded["forget_job"]["job_id"]])
+    with long_lived.transaction() as conn, pytest.raises(KeyDestroyedError):
+        long_lived.keys.key_by_id(conn, tenant, key_id)
+    assert long_lived.open_texts(tenant_id=tenant, sources=[source], skip_unreadable=True) == {}
+    assert bytes(text_ct)  # the ciphertext we kept stays just that
+
+
+def test_12_summaries_are_hidden_the_moment_a_forget_is_accepted(store, derived, world):
+    tenant = world["tenant"]
+    assert world["canary"] in derived.summaries.read(tenant_id=tenant, scope="subject", scope_id="alice")["summary"]
+    assert world["canary"] in derived.summaries.read(tenant_id=tenant, scope="team", scope_id="core")["summary"]
+    DeletionService(derived).request(tenant_id=tenant, subject="alice")  # accepted, not run
+    for scope, scope_id in (("subject", "alice"), ("team", "core")):
+        with pytest.raises(NotFoundError) as err:
+            derived.summaries.read(tenant_id=tenant, scope=scope, scope_id=scope_id)
+        assert "being rebuilt" in err.value.message
+    assert derived.summaries.read(tenant_id=tenant, scope="subject", scope_id="bob")["summary"]
+
+
+# -- 13: the restore gate and a write that began before it closed ---------------------------------
+
+
+def test_13_restore_waits_for_a_write_in_flight_and_completes(store, derived, world, tmp_path):
+    tenant = world["tenant"]
+    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    taken = backups.backup(tenant_id=tenant)
+    slow = SlowKeys(store.keys.master, delay=1.0)
+    writer = another_store(store, slow)
+    memory_id = world["bob_personal"].memory_id
+    thread, out = in_thread(
+        lambda: writer.write(tenant_id=tenant, user_id="bob", text="Bob keeps a rye starter", memory_id=memory_id)
+    )
+    assert slow.inside.wait(30)
+    time.sleep(0.2)
+    report = backups.restore(tenant_id=tenant, backup_id=taken["backup_id"])
+    thread.join(30)
+    assert "error" not in out, out
+    assert report["state"] == "COMPLETE"
+    assert {m["text"] for m in store.list_visible(tenant_id=tenant, user_id="bob")} == {
+        "Bob keeps sourdough starter alive"
+    }
+
+
+# -- 14, 15: concurrent requests and rollbacks; permits on a closed tenant ------------------------
+
+
+def test_14_identical_concurrent_forget_requests_get_the_one_open_job(store, derived, world):
+    tenant = world["tenant"]
+    barrier = threading.Barrier(6)
+
+    def request() -> dict[str, Any]:
+        service = DeletionService(dataclasses.replace(derived, store=another_store(store)))
+        barrier.wait(10)
+        return service.request(tenant_id=tenant, subject="bob")
+
+    runs = [in_thread(request) for _ in range(6)]
+    for thread, _ in runs:
+        thread.join(30)
+    results = [out.get("result") or out.get("error") for _, out in runs]
+    assert all(isinstance(r, dict) for r in results), results
+    assert len({r["job_id"] for r in results}) == 1
+    assert sorted(r["duplicate"] for r in results) == [False] + [True] * 5
+
+
+def test_14_concurrent_rollbacks_each_append_a_version(store, world):
+    tenant, memory_id = world["tenant"], world["bob_personal"].memory_id
+    store.write(tenant_id=tenant, user_id="bob", text="Bob keeps a rye starter", memory_id=memory_id)
+    barrier = threading.Barrier(4)
+
+    def rollback() -> dict[str, Any]:
+        other = another_store(store)
+        barrier.wait(10)
+        return other.rollback(tenant_id=tenant, memory_id=memory_id, user_id="bob")
+
+    runs = [in_thread(rollback) for _ in range(4)]
+    for thread, _ in runs:
+        thread.join(30)
+    assert [out.get("error") for _, out in runs] == [None] * 4
+    assert sorted(out["result"]["version"] for _, out in runs) == [3, 4, 5, 6]
+
+
+def test_15_no_permit_for_a_lease_on_a_deleted_tenant_even_if_it_read_nothing(store, derived, world):
+    tenant = world["tenant"]
+    gate = Gate(store)
+    lease = gate.open_lease(tenant_id=tenant, subject_id="alice", run_id="run-quiet")
+    idle = gate.open_lease(tenant_id=tenant, subject_id="bob", run_id="run-bob")
+    DeletionService(derived).request(tenant_id=tenant, subject="bob")
+    with pytest.raises(FenceClosed):
+        gate.acquire(lease_id=idle, sink="model_output")  # bob is being forgotten: his run stops
+    with gate.permit(lease_id=lease, sink="model_output"):
+        pass  # alice's run is untouched
+    DeletionService(derived).request(tenant_id=tenant, all_tenant=True, confirm=tenant)
+    with pytest.raises(FenceClosed):
+        gate.acquire(lease_id=lease, sink="model_output")
+
+
+# -- 4, 5: unknown subjects and the acting user ---------------------------------------------------
+
+
+def test_04_unknown_subjects_never_get_a_job_or_a_proof(store, derived, world):
+    tenant = world["tenant"]
+    service = DeletionService(derived)
+    for call in (
+        lambda: service.request(tenant_id=tenant, subject="Alice"),
+        lambda: service.shred_keys(tenant_id=tenant, subject="nobody"),
+    ):
+        with pytest.raises(NotFoundError) as err:
+            call()
+        assert err.value.field == "subject"
+    assert service.list_jobs(tenant_id=tenant) == []
+
+
+def test_05_only_the_author_rolls_back_or_flags_a_memory(store, world):
+    tenant, memory_id = world["tenant"], world["alice_personal"].memory_id
+    with pytest.raises(PermissionDeniedError):
+        store.rollback(tenant_id=tenant, memory_id=memory_id, user_id="bob")
+    with pytest.raises(PermissionDeniedError):
+        store.set_do_not_sell(tenant_id=tenant, user_id="bob", memory_id=memory_id)
+    with pytest.raises(PermissionDeniedError):
+        store.set_do_not_sell(tenant_id=tenant, user_id="bob", subject="alice")
+    assert len(store.history(tenant_id=tenant, memory_id=memory_id)) == 2
+    assert not any(m["do_not_sell"] for m in store.list_visible(tenant_id=tenant, user_id="alice"))
