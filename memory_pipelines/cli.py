@@ -10,10 +10,12 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from memory_pipelines.lib import validation
 from memory_pipelines.lib.crypto import DecryptionError
 from memory_pipelines.lib.errors import MemoryPipelinesError, ValidationError
 from memory_pipelines.lib.paths import PROJECT_ROOT
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
     from memory_pipelines.lib.derived import DerivedStores
 
 PROG = "memory-pipelines"
+# Set to 1 to get the traceback of an unexpected error (never of a refused input).
+ENV_DEBUG = "MEMORY_PIPELINES_DEBUG"
 
 
 def _emit(document: Any) -> None:
@@ -45,18 +49,42 @@ def _store(args: argparse.Namespace) -> MemoryStore:
     return open_store(_settings(args))
 
 
-def _text_arg(value: str) -> str:
-    return sys.stdin.read() if value == "-" else value
+def _text_arg(value: str, field: str) -> str:
+    """The argument itself, or stdin for `-`.
+
+    Stdin is read as bytes and decoded strictly: text that is not UTF-8 is refused naming the
+    field, where a text-mode read would raise (a traceback) or smuggle lone surrogates further.
+    At most one byte more than the text limit is read, so a huge stream is not held in memory.
+    """
+    if value != "-":
+        return value
+    if sys.stdin is None:
+        raise ValidationError(field, "is - but stdin is closed")
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text-only stdin (an embedding program's replacement): already decoded
+        return validation.check_utf8(field, sys.stdin.read())
+    raw = stream.read(validation.MAX_TEXT_BYTES + 1)
+    if len(raw) > validation.MAX_TEXT_BYTES:
+        raise ValidationError(
+            field, f"is more than {validation.MAX_TEXT_BYTES} bytes; the limit is {validation.MAX_TEXT_BYTES} (64 KiB)"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(
+            field, f"stdin is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        ) from None
 
 
 # -- commands --------------------------------------------------------------------------------
 
 
 def cmd_write(args: argparse.Namespace) -> None:
+    text = _text_arg(args.text, "text")  # before any service starts: bad stdin changes nothing
     result = _store(args).write(
         tenant_id=args.tenant,
         user_id=args.user,
-        text=_text_arg(args.text),
+        text=text,
         memory_id=args.memory_id,
         team_id=args.team,
         shareable=True if args.shareable else None,
@@ -73,7 +101,7 @@ def cmd_history(args: argparse.Namespace) -> None:
 
 
 def cmd_rollback(args: argparse.Namespace) -> None:
-    _emit(_store(args).rollback(tenant_id=args.tenant, memory_id=args.memory_id))
+    _emit(_store(args).rollback(tenant_id=args.tenant, memory_id=args.memory_id, user_id=args.user))
 
 
 def cmd_list(args: argparse.Namespace) -> None:
@@ -112,7 +140,7 @@ def cmd_tenant(args: argparse.Namespace) -> None:
 def cmd_do_not_sell(args: argparse.Namespace) -> None:
     _emit(
         _store(args).set_do_not_sell(
-            tenant_id=args.tenant, memory_id=args.memory_id, subject=args.subject, value=not args.off
+            tenant_id=args.tenant, memory_id=args.memory_id, subject=args.subject, value=not args.off, user_id=args.user
         )
     )
 
@@ -142,9 +170,13 @@ def cmd_recall(args: argparse.Namespace) -> None:
 
 
 def cmd_analytics(args: argparse.Namespace) -> None:
-    from memory_pipelines.lib.analytics import AnalyticsStore
+    from memory_pipelines.lib.analytics import AnalyticsStore, parse_select
 
-    _emit(AnalyticsStore(_settings(args).analytics_root).query(args.sql))
+    parse_select(args.sql)  # before any service starts
+    # Unknown, deleted and restoring tenants are refused as everywhere else; the query then sees
+    # only this tenant's rows.
+    _store(args).require_tenant(tenant_id=args.tenant)
+    _emit(AnalyticsStore(_settings(args).analytics_root).query(args.sql, tenant_id=args.tenant))
 
 
 def cmd_materialize(args: argparse.Namespace) -> None:
@@ -266,16 +298,17 @@ def cmd_keys(args: argparse.Namespace) -> None:
 def cmd_retention(args: argparse.Namespace) -> None:
     from memory_pipelines.lib import retention
 
-    day = retention.check_day(args.date).isoformat()
     if args.retention_command == "preview":
-        _emit(retention.preview(_store(args), day=day))
-    elif args.wait:
+        # A preview of a future day is allowed: counts only, nothing written (see retention.preview).
+        _emit(retention.preview(_store(args), day=retention.check_day(args.date).isoformat()))
+        return
+    day = retention.check_sweep_day(args.date).isoformat()  # a day that has ended, on every path
+    if args.wait:
         from memory_pipelines.materialize import failure_message, run_retention
 
         retention.load_policies()  # a broken policy file fails here, naming its line
-        today = datetime.now(UTC).date().isoformat()
-        if not retention.FIRST_DAY <= day < today:
-            raise ValidationError("date", f"must be a day that has ended, from {retention.FIRST_DAY} to before {today}")
+        if day < retention.FIRST_DAY:
+            raise ValidationError("date", f"must be from {retention.FIRST_DAY}, the retention job's first partition")
         result = run_retention(_settings(args), day)
         if result["sweep"] is None:
             raise MemoryPipelinesError("retention", failure_message(result["failures"]))
@@ -291,6 +324,7 @@ def _runs(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
+    prompt = _text_arg(args.prompt, "prompt") if args.run_command == "snapshot" else None
     runs = _runs(args)
     if args.run_command == "open":
         lease = runs.open(tenant_id=args.tenant, subject_id=args.user, run_id=args.run, ttl_seconds=args.ttl)
@@ -304,7 +338,7 @@ def cmd_run(args: argparse.Namespace) -> None:
             held = {"permit_id": permit.permit_id, "seq": permit.seq, "sink": permit.sink}
         _emit({**held, "state": "RELEASED"})
     else:
-        _emit(runs.snapshot_prompt(lease_id=args.lease, prompt=_text_arg(args.prompt)))
+        _emit(runs.snapshot_prompt(lease_id=args.lease, prompt=prompt))
 
 
 def cmd_explain(args: argparse.Namespace) -> None:
@@ -323,6 +357,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
             raise MemoryPipelinesError("eval", failure_message(result["failures"]))
         _emit(result)
         return
+    evaluation.check_mode(args.mode)  # before any service starts
     eval_set = evaluation.load_eval_set()
     rows = evaluation.trend(_store(args), tenant_id=eval_set.tenant, mode=args.mode)
     if not rows:
@@ -365,6 +400,8 @@ def cmd_stop(args: argparse.Namespace) -> None:
 def cmd_dev(args: argparse.Namespace) -> None:
     from memory_pipelines.lib.services import ensure_services
 
+    if not 1 <= args.port <= 65535:
+        raise ValidationError("port", f"must be from 1 to 65535, got {args.port}")
     settings = _settings(args)
     ensure_services(settings)
     env = dict(os.environ, DAGSTER_HOME=str(settings.dagster_home), **{ENV_HOME: str(settings.home)})
@@ -390,8 +427,27 @@ def cmd_demo(args: argparse.Namespace) -> None:
 # -- parser ------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors follow the CLI's error contract: `FIELD: message`, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        raise ValidationError(self._field_of(message), message)
+
+    def _field_of(self, message: str) -> str:
+        """The dest of the first argument argparse names in `message` (`--memory-id` -> memory_id)."""
+        for prefix in ("argument ", "the following arguments are required: ", "one of the arguments "):
+            if message.startswith(prefix):
+                name = message[len(prefix) :].replace("/", " ").replace(",", " ").replace(":", " ").split()[0]
+                for action in self._actions:
+                    if name in action.option_strings or name in (action.metavar, action.dest):
+                        return str(action.dest)
+                return name.lstrip("-").replace("-", "_")
+        return "arguments"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="Long-term memory lifecycle on Dagster.")
+    parser = _Parser(prog=PROG, description="Long-term memory lifecycle on Dagster.")
     parser.add_argument("--home", help=f"data folder (default: ${ENV_HOME} or ./.memory_pipelines)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -418,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rollback = add("rollback", cmd_rollback, "make the previous version current again, as a new version")
     rollback.add_argument("--tenant", required=True)
+    rollback.add_argument("--user", required=True, help="who acts: only the memory's author may roll it back")
     rollback.add_argument("--memory-id", required=True)
 
     listing = add("list", cmd_list, "current memories visible to a user (personal view, or --team view)")
@@ -452,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     dns = add("do-not-sell", cmd_do_not_sell, "CCPA opt-out for one memory or a whole subject")
     dns.add_argument("--tenant", required=True)
+    dns.add_argument("--user", required=True, help="who acts: the memory's author, or the subject flagging themselves")
     target = dns.add_mutually_exclusive_group(required=True)
     target.add_argument("--memory-id")
     target.add_argument("--subject")
@@ -471,7 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
     recall.add_argument("--mode", default="hybrid", help="semantic, keyword or hybrid (default)")
     recall.add_argument("query", metavar="QUERY")
 
-    analytics = add("analytics", cmd_analytics, "one read-only SELECT on the DuckDB analytics views")
+    analytics = add("analytics", cmd_analytics, "one SELECT over one tenant's analytics rows (table `memories`)")
+    analytics.add_argument("--tenant", required=True, help="the only tenant whose rows the query sees")
     analytics.add_argument("--sql", required=True, help="e.g. SELECT category, count(*) FROM memories GROUP BY 1")
 
     materialize = add("materialize", cmd_materialize, "materialize a tenant's assets through the Dagster instance")
@@ -582,19 +641,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Every string argument must be UTF-8 before any command runs.
+
+    Python hands over argv bytes that are not UTF-8 as lone surrogates (surrogateescape); they
+    would fail much later, in `.encode()` or the database driver, after work had begun.
+    """
+    for name, value in vars(args).items():
+        if isinstance(value, str):
+            validation.check_utf8(name, value)
+
+
+def _error(field: str, message: str) -> None:
+    """One line on stderr, whatever the message holds (newlines, undecodable input echoed back)."""
+    line = f"{PROG}: error: {field}: {' '.join(message.split())}"
+    print(line.encode("utf-8", "backslashreplace").decode("utf-8"), file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
+        _check_arguments(args)
         args.handler(args)
     except MemoryPipelinesError as exc:
-        print(f"{PROG}: error: {exc.field}: {exc.message}", file=sys.stderr)
+        _error(exc.field, exc.message)
         return exc.exit_code
     except DecryptionError as exc:
-        print(f"{PROG}: error: ciphertext: {exc}", file=sys.stderr)
+        _error("ciphertext", str(exc))
         return 7
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        _error("interrupted", "stopped by the user")
+        return 130
+    except Exception as exc:
+        # A bug, not bad input: one line by default; the traceback when asked for.
+        if os.environ.get(ENV_DEBUG) == "1":
+            traceback.print_exc()
+        _error("internal", f"{type(exc).__name__}: {exc} (set {ENV_DEBUG}=1 for the traceback)")
+        return 1
     return 0
 
 

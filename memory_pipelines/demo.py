@@ -46,7 +46,7 @@ def show_versions(store: MemoryStore, corpus: dict[str, Any]) -> dict[str, Any]:
     spec, tenant = corpus["versioned"], corpus["tenant"]
     first = store.write(tenant_id=tenant, user_id=spec["user"], text=spec["first"], category=spec["category"])
     second = store.write(tenant_id=tenant, user_id=spec["user"], text=spec["second"], memory_id=first.memory_id)
-    rolled = store.rollback(tenant_id=tenant, memory_id=first.memory_id)
+    rolled = store.rollback(tenant_id=tenant, memory_id=first.memory_id, user_id=spec["user"])
     history = store.history(tenant_id=tenant, memory_id=first.memory_id)
     return {
         "memory_id": first.memory_id,
@@ -97,8 +97,9 @@ def run_demo(settings: Settings) -> dict[str, Any]:
         recalled = derived.recaller.recall(tenant_id=tenant, user_id="alice", query=recall_query, k=2)
         lineage = derived.lineage_of_memory(tenant_id=tenant, memory_id=versions["memory_id"])
         analytics = derived.analytics.query(
-            "SELECT tenant_id, category, count(*) AS memories, avg(text_length)::int AS avg_text_length"
-            " FROM memories GROUP BY ALL ORDER BY tenant_id, category"
+            "SELECT category, count(*) AS memories, avg(text_length)::int AS avg_text_length"
+            " FROM memories GROUP BY ALL ORDER BY category",
+            tenant_id=tenant,
         )
         backup = run_backup(settings, tenant)  # last night's backup, before bob asks to be forgotten
         forget_request = DeletionService(derived).request(tenant_id=tenant, subject="bob", basis="gdpr-art17")

@@ -6,8 +6,13 @@ key, do-not-sell memories excluded. A tenant's partition is rewritten whole, ato
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import date, datetime, time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from memory_pipelines.lib import crypto, lineage
-from memory_pipelines.lib.errors import ServiceError, ValidationError
-from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib import crypto, lineage, ordering, validation
+from memory_pipelines.lib.errors import NotFoundError, ValidationError
+from memory_pipelines.lib.store import CurrentVersion, MemoryStore
 
 STORE = "analytics"
 SCHEMA = pa.schema(
@@ -37,7 +42,10 @@ SCHEMA = pa.schema(
         ("version_created_at", pa.timestamp("us", tz="UTC")),
     ]
 )
-_READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
+# Only a plain SELECT (FROM-first, WITH, VALUES, DESCRIBE and SUMMARIZE parse as one too). Never
+# EXPLAIN: `EXPLAIN ANALYZE` executes its statement, `COPY ... TO` included.
+_READ_ONLY_STATEMENTS = {"SELECT"}
+MAX_QUERY_ROWS = 10_000
 _views_lock = threading.Lock()
 
 
@@ -56,9 +64,12 @@ class AnalyticsStore:
         """Rewrite the tenant's partition from the current versions (do-not-sell rows left out)."""
         current = store.current_versions(tenant_id=tenant_id)
         kept = [cv for cv in current if not cv.do_not_sell]
-        texts = store.open_texts(tenant_id=tenant_id, sources=[cv.source for cv in kept])
+        texts = store.open_texts(tenant_id=tenant_id, sources=[cv.source for cv in kept], skip_unreadable=True)
+        kept = [cv for cv in kept if cv.source in texts]
+        if not kept and not current:
+            return self._commit(store, tenant_id, [], pa.Table.from_pylist([], schema=SCHEMA), 0)
         with store.transaction() as conn:
-            key = store.keys.tenant_subkey(conn, tenant_id, "analytics-pseudonym")
+            key = store.keys.tenant_subkey(conn, tenant_id, "analytics-pseudonym", create=False)
 
         def pseudonym(value: str | None) -> str | None:
             return None if value is None else crypto.mac(key, value.encode()).hex()[:32]
@@ -83,14 +94,25 @@ class AnalyticsStore:
             ],
             schema=SCHEMA,
         )
-        self._write(tenant_id, table)
+        return self._commit(store, tenant_id, kept, table, sum(cv.do_not_sell for cv in current))
+
+    def _commit(
+        self, store: MemoryStore, tenant_id: str, kept: list[CurrentVersion], table: pa.Table, do_not_sell: int
+    ) -> dict[str, int]:
+        """Write the partition and its lineage under the gate lock, without rows forgotten since they were read."""
         with store.transaction() as conn:
+            hidden = ordering.guard_build(conn, tenant_id, [(cv.memory_id, cv.version, cv.epoch) for cv in kept])
+            if hidden:
+                keep_mask = pa.array([cv.source not in hidden for cv in kept], type=pa.bool_())
+                table = table.filter(keep_mask)
+                kept = [cv for cv in kept if cv.source not in hidden]
+            self._write(tenant_id, table)
             conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
             lineage.insert_edges(
                 conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in kept]
             )
         self.refresh_views()
-        return {"rows": len(kept), "excluded_do_not_sell": len(current) - len(kept)}
+        return {"rows": len(kept), "excluded_do_not_sell": do_not_sell}
 
     def remove(self, *, store: MemoryStore, tenant_id: str, sources: set[tuple[str, int]]) -> int:
         """Rewrite the tenant's partition without the rows of `sources`; returns rows removed.
@@ -148,26 +170,36 @@ class AnalyticsStore:
                     + ", hive_partitioning = true)"
                 )
 
-    def query(self, sql: str) -> dict[str, Any]:
-        """Run one read-only SELECT against the analytics database."""
-        if not sql.strip():
-            raise ValidationError("sql", "must not be empty")
+    def query(self, sql: str, *, tenant_id: str, max_rows: int = MAX_QUERY_ROWS) -> dict[str, Any]:
+        """Run one SELECT over one tenant's rows, exposed as the table `memories`.
+
+        The user's SQL never sees a file: the tenant's partition is read here (pyarrow) and
+        registered on a fresh in-memory DuckDB whose file system, extensions and configuration
+        are then locked, so `COPY`, `read_text`, `read_blob`, `ATTACH` or `SET` cannot reach
+        anything, and other tenants' rows are not there to be read. At most `max_rows` rows are
+        returned, with `truncated` saying whether there were more.
+        """
+        validation.check_id("tenant", tenant_id)
+        statement = parse_select(sql)
+        table = self.read_partition(tenant_id)
+        if table is None:
+            raise NotFoundError(
+                "tenant", f"no analytics data for tenant {tenant_id!r}: unknown, or analytics_memories not materialized"
+            )
+        # The hive partition column is in the path, not the file; added back so queries can name it.
+        table = table.append_column("tenant_id", pa.array([tenant_id] * table.num_rows, pa.string()))
         try:
-            statements = duckdb.extract_statements(sql)
-        except duckdb.Error as exc:
-            raise ValidationError("sql", f"does not parse: {exc}") from exc
-        if len(statements) != 1 or statements[0].type.name not in _READ_ONLY_STATEMENTS:
-            raise ValidationError("sql", "must be exactly one SELECT statement")
-        if not self.database.exists():
-            raise ServiceError("analytics", "no analytics data yet: materialize analytics_memories first")
-        try:
-            with duckdb.connect(str(self.database), read_only=True) as con:
-                cursor = con.execute(sql)
+            with _sandbox(table) as con:
+                cursor = con.execute(statement)
                 columns = [d[0] for d in cursor.description or []]
-                rows = [list(r) for r in cursor.fetchall()]
+                fetched = cursor.fetchmany(max_rows + 1)
         except duckdb.Error as exc:
-            raise ValidationError("sql", f"{type(exc).__name__}: {exc}") from exc
-        return {"columns": columns, "rows": rows}
+            raise ValidationError("sql", f"{type(exc).__name__}: {_one_line(str(exc))}") from exc
+        return {
+            "columns": columns,
+            "rows": [[_json_value(v) for v in row] for row in fetched[:max_rows]],
+            "truncated": len(fetched) > max_rows,
+        }
 
     def read_partition(self, tenant_id: str) -> pa.Table | None:
         path = self.partition_file(tenant_id)
@@ -190,3 +222,63 @@ class AnalyticsStore:
             "without_lineage": sum(1 for i in ids if i not in edges),
             "not_current": sum(1 for i in ids if i not in current),
         }
+
+
+def parse_select(sql: object) -> duckdb.Statement:
+    """The single SELECT statement of `sql`, as DuckDB itself parses it (not a regex of ours);
+    ValidationError('sql') for anything else. Cheap: callers may check before starting services."""
+    text = validation.check_text("sql", sql)
+    try:
+        statements = duckdb.extract_statements(text)
+    except duckdb.Error as exc:
+        raise ValidationError("sql", f"does not parse: {_one_line(str(exc))}") from exc
+    if len(statements) != 1:
+        raise ValidationError("sql", f"must be exactly one SELECT statement, got {len(statements)} statements")
+    kind = statements[0].type.name
+    if kind not in _READ_ONLY_STATEMENTS:
+        raise ValidationError("sql", f"must be a SELECT statement, got {kind}")
+    return statements[0]
+
+
+@contextmanager
+def _sandbox(table: pa.Table) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A fresh in-memory DuckDB holding only `table` as `memories`, locked before any user SQL runs."""
+    config: dict[str, str | bool | int | float | list[str]] = {
+        # Python replacement scans would let SQL name any variable of the calling frames.
+        "python_enable_replacements": False,
+        "autoinstall_known_extensions": False,
+        "autoload_known_extensions": False,
+        "allow_community_extensions": False,
+        # No spill files: an in-memory database would otherwise write `.tmp/` in the working directory.
+        "temp_directory": "",
+    }
+    with duckdb.connect(":memory:", config=config) as con:
+        con.register("memories", table)
+        # Our own data is in; from here on nothing, the user's SQL included, can reach a file or
+        # turn a setting back (SET and RESET fail once the configuration is locked).
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        yield con
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+def _json_value(value: Any) -> Any:
+    """DuckDB's Python values as JSON: timestamps ISO 8601, decimals as numbers, bytes as hex."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Decimal):
+        return float(value) if value.is_finite() else str(value)
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return str(value)  # UUID, timedelta, ...

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import stat
 import threading
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -189,15 +190,33 @@ class LocalMasterKey:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            key = path.read_bytes()
-            if len(key) != KEY_BYTES:
-                raise ServiceError("master_key", f"{path} is not a {KEY_BYTES}-byte key file") from None
-            return key
+            return LocalMasterKey._load(path)
         key = new_key()
         with os.fdopen(fd, "wb") as fh:
             fh.write(key)
             fh.flush()
             os.fsync(fh.fileno())
+        return key
+
+    @staticmethod
+    def _load(path: Path) -> bytes:
+        """Read an existing key file, refusing one that anyone but its owner can read or write.
+
+        Whoever can read the master key can unwrap every tenant key (and so read every memory and
+        every backup); whoever can write it can swap it. The mode is checked on the open file
+        (fstat), so it is the file actually read that was checked.
+        """
+        with open(path, "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            if mode & 0o077:
+                raise ServiceError(
+                    "master_key",
+                    f"{path} is readable or writable by group or others (mode {stat.S_IMODE(mode):04o});"
+                    f" it must be private to its owner: chmod 600 {path}",
+                )
+            key = fh.read(KEY_BYTES + 1)
+        if len(key) != KEY_BYTES:
+            raise ServiceError("master_key", f"{path} is not a {KEY_BYTES}-byte key file")
         return key
 
     def new_wrapped_key(self, *, tenant_id: str) -> tuple[bytes, bytes]:

@@ -331,8 +331,17 @@ def save_results(
             )
 
 
+def check_mode(mode: object) -> str:
+    """A recall mode the evaluation measures. An unknown one would match no row and read as "no
+    evaluation yet": refused by name instead."""
+    if mode not in MODES:
+        raise ValidationError("mode", f"must be one of {', '.join(MODES)}")
+    return str(mode)
+
+
 def trend(store: MemoryStore, *, tenant_id: str, mode: str = "hybrid") -> list[dict[str, Any]]:
     """Month by month: precision and recall (of `mode`) and drift, oldest first."""
+    check_mode(mode)
     with store.transaction() as conn:
         rows = conn.execute(
             "SELECT month, max(precision) FILTER (WHERE metric = 'quality'), max(recall) FILTER (WHERE metric ="

@@ -101,6 +101,22 @@ def check_day(day: Any) -> date:
         raise ValidationError("date", f"must be a day as YYYY-MM-DD, got {day!r}") from None
 
 
+def check_sweep_day(day: Any, *, today: date | None = None) -> date:
+    """A day whose sweep may remove data: one that has ended (UTC), so before today.
+
+    Day D removes what the policies let go by the end of D; a sweep of today, or of a day to
+    come, would remove memories whose retention has not ended yet (`2099-01-01`: every memory of
+    every category with a policy, in every tenant). Checked here, under every entry point.
+    """
+    the_day = check_day(day)
+    today = today or datetime.now(UTC).date()
+    if the_day >= today:
+        raise ValidationError(
+            "date", f"must be a day that has ended (UTC), before {today.isoformat()}; got {the_day.isoformat()}"
+        )
+    return the_day
+
+
 # Memories whose period ended by the end of the day (on it, or earlier and not swept yet: a missed
 # day, a tightened policy, a category changed to a shorter one), first written before
 # day + 1 - keep for their current category; hidden and deleted or restoring tenants left out.
@@ -157,7 +173,11 @@ def immediate(store: MemoryStore, *, policies: Policies, tenant_id: str | None =
 
 
 def preview(store: MemoryStore, *, day: Any, policies: Policies | None = None) -> dict[str, Any]:
-    """What a sweep of `day` would remove: counts per tenant and category, nothing else."""
+    """What a sweep of `day` would remove: counts per tenant and category, nothing else.
+
+    Any day is allowed, a future one too ("what will the sweep of 2027-01-01 take?"): a preview
+    writes nothing and shows counts only, never ids or text.
+    """
     the_day = check_day(day)
     policies = policies or load_policies()
     found = expired(store, day=the_day, policies=policies)
@@ -182,8 +202,9 @@ def sweep(
 
     One RETENTION job per tenant with expired memories; `immediate` categories become forget
     requests (MEMORY scope, basis gdpr-art17). Without `run` the jobs wait for the forget sensor.
+    `day` must have ended (see `check_sweep_day`).
     """
-    the_day = check_day(day)
+    the_day = check_sweep_day(day)
     policies = policies or load_policies()
     found = expired(service.store, day=the_day, policies=policies, tenant_id=tenant_id)
     jobs: dict[str, dict[str, Any]] = {}

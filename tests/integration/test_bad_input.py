@@ -54,7 +54,7 @@ def test_unknown_tenant_for_reads(store, endpoints):
     for call in (
         lambda: store.list_visible(tenant_id=ghost, user_id="alice"),
         lambda: store.history(tenant_id=ghost, memory_id=memory_id),
-        lambda: store.rollback(tenant_id=ghost, memory_id=memory_id),
+        lambda: store.rollback(tenant_id=ghost, memory_id=memory_id, user_id="alice"),
         lambda: list(store.iter_export(tenant_id=ghost, subject="alice")),
         lambda: store.tenant_stats(tenant_id=ghost),
         lambda: store.set_sharing_mode(tenant_id=ghost, sharing_mode="strict"),
@@ -155,7 +155,10 @@ def test_team_write_by_a_non_member(store, endpoints, seeded):
 def test_rollback_of_one_version_and_bad_numbers(store, endpoints, seeded):
     tenant, alice, _ = seeded
     assert_rejected(
-        endpoints, lambda: store.rollback(tenant_id=tenant, memory_id=alice.memory_id), ConflictError, "memory_id"
+        endpoints,
+        lambda: store.rollback(tenant_id=tenant, memory_id=alice.memory_id, user_id="alice"),
+        ConflictError,
+        "memory_id",
     )
     for bad in (-0.1, 1.5, float("nan")):
         assert_rejected(
@@ -177,3 +180,50 @@ def test_every_error_is_a_memory_pipelines_error_with_a_field():
         err = cls("field_x", "message")
         assert isinstance(err, MemoryPipelinesError)
         assert str(err) == "field_x: message"
+
+
+def test_a_sweep_of_a_day_not_ended_is_refused_through_the_api(store, derived, endpoints, tenant):
+    from datetime import UTC, datetime, timedelta
+
+    from memory_pipelines.lib import retention
+    from memory_pipelines.lib.deletion import DeletionService
+
+    store.write(tenant_id=tenant, user_id="ann", text="Ann parks on level 2", category="general")
+    service = DeletionService(derived)
+    today = datetime.now(UTC).date()
+    # tenant_id keeps a regression from sweeping the other tests' tenants of the session.
+    for day in ("2099-01-01", today, today + timedelta(days=1)):
+        assert_rejected(
+            endpoints, lambda d=day: retention.sweep(service, day=d, tenant_id=tenant), ValidationError, "date"
+        )
+    assert service.list_jobs(tenant_id=tenant) == []
+    assert len(store.list_visible(tenant_id=tenant, user_id="ann")) == 1
+    # A preview of a future day is allowed: counts only, nothing requested.
+    assert retention.preview(store, day="2099-01-01")["tenants"][tenant] == {"general": 1}
+    assert service.list_jobs(tenant_id=tenant) == []
+
+
+def test_an_unknown_evaluation_mode_is_refused(store, endpoints, tenant):
+    from memory_pipelines.lib import evaluation
+
+    assert_rejected(endpoints, lambda: evaluation.trend(store, tenant_id=tenant, mode="x"), ValidationError, "mode")
+
+
+@pytest.mark.parametrize("bad", ["caf\udce9", "\ud800", "a\x00b"])
+def test_text_fields_refuse_lone_surrogates_and_nul(store, endpoints, seeded, bad):
+    tenant, alice, _ = seeded
+    assert_rejected(
+        endpoints, lambda: store.write(tenant_id=tenant, user_id="alice", text=bad), ValidationError, "text"
+    )
+    assert_rejected(
+        endpoints,
+        lambda: store.write(tenant_id=tenant, user_id="alice", text="ok", original_query=bad),
+        ValidationError,
+        "original_query",
+    )
+    assert_rejected(
+        endpoints,
+        lambda: store.write(tenant_id=tenant, user_id="alice", text=bad, memory_id=alice.memory_id),
+        ValidationError,
+        "text",
+    )

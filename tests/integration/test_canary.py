@@ -47,7 +47,7 @@ def test_canary_text_is_in_zero_files_under_home(tmp_path, monkeypatch):
             first["memory_id"],
             f"My secret is still {canary}",
         )
-        cli("rollback", "--tenant", "canary", "--memory-id", first["memory_id"])
+        cli("rollback", "--tenant", "canary", "--user", "alice", "--memory-id", first["memory_id"])
         cli("write", "--tenant", "canary", "--user", "alice", "--team", "core", f"Team secret {team_canary}")
         # The canary really is stored: reads return it.
         exported = cli("export", "--tenant", "canary", "--subject", "alice")

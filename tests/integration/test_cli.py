@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+from datetime import UTC, datetime
 
 import pytest
 
-from tests.conftest import run_cli
+from memory_pipelines.lib.analytics import AnalyticsStore
+from tests.conftest import CLI, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +36,19 @@ def ok(cli_env, *args, input_text=None):
     result = cli(cli_env, *args, input_text=input_text)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def cli_bytes(cli_env, *args: str | bytes, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    """`cli` with bytes: argv and stdin that are not UTF-8, as a shell passes them."""
+    env = {**os.environ, "MEMORY_PIPELINES_HOME": str(cli_env["home"]), **cli_env["env"]}
+    return subprocess.run([str(CLI), *args], input=stdin, capture_output=True, env=env, timeout=120, check=False)
+
+
+def refused(result, code: int, field: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert f"memory-pipelines: error: {field}: " in result.stderr, result.stderr
 
 
 def test_write_history_rollback_list_export(cli_env, tenant):
@@ -72,7 +89,7 @@ def test_write_history_rollback_list_export(cli_env, tenant):
         (2, "Allergic to penicillin and latex", True),
     ]
 
-    rolled = ok(cli_env, "rollback", "--tenant", tenant, "--memory-id", memory_id)
+    rolled = ok(cli_env, "rollback", "--tenant", tenant, "--user", "alice", "--memory-id", memory_id)
     assert (rolled["memory_id"], rolled["version"], rolled["text"]) == (memory_id, 3, "Allergic to penicillin")
 
     listed = ok(cli_env, "list", "--tenant", tenant, "--user", "alice")
@@ -99,7 +116,7 @@ def test_teams_tenants_sharing_mode_and_do_not_sell(cli_env, tenant):
     removed = ok(cli_env, "team", "remove-member", "--tenant", tenant, "--team", "core", "--user", "bob")
     assert removed["members"] == ["alice"]
 
-    flagged = ok(cli_env, "do-not-sell", "--tenant", tenant, "--subject", "bob")
+    flagged = ok(cli_env, "do-not-sell", "--tenant", tenant, "--user", "bob", "--subject", "bob")
     assert flagged == {"tenant_id": tenant, "subject": "bob", "do_not_sell": True}
     assert all(m["do_not_sell"] for m in ok(cli_env, "export", "--tenant", tenant, "--subject", "bob")["memories"])
 
@@ -183,10 +200,16 @@ def test_materialize_recall_lineage_analytics_and_summaries(cli_env, tenant):
     table = ok(
         cli_env,
         "analytics",
+        "--tenant",
+        tenant,
         "--sql",
-        f"SELECT category, count(*) FROM memories WHERE tenant_id = '{tenant}' GROUP BY 1 ORDER BY 1",
+        "SELECT category, count(*) FROM memories GROUP BY 1 ORDER BY 1",
     )
-    assert table["rows"] == [["general", 1], ["medical", 1]]
+    assert table == {
+        "columns": ["category", "count_star()"],
+        "rows": [["general", 1], ["medical", 1]],
+        "truncated": False,
+    }
 
     ok(cli_env, "summary-mode", "--tenant", tenant, "--subject", "alice", "--mode", "full")
     ok(cli_env, "materialize", "--tenant", tenant, "--select", "subject_summaries")
@@ -202,7 +225,7 @@ def test_materialize_recall_lineage_analytics_and_summaries(cli_env, tenant):
         (["recall", "--tenant", "acme", "--user", "alice", " "], "query"),
         (["recall", "--tenant", "no-such-tenant-zz", "--user", "alice", "x"], "tenant"),
         (["lineage", "--tenant", "acme", "--record", "nowhere:1"], "record"),
-        (["analytics", "--sql", "DELETE FROM memories"], "sql"),
+        (["analytics", "--tenant", "acme", "--sql", "DELETE FROM memories"], "sql"),
         (["materialize", "--tenant", "acme", "--select", "memories,nonsense"], "select"),
         (["summary-mode", "--tenant", "acme", "--subject", "alice", "--mode", "poetry"], "mode"),
     ],
@@ -295,3 +318,81 @@ def test_run_lease_permit_snapshot_and_explain(cli_env, tenant):
     assert after["prompt_snapshots"] == []
     missing = cli(cli_env, "explain", "--tenant", tenant, "--run", "nope")
     assert missing.returncode == 3 and "error: run:" in missing.stderr
+
+
+def test_analytics_sql_is_sandboxed_and_sees_one_tenant(cli_env, store, tenant, tmp_path):
+    other = tenant + "-other"
+    store.write(tenant_id=tenant, user_id="alice", text="Alice likes tea")
+    for text in ("Bob likes coffee", "Bob likes cocoa"):
+        store.write(tenant_id=other, user_id="bob", text=text)
+    analytics = AnalyticsStore(cli_env["home"] / "analytics")
+    for name in (tenant, other):
+        analytics.rebuild(store=store, tenant_id=name)
+    count = "SELECT count(*) FROM memories"
+    assert ok(cli_env, "analytics", "--tenant", tenant, "--sql", count)["rows"] == [[1]]
+    assert ok(cli_env, "analytics", "--tenant", other, "--sql", count)["rows"] == [[2]]
+    target = tmp_path / "written-by-sql.txt"
+    master_key = cli_env["home"] / "keys" / "master.key"
+    for sql in (
+        f"EXPLAIN ANALYZE COPY (SELECT 'x') TO '{target}' (HEADER false)",
+        "SELECT * FROM read_text('/etc/hostname')",
+        f"SELECT * FROM read_blob('{master_key}')",
+        "SELECT * FROM read_csv('/proc/self/environ')",
+        f"SELECT * FROM read_parquet('{analytics.partition_file(other)}')",
+        "SET enable_external_access = true",
+        "SELECT 1; SELECT 2",
+    ):
+        refused(cli(cli_env, "analytics", "--tenant", tenant, "--sql", sql), 2, "sql")
+    assert not target.exists()
+    refused(cli(cli_env, "analytics", "--tenant", "no-such-tenant-zz", "--sql", count), 3, "tenant")
+    refused(cli(cli_env, "analytics", "--sql", count), 2, "tenant")
+
+
+def test_a_retention_sweep_of_a_day_not_ended_is_refused_and_removes_nothing(cli_env, tenant):
+    written = ok(cli_env, "write", "--tenant", tenant, "--user", "ann", "--category", "general", "Ann parks on level 2")
+    today = datetime.now(UTC).date().isoformat()
+    for args in (["--date", "2099-01-01"], ["--date", today], ["--date", "2099-01-01", "--wait"]):
+        refused(cli(cli_env, "retention", "sweep", *args), 2, "date")
+    assert [m["memory_id"] for m in ok(cli_env, "list", "--tenant", tenant, "--user", "ann")] == [written["memory_id"]]
+    assert ok(cli_env, "deletion", "list", "--tenant", tenant) == []
+    # A preview of a future day stays allowed: counts only, nothing requested.
+    assert ok(cli_env, "retention", "preview", "--date", "2099-01-01")["tenants"][tenant] == {"general": 1}
+    assert ok(cli_env, "deletion", "list", "--tenant", tenant) == []
+
+
+def test_eval_report_refuses_an_unknown_mode(cli_env):
+    refused(cli(cli_env, "eval", "report", "--mode", "x"), 2, "mode")
+
+
+def test_rollback_and_do_not_sell_act_as_a_user(cli_env, tenant):
+    first = ok(cli_env, "write", "--tenant", tenant, "--user", "alice", "Likes tea")
+    memory_id = first["memory_id"]
+    ok(cli_env, "write", "--tenant", tenant, "--user", "alice", "--memory-id", memory_id, "Likes green tea")
+    ok(cli_env, "write", "--tenant", tenant, "--user", "bob", "Likes coffee")
+    refused(cli(cli_env, "rollback", "--tenant", tenant, "--user", "bob", "--memory-id", memory_id), 4, "user")
+    refused(cli(cli_env, "rollback", "--tenant", tenant, "--memory-id", memory_id), 2, "user")
+    assert ok(cli_env, "rollback", "--tenant", tenant, "--user", "alice", "--memory-id", memory_id)["version"] == 3
+    refused(cli(cli_env, "do-not-sell", "--tenant", tenant, "--user", "bob", "--subject", "alice"), 4, "subject")
+    refused(cli(cli_env, "do-not-sell", "--tenant", tenant, "--user", "bob", "--memory-id", memory_id), 4, "user")
+    flagged = ok(cli_env, "do-not-sell", "--tenant", tenant, "--user", "alice", "--memory-id", memory_id)
+    assert flagged["do_not_sell"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "field"),
+    [
+        (["write", "--tenant", "acme", "--user", "alice", b"caf\xe9"], b"", "text"),
+        (["write", "--tenant", b"ac\xffme", "--user", "alice", "x"], b"", "tenant"),
+        (["write", "--tenant", "acme", "--user", "alice", "--original-query", b"\xff", "x"], b"", "original_query"),
+        (["recall", "--tenant", "acme", "--user", "alice", b"\xc3("], b"", "query"),
+        (["analytics", "--tenant", "acme", "--sql", b"SELECT '\xff'"], b"", "sql"),
+        (["write", "--tenant", "acme", "--user", "alice", "-"], b"caf\xe9", "text"),
+        (["run", "snapshot", "--lease", "lease_nope", "-"], b"\xff\xfe", "prompt"),
+    ],
+)
+def test_input_that_is_not_utf8_is_exit_2_naming_the_field(cli_env, args, stdin, field):
+    result = cli_bytes(cli_env, *args, stdin=stdin)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == b""
+    assert b"Traceback" not in result.stderr
+    assert f"memory-pipelines: error: {field}: ".encode() in result.stderr, result.stderr

@@ -132,7 +132,7 @@ def test_do_not_sell_memories_never_reach_analytics(derived, store, tenant):
     store.write(tenant_id=tenant, user_id="alice", text="sellable fact")
     flagged = store.write(tenant_id=tenant, user_id="alice", text="private fact", do_not_sell=True)
     store.write(tenant_id=tenant, user_id="bob", text="bob opted out entirely")
-    store.set_do_not_sell(tenant_id=tenant, subject="bob")
+    store.set_do_not_sell(tenant_id=tenant, user_id="bob", subject="bob")
     counts = derived.analytics.rebuild(store=store, tenant_id=tenant)
     assert counts == {"rows": 1, "excluded_do_not_sell": 2}
     table = pq.read_table(derived.analytics.partition_file(tenant))
@@ -145,7 +145,7 @@ def test_do_not_sell_memories_never_reach_analytics(derived, store, tenant):
 def test_analytics_sql_is_one_read_only_select(derived, store, tenant):
     store.write(tenant_id=tenant, user_id="alice", text="x marks the spot")
     derived.analytics.rebuild(store=store, tenant_id=tenant)
-    result = derived.analytics.query("SELECT count(*) FROM memories WHERE tenant_id = '" + tenant + "'")
+    result = derived.analytics.query("SELECT count(*) FROM memories", tenant_id=tenant)
     assert result["rows"] == [[1]]
     for bad in [
         "DROP VIEW memories",
@@ -156,7 +156,7 @@ def test_analytics_sql_is_one_read_only_select(derived, store, tenant):
         "SELEC 1",
     ]:
         with pytest.raises(ValidationError) as err:
-            derived.analytics.query(bad)
+            derived.analytics.query(bad, tenant_id=tenant)
         assert err.value.field == "sql"
 
 
@@ -230,7 +230,7 @@ def test_asset_checks_fail_when_stores_are_corrupted_on_purpose(derived, store, 
     store.write(tenant_id=tenant, user_id="alice", text="Core moved to release trains", memory_id=team_note.memory_id)
     store.write(tenant_id=tenant, user_id="alice", text="Alice's other hobby is chess", do_not_sell=False)
     derived.analytics.rebuild(store=store, tenant_id=tenant)
-    store.set_do_not_sell(tenant_id=tenant, subject="alice")
+    store.set_do_not_sell(tenant_id=tenant, user_id="alice", subject="alice")
 
     results = _checks_only(session_settings, tenant)
     assert results == {

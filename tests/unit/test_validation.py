@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from memory_pipelines.lib import validation
@@ -53,3 +55,40 @@ def test_category_and_sharing_mode():
         validation.check_category("Medical'--")
     with pytest.raises(ValidationError, match="sharing_mode"):
         validation.check_sharing_mode("everyone")
+
+
+# Python decodes argv (and a C-locale stdin) with surrogateescape: b"caf\xe9" arrives as "caf\udce9".
+UNDECODABLE = os.fsdecode(b"caf\xe9")
+
+
+@pytest.mark.parametrize("bad", [UNDECODABLE, "\ud800", "ok \udfff ok"])
+def test_text_that_is_not_utf8_is_refused_naming_the_field(bad):
+    with pytest.raises(ValidationError) as err:
+        validation.check_text("original_query", bad)
+    assert err.value.field == "original_query" and "UTF-8" in err.value.message
+    with pytest.raises(ValidationError) as id_err:
+        validation.check_id("tenant", bad)
+    assert id_err.value.field == "tenant"
+
+
+def test_the_undecodable_byte_is_named():
+    with pytest.raises(ValidationError, match="byte 0xe9 at character 3"):
+        validation.check_utf8("text", UNDECODABLE)
+    with pytest.raises(ValidationError, match="U\\+D800"):
+        validation.check_utf8("text", "\ud800")
+    assert validation.check_utf8("text", "café ☕") == "café ☕"
+
+
+@pytest.mark.parametrize("field", ["text", "original_query", "query", "prompt"])
+def test_nul_is_refused_in_every_text_field(field):
+    with pytest.raises(ValidationError, match="NUL") as err:
+        validation.check_text(field, "a\x00b")
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2**31, 10**30, True, "1", 1.0])
+def test_versions_fit_the_database_column(bad):
+    with pytest.raises(ValidationError) as err:
+        validation.check_version(bad)
+    assert err.value.field == "version"
+    assert validation.check_version(2**31 - 1) == 2**31 - 1
