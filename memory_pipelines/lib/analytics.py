@@ -6,6 +6,7 @@ key, do-not-sell memories excluded. A tenant's partition is rewritten whole, ato
 
 from __future__ import annotations
 
+import fcntl
 import math
 import os
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -47,6 +49,12 @@ SCHEMA = pa.schema(
 _READ_ONLY_STATEMENTS = {"SELECT"}
 MAX_QUERY_ROWS = 10_000
 _views_lock = threading.Lock()
+
+
+def _lock_partition(conn: psycopg.Connection, tenant_id: str) -> None:
+    """One writer of a tenant's partition at a time, across processes, so its file and its lineage
+    always come from the same rebuild or removal."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 3))", ("analytics\x1f" + tenant_id,))
 
 
 class AnalyticsStore:
@@ -102,6 +110,9 @@ class AnalyticsStore:
         """Write the partition and its lineage under the gate lock, without rows forgotten since they were read."""
         with store.transaction() as conn:
             hidden = ordering.guard_build(conn, tenant_id, [(cv.memory_id, cv.version, cv.epoch) for cv in kept])
+            _lock_partition(conn, tenant_id)
+            if ordering.tenant_closed(conn, tenant_id):
+                return {"rows": 0, "excluded_do_not_sell": 0}  # deleted or being restored meanwhile
             if hidden:
                 keep_mask = pa.array([cv.source not in hidden for cv in kept], type=pa.bool_())
                 table = table.filter(keep_mask)
@@ -120,16 +131,19 @@ class AnalyticsStore:
         Used by forgetting when no other version becomes current (SUBJECT scope): filtering the
         file is proportional to its bytes, while a rebuild decrypts every text again.
         """
-        table = self.read_partition(tenant_id)
-        if table is None or not sources:
+        if not sources:
             return 0
-        gone = pa.array(sorted(f"{m}:{v}" for m, v in sources))
-        record_ids = pc.binary_join_element_wise(table["memory_id"], pc.cast(table["version"], pa.string()), ":")
-        drop = pc.is_in(record_ids, value_set=gone)
-        removed = pc.sum(drop).as_py() or 0
-        if removed:
-            self._write(tenant_id, table.filter(pc.invert(drop)))
         with store.transaction() as conn:
+            _lock_partition(conn, tenant_id)
+            table = self.read_partition(tenant_id)
+            if table is None:
+                return 0
+            gone = pa.array(sorted(f"{m}:{v}" for m, v in sources))
+            record_ids = pc.binary_join_element_wise(table["memory_id"], pc.cast(table["version"], pa.string()), ":")
+            drop = pc.is_in(record_ids, value_set=gone)
+            removed = pc.sum(drop).as_py() or 0
+            if removed:
+                self._write(tenant_id, table.filter(pc.invert(drop)))
             lineage.remove_records(
                 conn, tenant_id=tenant_id, store=STORE, record_ids=[f"{m}:{v}" for m, v in sorted(sources)]
             )
@@ -139,7 +153,7 @@ class AnalyticsStore:
         # Written aside and renamed: readers see the old partition or the new one, never half of one.
         target = self.partition_file(tenant_id)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".parquet.tmp")
+        tmp = target.with_suffix(f".parquet.{os.getpid()}-{threading.get_ident()}.tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, target)
 
@@ -156,10 +170,29 @@ class AnalyticsStore:
         return 0 if table is None else table.num_rows
 
     def refresh_views(self) -> None:
-        """(Re)create the `memories` view over every tenant's partition."""
+        """Create the `memories` view over every tenant's partition (or drop it when there is none).
+
+        The view is a glob, so it stays right as partitions come and go: the file is opened for
+        writing only when the view must appear or go, by one process at a time (a file lock), and
+        a notebook reading the file never makes a rebuild fail.
+        """
         pattern = str(self.data_dir / "*" / "*.parquet")
-        with _views_lock, duckdb.connect(str(self.database)) as con:
-            if not any(self.data_dir.glob("*/*.parquet")):
+        has_data = any(self.data_dir.glob("*/*.parquet"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        with _views_lock, open(self.root / ".analytics.lock", "a+") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            if self.database.exists() and self._has_view() == has_data:
+                return
+            self._write_view(pattern, has_data)
+
+    def _has_view(self) -> bool:
+        with duckdb.connect(str(self.database), read_only=True) as con:
+            row = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'memories'").fetchone()
+        return bool(row and row[0])
+
+    def _write_view(self, pattern: str, has_data: bool) -> None:
+        with duckdb.connect(str(self.database)) as con:
+            if not has_data:
                 con.execute("DROP VIEW IF EXISTS memories")
             else:
                 # DDL takes no bound parameters; the path is ours (under HOME), quoted as a literal.

@@ -76,7 +76,17 @@ class KeywordIndex:
             # nothing is indexed from a version forgotten since it was read.
             with self.store.transaction() as conn:
                 hidden = ordering.guard_build(conn, tenant_id, [(cv.memory_id, cv.version, cv.epoch) for cv in chunk])
-                chunk = [cv for cv in chunk if cv.source not in hidden and cv.source in texts]
+                # Syncs of one tenant in several processes (automation, the CLI) index disjointly:
+                # one at a time per tenant, skipping what another indexed since we listed.
+                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 3))", ("keywords\x1f" + tenant_id,))
+                done = set(
+                    lineage.records_of_ids(
+                        conn, tenant_id=tenant_id, store=STORE, record_ids=[cv.record_id for cv in chunk]
+                    )
+                )
+                chunk = [
+                    cv for cv in chunk if cv.source not in hidden and cv.source in texts and cv.record_id not in done
+                ]
                 indexed += len(chunk)
                 with (
                     conn.cursor() as cur,

@@ -61,6 +61,18 @@ def remove_records(conn: psycopg.Connection, *, tenant_id: str, store: str, reco
     return cur.rowcount
 
 
+def records_of_ids(conn: psycopg.Connection, *, tenant_id: str, store: str, record_ids: list[str]) -> list[str]:
+    """Which of `record_ids` already have lineage in `store`."""
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT DISTINCT record_id FROM derived.lineage"
+            " WHERE tenant_id = %s AND store = %s AND record_id = ANY(%s)",
+            (tenant_id, store, record_ids),
+        )
+    ]
+
+
 def records_of_store(conn: psycopg.Connection, *, tenant_id: str, store: str) -> dict[str, set[Source]]:
     """record_id -> its sources, for one store of one tenant."""
     out: dict[str, set[Source]] = {}

@@ -396,6 +396,8 @@ class VectorStore:
         )
         out = []
         for meta, distance in zip(result["metadatas"][0], result["distances"][0], strict=True):
+            if not meta:
+                continue  # a record caught mid-write or mid-erasure by another process: not an answer
             out.append(((str(meta["memory_id"]), int(meta["version"])), 1.0 - float(distance)))
         return out
 
