@@ -320,7 +320,7 @@ class BackupService:
                     report["load_seconds"] = round(time.perf_counter() - started, 3)
                     self._hook("loaded")
                     started = time.perf_counter()
-                    report["replayed"] = self._replay(conn, tenant_id)
+                    report["replayed"] = self._replay(conn, tenant_id, manifest["created_at"])
                     report["replay_seconds"] = round(time.perf_counter() - started, 3)
                     self._hook("replayed")
                     report["verification"] = self._verify(conn, tenant_id)
@@ -492,7 +492,7 @@ class BackupService:
             loaded[name] = data.num_rows
         return loaded
 
-    def _replay(self, conn: psycopg.Connection, tenant_id: str) -> dict[str, Any]:
+    def _replay(self, conn: psycopg.Connection, tenant_id: str, backup_created: str) -> dict[str, Any]:
         """Apply every journal entry of the tenant to the loaded rows; returns entries and rows removed."""
         entries: dict[str, int] = dict(
             conn.execute(
@@ -504,12 +504,20 @@ class BackupService:
             for reason in _FORGOTTEN
         }
         removed["empty_memories"] = repair_heads(conn, tenant_id=tenant_id)
+        # Edges to versions the restored rows no longer hold: those the backup brought back describe
+        # copies a forget already removed, and go; those made after the backup describe copies that
+        # still exist (vectors, postings, summaries of versions written since), and stay, so the
+        # rebuild after this restore, or a forget before it, finds and removes those copies.
+        orphan = (
+            " FROM derived.lineage l WHERE l.tenant_id = %s AND NOT EXISTS (SELECT 1 FROM memory.memory_versions v"
+            " WHERE v.tenant_id = l.tenant_id AND v.memory_id = l.source_memory_id AND v.version = l.source_version)"
+        )
         removed["lineage_edges"] = conn.execute(
-            "DELETE FROM derived.lineage l WHERE l.tenant_id = %s AND NOT EXISTS (SELECT 1 FROM"
-            " memory.memory_versions v WHERE v.tenant_id = l.tenant_id AND v.memory_id = l.source_memory_id"
-            " AND v.version = l.source_version)",
-            (tenant_id,),
+            "DELETE" + orphan + " AND l.created_at <= %s::timestamptz",
+            (tenant_id, backup_created),
         ).rowcount
+        row = conn.execute("SELECT count(*)" + orphan, (tenant_id,)).fetchone()
+        removed["derived_edges_left_for_rebuild"] = int(row[0]) if row else 0
         removed["team_members"] = conn.execute(
             "DELETE FROM memory.team_members tm USING memory.subjects s WHERE tm.tenant_id = %s"
             " AND s.tenant_id = tm.tenant_id AND s.user_id = tm.user_id AND s.epoch > 0"

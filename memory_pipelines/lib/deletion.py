@@ -592,6 +592,7 @@ class DeletionService(DeletionLedger):
                     rows = conn.execute(
                         "SELECT memory_id, version FROM memory.memory_versions WHERE tenant_id = %s", (tenant_id,)
                     ).fetchall()
+                rows = sorted(set(rows) | self._orphans(conn, tenant_id, scope, {m for m, _ in rows}))
                 with conn.cursor() as cur:
                     cur.executemany(
                         "INSERT INTO control.deletion_targets (job_id, memory_id, version) VALUES (%s, %s, %s)"
@@ -604,6 +605,30 @@ class DeletionService(DeletionLedger):
                 )
                 out[job["job_id"]] = {(m, v) for m, v in rows}
         return out
+
+    @staticmethod
+    def _orphans(conn: psycopg.Connection, tenant_id: str, scope: dict[str, Any], memory_ids: set[str]) -> set[Source]:
+        """Versions with derived records but no primary row any more (a restore removed them after
+        they were indexed, summarised or cached) that this scope covers: their copies go too.
+
+        A subject's (or the tenant's) forget takes those whose memory is theirs or gone with an
+        unknown author; a memory's or a sweep's, those of its memories.
+        """
+        rows = conn.execute(
+            "SELECT DISTINCT l.source_memory_id, l.source_version FROM derived.lineage l"
+            " LEFT JOIN memory.memories m ON m.tenant_id = l.tenant_id AND m.memory_id = l.source_memory_id"
+            " WHERE l.tenant_id = %(t)s AND NOT EXISTS (SELECT 1 FROM memory.memory_versions v"
+            "  WHERE v.tenant_id = l.tenant_id AND v.memory_id = l.source_memory_id AND v.version = l.source_version)"
+            " AND (%(all)s OR l.source_memory_id = ANY(%(ids)s)"
+            "  OR (%(subject)s::text IS NOT NULL AND (m.memory_id IS NULL OR m.user_id = %(subject)s)))",
+            {
+                "t": tenant_id,
+                "all": scope["type"] == "TENANT",
+                "ids": sorted(memory_ids),
+                "subject": scope["subject"] if scope["type"] == "SUBJECT" else None,
+            },
+        ).fetchall()
+        return {(m, v) for m, v in rows}
 
     def _found(
         self, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]]

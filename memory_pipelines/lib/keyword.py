@@ -54,7 +54,10 @@ class KeywordIndex:
         postings = 0
         with self.store.transaction() as conn:
             # Versions whose deletion was accepted are left to the forget cascade (it verifies them).
-            hidden = ordering.guard_build(conn, tenant_id, [src for r in stale for src in existing[r]])
+            ordering.lock_tenant_shared(conn, tenant_id)
+            hidden = ordering.hidden_sources(
+                conn, tenant_id, [src for r in stale for src in existing[r]], missing_is_hidden=False
+            )
             stale = [r for r in stale if not (existing[r] & hidden)]
             if stale:
                 stale_sources = [src for record_id in stale for src in existing[record_id]]
@@ -155,7 +158,9 @@ class KeywordIndex:
                 )
             }
             edges = lineage.records_of_store(conn, tenant_id=tenant_id, store=STORE)
-            pending = ordering.hidden_sources(conn, tenant_id, sorted(indexed - current))  # the cascade's to delete
+            pending = ordering.hidden_sources(
+                conn, tenant_id, sorted(indexed - current), missing_is_hidden=False
+            )  # the cascade's to delete
         with_lineage = {src for sources in edges.values() for src in sources}
         return {
             "records": len(indexed),

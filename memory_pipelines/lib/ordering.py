@@ -47,6 +47,13 @@ _HIDDEN = (
     "  AND x.version = w.version)"
 )
 
+_HIDDEN_PRESENT = (
+    "SELECT * FROM ("  # noqa: S608 - constant text; values are bound
+    + _HIDDEN
+    + ") h WHERE EXISTS (SELECT 1 FROM memory.memory_versions p"
+    " WHERE p.tenant_id = %(t)s AND p.memory_id = h.memory_id AND p.version = h.version)"
+)
+
 
 def tenant_closed(conn: psycopg.Connection, tenant_id: str) -> bool:
     """True when the tenant is deleted (or unknown) or behind a restore's gate."""
@@ -58,20 +65,27 @@ def tenant_closed(conn: psycopg.Connection, tenant_id: str) -> bool:
 
 
 def hidden_sources(
-    conn: psycopg.Connection, tenant_id: str, sources: Iterable[Source | tuple[str, int, int | None]]
+    conn: psycopg.Connection,
+    tenant_id: str,
+    sources: Iterable[Source | tuple[str, int, int | None]],
+    *,
+    missing_is_hidden: bool = True,
 ) -> set[Source]:
     """Which of `sources` ((memory_id, version) or (memory_id, version, epoch read)) are forgotten now.
 
     Call it after `lock_tenant_shared` in the transaction that writes the derived output; every
-    source counts as hidden when the tenant is closed.
+    source counts as hidden when the tenant is closed. With `missing_is_hidden=False`, versions
+    whose row is gone (deleted by a finished cascade, or removed by a restore) are not reported:
+    a sync removes their leftovers itself, as no deletion job is pending for them.
     """
     rows = [(s[0], s[1], s[2] if len(s) > 2 else None) for s in sources]
     if not rows:
         return set()
     if tenant_closed(conn, tenant_id):
         return {(m, v) for m, v, _ in rows}
+    query = _HIDDEN if missing_is_hidden else _HIDDEN_PRESENT
     found = conn.execute(
-        _HIDDEN, {"m": [r[0] for r in rows], "v": [r[1] for r in rows], "e": [r[2] for r in rows], "t": tenant_id}
+        query, {"m": [r[0] for r in rows], "v": [r[1] for r in rows], "e": [r[2] for r in rows], "t": tenant_id}
     ).fetchall()
     return {(m, v) for m, v in found}
 

@@ -770,7 +770,7 @@ class MemoryStore:
             return WriteResult(
                 tenant_id, memory_id, head["current_version"], head["user_id"], head["team_id"], flags_changed
             )
-        version = head["current_version"] + 1
+        version = self._next_version(conn, tenant_id, memory_id, head["current_version"])
         query_ct = (
             self._seal_query(key, tenant_id, memory_id, version, original_query)
             if original_query is not None
@@ -872,7 +872,7 @@ class MemoryStore:
             previous = self._version_row(conn, tenant_id, memory_id, current - 1)
             text = self._open_text(conn, previous)
             key_id, key = self.keys.subject_key(conn, tenant_id, head["user_id"])
-            version = current + 1
+            version = self._next_version(conn, tenant_id, memory_id, current)
             query_ct = self._reseal_query(conn, previous, key, version)
             self._supersede_and_point(conn, tenant_id, memory_id, version)
             self._insert_version_row(
@@ -898,6 +898,16 @@ class MemoryStore:
             "text": text,
             "restored_from": current - 1,
         }
+
+    @staticmethod
+    def _next_version(conn: psycopg.Connection, tenant_id: str, memory_id: str, current: int) -> int:
+        """A version number never used before: a forgotten version's number stays taken by its
+        tombstone (a new version under it would be hidden, and removed by every restore's replay)."""
+        row = conn.execute(
+            "SELECT max(version) FROM control.tombstones WHERE tenant_id = %s AND memory_id = %s",
+            (tenant_id, memory_id),
+        ).fetchone()
+        return max(current, row[0] if row and row[0] is not None else 0) + 1
 
     @staticmethod
     def _require_author(head: dict[str, Any], user_id: str, action: str) -> None:

@@ -334,7 +334,10 @@ class VectorStore:
             with store.transaction() as conn:
                 # A version whose deletion was accepted is the forget cascade's to erase physically:
                 # a plain delete here would only flag it and drop the lineage the cascade follows.
-                hidden = ordering.guard_build(conn, tenant_id, [_source(record_id) for record_id in stale])
+                ordering.lock_tenant_shared(conn, tenant_id)
+                hidden = ordering.hidden_sources(
+                    conn, tenant_id, [_source(record_id) for record_id in stale], missing_is_hidden=False
+                )
                 removable = [record_id for record_id in stale if _source(record_id) not in hidden]
                 if removable:
                     self._call("deleting vectors", lambda: col.delete(ids=removable))
@@ -433,7 +436,9 @@ class VectorStore:
         with store.transaction() as conn:
             edges = lineage.records_of_store(conn, tenant_id=tenant_id, store=STORE)
             # Vectors of accepted deletions wait for their cascade, which erases them physically.
-            pending = ordering.hidden_sources(conn, tenant_id, [_source(i) for i in ids - current])
+            pending = ordering.hidden_sources(
+                conn, tenant_id, [_source(i) for i in ids - current], missing_is_hidden=False
+            )
         return {
             "records": len(ids),
             "documents": documents,

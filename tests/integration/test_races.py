@@ -406,3 +406,35 @@ def test_05_only_the_author_rolls_back_or_flags_a_memory(store, world):
         store.set_do_not_sell(tenant_id=tenant, user_id="bob", subject="alice")
     assert len(store.history(tenant_id=tenant, memory_id=memory_id)) == 2
     assert not any(m["do_not_sell"] for m in store.list_visible(tenant_id=tenant, user_id="alice"))
+
+
+# -- found by the soak ------------------------------------------------------------------------------
+
+
+def test_a_forgotten_version_number_is_never_reused(store, derived, world):
+    tenant, memory_id = world["tenant"], world["bob_personal"].memory_id
+    store.write(tenant_id=tenant, user_id="bob", text="Bob keeps a rye starter", memory_id=memory_id)
+    forget_now(derived, tenant, memory_id=memory_id, version=2)
+    again = store.write(tenant_id=tenant, user_id="bob", text="Bob keeps a spelt starter", memory_id=memory_id)
+    assert again.version == 3, "a new version under a forgotten number is hidden by its tombstone"
+    history = store.history(tenant_id=tenant, memory_id=memory_id)
+    assert [(v["version"], v["text"]) for v in history] == [
+        (1, "Bob keeps sourdough starter alive"),
+        (3, "Bob keeps a spelt starter"),
+    ]
+
+
+def test_forget_after_a_restore_removes_copies_of_versions_the_restore_dropped(store, derived, world, tmp_path):
+    tenant = world["tenant"]
+    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    taken = backups.backup(tenant_id=tenant)
+    late = store.write(tenant_id=tenant, user_id="alice", text=f"Core late fact {world['canary']}x", team_id="core")
+    derived.sync_all(tenant_id=tenant)  # indexed, embedded, in the team summary
+    assert f"{world['canary']}x" in derived.summaries.read(tenant_id=tenant, scope="team", scope_id="core")["summary"]
+    assert backups.restore(tenant_id=tenant, backup_id=taken["backup_id"])["state"] == "COMPLETE"
+    done = forget_now(derived, tenant, subject="alice")  # before any rebuild of the derived stores
+    assert done["target_versions"] == 4  # alice's three restored versions and the dropped one
+    assert everything_of(store, tenant, late.memory_id) == {"versions": 0, "lineage": 0, "postings": 0}
+    assert f"{late.memory_id}:1" not in derived.vectors.ids(tenant)
+    team = derived.summaries.read(tenant_id=tenant, scope="team", scope_id="core")["summary"]
+    assert world["canary"] not in team
