@@ -485,7 +485,10 @@ class DeletionService(DeletionLedger):
             if left:
                 raise DeletionBlocked("gate", "UNDRAINED_PERMITS", f"{left} permit(s) still in flight")
             step = "freeze"
-            targets = self._resolve_targets(tenant_id, jobs)
+            fixed = self._resolve_targets(tenant_id, jobs)
+            # Copies of versions the scope covers whose primary row a restore dropped go too; they are
+            # looked up at every run, and are not targets of the proof (no row, no key of theirs).
+            targets = self._with_orphans(tenant_id, jobs, fixed)
             found = self._found(tenant_id, jobs, targets)
             sweep = any(job["scope"]["type"] == "RETENTION" for job in jobs)
             probes = self._probes(tenant_id, set().union(*targets.values()), sweep=sweep)
@@ -508,7 +511,7 @@ class DeletionService(DeletionLedger):
             timings["verify"] = time.perf_counter() - started
             del probes
             self._hook("verified", jobs)
-            self._complete(tenant_id, jobs, targets, verification)
+            self._complete(tenant_id, jobs, fixed, verification)
         except Exception as exc:
             code = _error_code(step, exc)
             self._block(jobs, step, code)
@@ -592,7 +595,6 @@ class DeletionService(DeletionLedger):
                     rows = conn.execute(
                         "SELECT memory_id, version FROM memory.memory_versions WHERE tenant_id = %s", (tenant_id,)
                     ).fetchall()
-                rows = sorted(set(rows) | self._orphans(conn, tenant_id, scope, {m for m, _ in rows}))
                 with conn.cursor() as cur:
                     cur.executemany(
                         "INSERT INTO control.deletion_targets (job_id, memory_id, version) VALUES (%s, %s, %s)"
@@ -605,6 +607,16 @@ class DeletionService(DeletionLedger):
                 )
                 out[job["job_id"]] = {(m, v) for m, v in rows}
         return out
+
+    def _with_orphans(
+        self, tenant_id: str, jobs: list[dict[str, Any]], fixed: dict[str, set[Source]]
+    ) -> dict[str, set[Source]]:
+        with self.store.transaction() as conn:
+            return {
+                job["job_id"]: fixed[job["job_id"]]
+                | self._orphans(conn, tenant_id, job["scope"], {m for m, _ in fixed[job["job_id"]]})
+                for job in jobs
+            }
 
     @staticmethod
     def _orphans(conn: psycopg.Connection, tenant_id: str, scope: dict[str, Any], memory_ids: set[str]) -> set[Source]:

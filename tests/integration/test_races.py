@@ -433,7 +433,7 @@ def test_forget_after_a_restore_removes_copies_of_versions_the_restore_dropped(s
     assert f"{world['canary']}x" in derived.summaries.read(tenant_id=tenant, scope="team", scope_id="core")["summary"]
     assert backups.restore(tenant_id=tenant, backup_id=taken["backup_id"])["state"] == "COMPLETE"
     done = forget_now(derived, tenant, subject="alice")  # before any rebuild of the derived stores
-    assert done["target_versions"] == 4  # alice's three restored versions and the dropped one
+    assert done["target_versions"] == 3  # alice's restored versions; the dropped one's copies go too
     assert everything_of(store, tenant, late.memory_id) == {"versions": 0, "lineage": 0, "postings": 0}
     assert f"{late.memory_id}:1" not in derived.vectors.ids(tenant)
     team = derived.summaries.read(tenant_id=tenant, scope="team", scope_id="core")["summary"]
