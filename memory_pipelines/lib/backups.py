@@ -96,8 +96,8 @@ TABLES: dict[str, tuple[str, list[tuple[str, pa.DataType]]]] = {
 }
 # Load order respects foreign keys; deletion runs in reverse.
 _LOAD_ORDER = ["subjects", "teams", "team_members", "memories", "memory_versions", "lineage", "summary_modes"]
-# Lineage is merged, not replaced: edges of derived records made after the backup (prompt snapshots,
-# summaries) must survive, or a later forget could not find those records.
+# Lineage is kept as it is, never replaced nor loaded: edges of derived records made after the backup
+# (vectors, postings, summaries, prompt snapshots) must survive, or a later forget could not find them.
 _REPLACED = ["summary_modes", "memory_versions", "memories", "team_members", "teams"]
 
 Hook = Callable[[str], None]
@@ -320,7 +320,7 @@ class BackupService:
                     report["load_seconds"] = round(time.perf_counter() - started, 3)
                     self._hook("loaded")
                     started = time.perf_counter()
-                    report["replayed"] = self._replay(conn, tenant_id, manifest["created_at"])
+                    report["replayed"] = self._replay(conn, tenant_id)
                     report["replay_seconds"] = round(time.perf_counter() - started, 3)
                     self._hook("replayed")
                     report["verification"] = self._verify(conn, tenant_id)
@@ -473,13 +473,11 @@ class BackupService:
                 loaded[name] = data.num_rows
                 continue
             if name == "lineage":
-                conn.execute(
-                    "INSERT INTO derived.lineage (tenant_id, store, record_id, source_memory_id, source_version,"
-                    " created_at) SELECT %s, * FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[],"
-                    " %s::timestamptz[]) ON CONFLICT DO NOTHING",
-                    (tenant_id, *(data[c].to_pylist() for c, _ in columns)),
-                )
-                loaded[name] = data.num_rows
+                # Edges describe derived copies that exist now, not at backup time: the tenant's
+                # current edges all stay (copies of versions this restore drops included: the rebuild
+                # and any forget find them by these edges), and the backup's are not brought back (an
+                # edge of a copy since removed would make a sync believe a restored version indexed).
+                loaded[name] = 0
                 continue
             copy = sql.SQL("COPY {}.{} ({}) FROM STDIN").format(
                 sql.Identifier(schema), sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, names))
@@ -492,7 +490,7 @@ class BackupService:
             loaded[name] = data.num_rows
         return loaded
 
-    def _replay(self, conn: psycopg.Connection, tenant_id: str, backup_created: str) -> dict[str, Any]:
+    def _replay(self, conn: psycopg.Connection, tenant_id: str) -> dict[str, Any]:
         """Apply every journal entry of the tenant to the loaded rows; returns entries and rows removed."""
         entries: dict[str, int] = dict(
             conn.execute(
@@ -504,19 +502,14 @@ class BackupService:
             for reason in _FORGOTTEN
         }
         removed["empty_memories"] = repair_heads(conn, tenant_id=tenant_id)
-        # Edges to versions the restored rows no longer hold: those the backup brought back describe
-        # copies a forget already removed, and go; those made after the backup describe copies that
-        # still exist (vectors, postings, summaries of versions written since), and stay, so the
-        # rebuild after this restore, or a forget before it, finds and removes those copies.
-        orphan = (
-            " FROM derived.lineage l WHERE l.tenant_id = %s AND NOT EXISTS (SELECT 1 FROM memory.memory_versions v"
-            " WHERE v.tenant_id = l.tenant_id AND v.memory_id = l.source_memory_id AND v.version = l.source_version)"
-        )
-        removed["lineage_edges"] = conn.execute(
-            "DELETE" + orphan + " AND l.created_at <= %s::timestamptz",
-            (tenant_id, backup_created),
-        ).rowcount
-        row = conn.execute("SELECT count(*)" + orphan, (tenant_id,)).fetchone()
+        # Edges to versions the restored rows no longer hold describe copies that still exist; they
+        # stay, so the rebuild after this restore, or a forget before it, finds and removes them.
+        row = conn.execute(
+            "SELECT count(*) FROM derived.lineage l WHERE l.tenant_id = %s AND NOT EXISTS (SELECT 1 FROM"
+            " memory.memory_versions v WHERE v.tenant_id = l.tenant_id AND v.memory_id = l.source_memory_id"
+            " AND v.version = l.source_version)",
+            (tenant_id,),
+        ).fetchone()
         removed["derived_edges_left_for_rebuild"] = int(row[0]) if row else 0
         removed["team_members"] = conn.execute(
             "DELETE FROM memory.team_members tm USING memory.subjects s WHERE tm.tenant_id = %s"

@@ -91,6 +91,14 @@ class KeywordIndex:
                     cv for cv in chunk if cv.source not in hidden and cv.source in texts and cv.record_id not in done
                 ]
                 indexed += len(chunk)
+                # Idempotent even where postings outlived their edge (an older release's restore):
+                # a version's postings are replaced, never duplicated.
+                conn.execute(
+                    "DELETE FROM derived.keyword_postings p"
+                    " USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
+                    " WHERE p.tenant_id = %s AND p.memory_id = w.memory_id AND p.version = w.version",
+                    (*lineage.pair_arrays([cv.source for cv in chunk]), tenant_id),
+                )
                 with (
                     conn.cursor() as cur,
                     cur.copy(

@@ -902,10 +902,13 @@ class MemoryStore:
     @staticmethod
     def _next_version(conn: psycopg.Connection, tenant_id: str, memory_id: str, current: int) -> int:
         """A version number never used before: a forgotten version's number stays taken by its
-        tombstone (a new version under it would be hidden, and removed by every restore's replay)."""
+        tombstone (a new version under it would be hidden, and removed by every restore's replay),
+        and one a restore dropped by the derived copies still named after it."""
         row = conn.execute(
-            "SELECT max(version) FROM control.tombstones WHERE tenant_id = %s AND memory_id = %s",
-            (tenant_id, memory_id),
+            "SELECT greatest((SELECT max(version) FROM control.tombstones WHERE tenant_id = %(t)s"
+            " AND memory_id = %(m)s), (SELECT max(source_version) FROM derived.lineage WHERE tenant_id = %(t)s"
+            " AND source_memory_id = %(m)s))",
+            {"t": tenant_id, "m": memory_id},
         ).fetchone()
         return max(current, row[0] if row and row[0] is not None else 0) + 1
 

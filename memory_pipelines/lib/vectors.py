@@ -324,8 +324,15 @@ class VectorStore:
         # Sequential on purpose: overlapping upserts with embedding made both slower on 2 cores
         # (ONNX already uses every core); measured with benchmarks/ingest.py.
         for start in range(0, len(new), EMBED_CHUNK):
-            chunk = new[start : start + EMBED_CHUNK]
-            texts = store.open_texts(tenant_id=tenant_id, sources=[cv.source for cv in chunk])
+            # A version deleted (or its key shredded) since we listed it is simply not embedded.
+            texts = store.open_texts(
+                tenant_id=tenant_id,
+                sources=[cv.source for cv in new[start : start + EMBED_CHUNK]],
+                skip_unreadable=True,
+            )
+            chunk = [cv for cv in new[start : start + EMBED_CHUNK] if cv.source in texts]
+            if not chunk:
+                continue
             vectors = self.embedder.embed([texts[cv.source] for cv in chunk])
             del texts
             self._write_chunk(store, tenant_id, col, chunk, vectors)

@@ -438,3 +438,18 @@ def test_forget_after_a_restore_removes_copies_of_versions_the_restore_dropped(s
     assert f"{late.memory_id}:1" not in derived.vectors.ids(tenant)
     team = derived.summaries.read(tenant_id=tenant, scope="team", scope_id="core")["summary"]
     assert world["canary"] not in team
+
+
+def test_a_version_number_a_restore_dropped_is_not_reused(store, derived, world, tmp_path):
+    tenant, memory_id = world["tenant"], world["bob_personal"].memory_id
+    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    taken = backups.backup(tenant_id=tenant)
+    store.write(tenant_id=tenant, user_id="bob", text="Bob keeps a rye starter", memory_id=memory_id)
+    derived.sync_all(tenant_id=tenant)  # copies of version 2 exist
+    backups.restore(tenant_id=tenant, backup_id=taken["backup_id"])  # version 2 is dropped, its copies stay
+    again = store.write(tenant_id=tenant, user_id="bob", text="Bob bakes spelt loaves", memory_id=memory_id)
+    assert again.version == 3, "version 2's leftover copies would pass for the new text's"
+    counts = derived.sync_all(tenant_id=tenant)
+    assert counts["keyword_index"]["removed"] == 1 and counts["memory_embeddings"]["removed"] == 1  # v2's copies
+    hits = derived.recaller.recall(tenant_id=tenant, user_id="bob", query="spelt loaves", mode="keyword")
+    assert [(h["memory_id"], h["version"]) for h in hits] == [(memory_id, 3)]
