@@ -545,6 +545,11 @@ _FORGOTTEN: dict[str, tuple[str, str]] = {
         "control.tombstones t",
         "v.tenant_id = %s AND t.tenant_id = %s AND t.memory_id = v.memory_id AND t.version = v.version",
     ),
+    "forgotten_memories": (
+        "control.journal j",
+        "v.tenant_id = %s AND j.tenant_id = %s AND j.kind = 'MEMORY_FORGOTTEN' AND j.memory_id = v.memory_id"
+        " AND v.created_at < j.created_at",
+    ),
     "destroyed_keys": (
         "",
         "v.tenant_id = %s AND (v.key_id IN (SELECT j.key_id FROM control.journal j WHERE j.tenant_id = %s"

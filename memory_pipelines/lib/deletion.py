@@ -218,7 +218,9 @@ class DeletionService(DeletionLedger):
                 " 'REQUESTED', %s)",
                 (job_id, tenant_id, scope, subject, memory_id, version, scope_hash, basis, POLICY_VERSION, deadline),
             )
-            epoch = self._hide(conn, job_id, scope, tenant_id, subject, memory_id, versions)
+            epoch = self._hide(
+                conn, job_id, scope, tenant_id, subject, memory_id, versions, whole_memory=version is None
+            )
             gate.close_fences(
                 conn,
                 tenant_id=tenant_id,
@@ -370,6 +372,8 @@ class DeletionService(DeletionLedger):
         subject: str | None,
         memory_id: str | None,
         versions: list[int],
+        *,
+        whole_memory: bool = False,
     ) -> int | None:
         """Close the scope for every read in the same transaction that accepts the job."""
         if scope == "SUBJECT":
@@ -386,6 +390,12 @@ class DeletionService(DeletionLedger):
             )
             return epoch
         if scope == "MEMORY":
+            if whole_memory:
+                conn.execute(
+                    "INSERT INTO control.journal (tenant_id, kind, memory_id, job_id)"
+                    " VALUES (%s, 'MEMORY_FORGOTTEN', %s, %s)",
+                    (tenant_id, memory_id, job_id),
+                )
             with conn.cursor() as cur:
                 cur.executemany(
                     "INSERT INTO control.tombstones (tenant_id, memory_id, version, job_id) VALUES (%s, %s, %s, %s)"

@@ -86,7 +86,12 @@ def test_restore_drill_forgotten_data_stays_forgotten(store, derived, tenant, ba
     removed = report["replayed"]["rows_removed"]
     # alice's two versions go by her epoch (and by her destroyed key); bob's one version by its tombstone.
     assert removed["subject_epochs"] == 2 and removed["tombstones"] == 1
-    assert report["verification"] == {"subject_epochs": 0, "tombstones": 0, "destroyed_keys": 0}
+    assert report["verification"] == {
+        "subject_epochs": 0,
+        "tombstones": 0,
+        "forgotten_memories": 0,
+        "destroyed_keys": 0,
+    }
     assert {u: visible_ids(store, tenant, u) for u in ("alice", "bob", "carol")} == after_forget
     assert visible_ids(store, tenant, "bob") == {w["bob_keep"].memory_id}
     assert visible_ids(store, tenant, "bob", "core") == set()

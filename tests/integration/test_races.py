@@ -453,3 +453,17 @@ def test_a_version_number_a_restore_dropped_is_not_reused(store, derived, world,
     assert counts["keyword_index"]["removed"] == 1 and counts["memory_embeddings"]["removed"] == 1  # v2's copies
     hits = derived.recaller.recall(tenant_id=tenant, user_id="bob", query="spelt loaves", mode="keyword")
     assert [(h["memory_id"], h["version"]) for h in hits] == [(memory_id, 3)]
+
+
+def test_a_forgotten_memory_stays_gone_when_a_backup_holds_versions_it_no_longer_had(store, derived, world, tmp_path):
+    tenant, memory_id = world["tenant"], world["bob_personal"].memory_id
+    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    older = backups.backup(tenant_id=tenant)
+    store.write(tenant_id=tenant, user_id="bob", text="Bob keeps a rye starter", memory_id=memory_id)
+    newer = backups.backup(tenant_id=tenant)  # holds versions 1 and 2
+    backups.restore(tenant_id=tenant, backup_id=older["backup_id"])  # version 2 is gone again
+    forget_now(derived, tenant, memory_id=memory_id)  # tombstones the only version it has now: 1
+    report = backups.restore(tenant_id=tenant, backup_id=newer["backup_id"])
+    assert report["state"] == "COMPLETE" and report["replayed"]["rows_removed"]["forgotten_memories"] >= 1
+    with pytest.raises(NotFoundError):
+        store.history(tenant_id=tenant, memory_id=memory_id)
