@@ -436,8 +436,8 @@ def test_forget_after_a_restore_removes_copies_of_versions_the_restore_dropped(s
     assert done["target_versions"] == 3  # alice's restored versions; the dropped one's copies go too
     assert everything_of(store, tenant, late.memory_id) == {"versions": 0, "lineage": 0, "postings": 0}
     assert f"{late.memory_id}:1" not in derived.vectors.ids(tenant)
-    team = derived.summaries.read(tenant_id=tenant, scope="team", scope_id="core")["summary"]
-    assert world["canary"] not in team
+    with pytest.raises(NotFoundError):  # the restore dropped the summary stating it; the rebuild makes it again
+        derived.summaries.read(tenant_id=tenant, scope="team", scope_id="core")
 
 
 def test_a_version_number_a_restore_dropped_is_not_reused(store, derived, world, tmp_path):
@@ -450,7 +450,8 @@ def test_a_version_number_a_restore_dropped_is_not_reused(store, derived, world,
     again = store.write(tenant_id=tenant, user_id="bob", text="Bob bakes spelt loaves", memory_id=memory_id)
     assert again.version == 3, "version 2's leftover copies would pass for the new text's"
     counts = derived.sync_all(tenant_id=tenant)
-    assert counts["keyword_index"]["removed"] == 1 and counts["memory_embeddings"]["removed"] == 1  # v2's copies
+    # The restore dropped version 2's postings itself; its vector is the rebuild's to remove.
+    assert counts["keyword_index"]["removed"] == 0 and counts["memory_embeddings"]["removed"] == 1
     hits = derived.recaller.recall(tenant_id=tenant, user_id="bob", query="spelt loaves", mode="keyword")
     assert [(h["memory_id"], h["version"]) for h in hits] == [(memory_id, 3)]
 
@@ -467,3 +468,28 @@ def test_a_forgotten_memory_stays_gone_when_a_backup_holds_versions_it_no_longer
     assert report["state"] == "COMPLETE" and report["replayed"]["rows_removed"]["forgotten_memories"] >= 1
     with pytest.raises(NotFoundError):
         store.history(tenant_id=tenant, memory_id=memory_id)
+
+
+def test_a_restore_drops_snapshots_summaries_caches_and_postings_of_versions_it_drops(store, derived, world, tmp_path):
+    from memory_pipelines.lib.runs import AgentRuns
+
+    tenant = world["tenant"]
+    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    taken = backups.backup(tenant_id=tenant)
+    late = store.write(tenant_id=tenant, user_id="bob", text="Core late decision zebrafish", team_id="core")
+    derived.sync_all(tenant_id=tenant)
+    runs = AgentRuns(derived)
+    lease = runs.open(tenant_id=tenant, subject_id="bob", run_id="run-late")
+    assert runs.recall(lease_id=lease, query="zebrafish", team_id="core", mode="keyword")
+    snapshot = runs.snapshot_prompt(lease_id=lease, prompt="Answer with: Core late decision zebrafish")
+    report = backups.restore(tenant_id=tenant, backup_id=taken["backup_id"])
+    removed = report["replayed"]["rows_removed"]
+    assert removed["dropped_prompt_snapshots"] == 1 and removed["dropped_team_summaries"] == 1
+    with store.transaction() as conn:
+        left = conn.execute(
+            "SELECT (SELECT count(*) FROM derived.prompt_snapshots WHERE snapshot_id = %s),"
+            " (SELECT count(*) FROM derived.keyword_postings WHERE tenant_id = %s AND memory_id = %s),"
+            " (SELECT count(*) FROM derived.summaries WHERE tenant_id = %s AND scope = 'team')",
+            (snapshot["snapshot_id"], tenant, late.memory_id, tenant),
+        ).fetchone()
+    assert left == (0, 0, 0)
