@@ -45,6 +45,8 @@ _HIDDEN = (
     " OR (w.epoch IS NOT NULL AND s.epoch <> w.epoch)"
     " OR EXISTS (SELECT 1 FROM control.tombstones x WHERE x.tenant_id = %(t)s AND x.memory_id = w.memory_id"
     "  AND x.version = w.version)"
+    " OR NOT EXISTS (SELECT 1 FROM memory.tenants o WHERE o.tenant_id = %(t)s AND o.deleted_at IS NULL"
+    "  AND o.restoring_since IS NULL)"
 )
 
 _HIDDEN_PRESENT = (
@@ -81,8 +83,6 @@ def hidden_sources(
     rows = [(s[0], s[1], s[2] if len(s) > 2 else None) for s in sources]
     if not rows:
         return set()
-    if tenant_closed(conn, tenant_id):
-        return {(m, v) for m, v, _ in rows}
     query = _HIDDEN if missing_is_hidden else _HIDDEN_PRESENT
     found = conn.execute(
         query, {"m": [r[0] for r in rows], "v": [r[1] for r in rows], "e": [r[2] for r in rows], "t": tenant_id}

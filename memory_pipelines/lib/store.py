@@ -551,8 +551,16 @@ class MemoryStore:
             for user_id in users:
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{tenant_id}\x1f{user_id}",))
             # Same rule as a single write: nothing lands for a subject that is being forgotten.
-            for user_id in users:
-                self._ensure_subject(conn, tenant_id, user_id)
+            forgotten = conn.execute(
+                "INSERT INTO memory.subjects (tenant_id, user_id) SELECT %s, unnest(%s::text[])"
+                " ON CONFLICT (tenant_id, user_id) DO UPDATE SET user_id = EXCLUDED.user_id"
+                " RETURNING user_id, forgotten_at IS NOT NULL",
+                (tenant_id, users),
+            ).fetchall()
+            for user_id in sorted(u for u, gone in forgotten if gone)[:1]:
+                raise ConflictError(
+                    "user", f"subject {user_id!r} is being forgotten; writes resume when that job completes"
+                )
             for team_id, user_id in sorted({(i["team_id"], i["user_id"]) for i in items if i.get("team_id")}):
                 self._require_member(conn, tenant_id, team_id, user_id)
             keys = {user_id: self.keys.subject_key(conn, tenant_id, user_id) for user_id in users}
