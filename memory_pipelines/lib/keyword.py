@@ -54,8 +54,7 @@ class KeywordIndex:
         postings = 0
         with self.store.transaction() as conn:
             # Versions whose deletion was accepted are left to the forget cascade (it verifies them).
-            ordering.lock_tenant_shared(conn, tenant_id)
-            hidden = ordering.hidden_sources(
+            hidden = ordering.guard_build(
                 conn, tenant_id, [src for r in stale for src in existing[r]], missing_is_hidden=False
             )
             stale = [r for r in stale if not (existing[r] & hidden)]

@@ -91,8 +91,12 @@ def hidden_sources(
 
 
 def guard_build(
-    conn: psycopg.Connection, tenant_id: str, sources: Iterable[Source | tuple[str, int, int | None]]
+    conn: psycopg.Connection,
+    tenant_id: str,
+    sources: Iterable[Source | tuple[str, int, int | None]],
+    *,
+    missing_is_hidden: bool = True,
 ) -> set[Source]:
     """Lock shared, then return the hidden subset of `sources`: the one call a derived write makes."""
     lock_tenant_shared(conn, tenant_id)
-    return hidden_sources(conn, tenant_id, sources)
+    return hidden_sources(conn, tenant_id, sources, missing_is_hidden=missing_is_hidden)

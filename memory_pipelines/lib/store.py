@@ -170,6 +170,13 @@ def _query_aad(tenant_id: str, memory_id: str, version: int) -> bytes:
     return crypto.aad("original-query", tenant_id, memory_id, version)
 
 
+def _key_of(row: dict[str, Any], keys: dict[str, bytes]) -> bytes:
+    """The subject key a row names, from keys looked up (`KeyStore.keys_by_id`) in the same read."""
+    if row["key_id"] not in keys:
+        raise KeyDestroyedError("key_id", f"subject key {row['key_id']!r} does not exist")
+    return keys[row["key_id"]]
+
+
 def repair_heads(conn: psycopg.Connection, *, tenant_id: str, memory_ids: list[str] | None = None) -> int:
     """After versions were deleted (forget, a restore's replay): each memory that lost some points at
     its newest remaining version, and memories left with none go. `None` checks the whole tenant.
@@ -1098,9 +1105,7 @@ class MemoryStore:
                     yield from (self._export_row(row, keys) for row in batch)
 
     def _export_row(self, row: dict[str, Any], keys: dict[str, bytes]) -> dict[str, Any]:
-        key = keys.get(row["key_id"])
-        if key is None:
-            raise KeyDestroyedError("key_id", f"subject key {row['key_id']!r} does not exist")
+        key = _key_of(row, keys)
         ids = (row["tenant_id"], row["memory_id"], row["version"])
         query_ct = row["original_query_ct"]
         return {
@@ -1195,10 +1200,8 @@ class MemoryStore:
                 keys = self.keys.keys_by_id(conn, tenant_id, [row["key_id"] for row in rows])
                 for row in rows:
                     try:
-                        if row["key_id"] not in keys:
-                            raise KeyDestroyedError("key_id", f"subject key {row['key_id']!r} does not exist")
                         aad = _text_aad(row["tenant_id"], row["memory_id"], row["version"])
-                        text = crypto.open_sealed(keys[row["key_id"]], bytes(row["text_ct"]), aad).decode("utf-8")
+                        text = crypto.open_sealed(_key_of(row, keys), bytes(row["text_ct"]), aad).decode("utf-8")
                         out[(row["memory_id"], row["version"])] = text
                     except (NotFoundError, crypto.DecryptionError):
                         if not skip_unreadable:

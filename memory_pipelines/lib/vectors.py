@@ -341,8 +341,7 @@ class VectorStore:
             with store.transaction() as conn:
                 # A version whose deletion was accepted is the forget cascade's to erase physically:
                 # a plain delete here would only flag it and drop the lineage the cascade follows.
-                ordering.lock_tenant_shared(conn, tenant_id)
-                hidden = ordering.hidden_sources(
+                hidden = ordering.guard_build(
                     conn, tenant_id, [_source(record_id) for record_id in stale], missing_is_hidden=False
                 )
                 removable = [record_id for record_id in stale if _source(record_id) not in hidden]
