@@ -2,6 +2,12 @@
 
 No memory text (only its length), user and team ids pseudonymised with an HMAC under the tenant
 key, do-not-sell memories excluded. A tenant's partition is rewritten whole, atomically.
+
+One writer at a time across processes: every write of a Parquet file and every change of the
+DuckDB file happens under an fcntl lock on `root/.analytics.lock` (held for a file write, never
+for a query). The DuckDB file is never opened read-write in place: a new one is written aside and
+renamed over it, so a reader (read_only=True, here or in a notebook) never meets DuckDB's own
+file lock, and a writer never fails because a reader holds the file open.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ SCHEMA = pa.schema(
 # EXPLAIN: `EXPLAIN ANALYZE` executes its statement, `COPY ... TO` included.
 _READ_ONLY_STATEMENTS = {"SELECT"}
 MAX_QUERY_ROWS = 10_000
-_views_lock = threading.Lock()
+LOCK_FILE = ".analytics.lock"
 
 
 def _lock_partition(conn: psycopg.Connection, tenant_id: str) -> None:
@@ -64,6 +70,20 @@ class AnalyticsStore:
         self.root = root
         self.data_dir = root / "memories"
         self.database = root / "analytics.duckdb"
+
+    @contextmanager
+    def writer_lock(self) -> Iterator[None]:
+        """The single-writer lock of this analytics root, across threads and processes.
+
+        Each holder opens the lock file itself, and flock locks of separate open files exclude
+        each other within one process too. Always taken last (after any PostgreSQL lock)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / LOCK_FILE, "a+") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
     def partition_file(self, tenant_id: str) -> Path:
         return self.data_dir / f"tenant_id={tenant_id}" / "memories.parquet"
@@ -117,7 +137,8 @@ class AnalyticsStore:
                 keep_mask = pa.array([cv.source not in hidden for cv in kept], type=pa.bool_())
                 table = table.filter(keep_mask)
                 kept = [cv for cv in kept if cv.source not in hidden]
-            self._write(tenant_id, table)
+            with self.writer_lock():
+                self._write(tenant_id, table)
             conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
             lineage.insert_edges(
                 conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in kept]
@@ -143,14 +164,16 @@ class AnalyticsStore:
             drop = pc.is_in(record_ids, value_set=gone)
             removed = pc.sum(drop).as_py() or 0
             if removed:
-                self._write(tenant_id, table.filter(pc.invert(drop)))
+                with self.writer_lock():
+                    self._write(tenant_id, table.filter(pc.invert(drop)))
             lineage.remove_records(
                 conn, tenant_id=tenant_id, store=STORE, record_ids=[f"{m}:{v}" for m, v in sorted(sources)]
             )
         return int(removed)
 
     def _write(self, tenant_id: str, table: pa.Table) -> None:
-        # Written aside and renamed: readers see the old partition or the new one, never half of one.
+        # Under writer_lock. Written aside and renamed: readers see the old partition or the new
+        # one, never half of one.
         target = self.partition_file(tenant_id)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".parquet.{os.getpid()}-{threading.get_ident()}.tmp")
@@ -161,9 +184,10 @@ class AnalyticsStore:
         """Remove the tenant's partition and its lineage (tenant offboarding); returns rows removed."""
         table = self.read_partition(tenant_id)
         path = self.partition_file(tenant_id)
-        if path.exists():
-            path.unlink()
-            path.parent.rmdir()
+        with self.writer_lock():
+            if path.exists():
+                path.unlink()
+                path.parent.rmdir()
         with store.transaction() as conn:
             conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
         self.refresh_views()
@@ -172,36 +196,46 @@ class AnalyticsStore:
     def refresh_views(self) -> None:
         """Create the `memories` view over every tenant's partition (or drop it when there is none).
 
-        The view is a glob, so it stays right as partitions come and go: the file is opened for
-        writing only when the view must appear or go, by one process at a time (a file lock), and
-        a notebook reading the file never makes a rebuild fail.
+        The view is a glob, so it stays right as partitions come and go: the file changes only
+        when the view must appear or go, under the writer lock, by replacing the file whole.
         """
-        pattern = str(self.data_dir / "*" / "*.parquet")
-        has_data = any(self.data_dir.glob("*/*.parquet"))
-        self.root.mkdir(parents=True, exist_ok=True)
-        with _views_lock, open(self.root / ".analytics.lock", "a+") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        with self.writer_lock():
+            has_data = any(self.data_dir.glob("*/*.parquet"))
             if self.database.exists() and self._has_view() == has_data:
                 return
-            self._write_view(pattern, has_data)
+            self._write_view(has_data)
 
-    def _has_view(self) -> bool:
-        with duckdb.connect(str(self.database), read_only=True) as con:
-            row = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'memories'").fetchone()
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """A read-only DuckDB connection to the views (readers never open the file read-write)."""
+        return duckdb.connect(str(self.database), read_only=True)
+
+    def _has_view(self) -> bool | None:
+        try:
+            with self.connect() as con:
+                row = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'memories'").fetchone()
+        except duckdb.Error:
+            return None  # unreadable, or someone else holds it read-write: written afresh
         return bool(row and row[0])
 
-    def _write_view(self, pattern: str, has_data: bool) -> None:
-        with duckdb.connect(str(self.database)) as con:
-            if not has_data:
-                con.execute("DROP VIEW IF EXISTS memories")
-            else:
-                # DDL takes no bound parameters; the path is ours (under HOME), quoted as a literal.
-                literal = "'" + pattern.replace("'", "''") + "'"
-                con.execute(
-                    "CREATE OR REPLACE VIEW memories AS SELECT * FROM read_parquet("  # noqa: S608
-                    + literal
-                    + ", hive_partitioning = true)"
-                )
+    def _write_view(self, has_data: bool) -> None:
+        # Under writer_lock. A fresh file renamed over the old one: an open reader keeps the old.
+        tmp = self.database.with_name(f"{self.database.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            with duckdb.connect(str(tmp)) as con:
+                if has_data:
+                    pattern = str(self.data_dir / "*" / "*.parquet")
+                    # DDL takes no bound parameters; the path is ours (under HOME), quoted as a literal.
+                    literal = "'" + pattern.replace("'", "''") + "'"
+                    con.execute(
+                        "CREATE VIEW memories AS SELECT * FROM read_parquet("  # noqa: S608
+                        + literal
+                        + ", hive_partitioning = true)"
+                    )
+            os.replace(tmp, self.database)
+        finally:
+            tmp.unlink(missing_ok=True)
+            Path(str(tmp) + ".wal").unlink(missing_ok=True)
 
     def query(self, sql: str, *, tenant_id: str, max_rows: int = MAX_QUERY_ROWS) -> dict[str, Any]:
         """Run one SELECT over one tenant's rows, exposed as the table `memories`.
@@ -235,8 +269,15 @@ class AnalyticsStore:
         }
 
     def read_partition(self, tenant_id: str) -> pa.Table | None:
-        path = self.partition_file(tenant_id)
-        return pq.read_table(path) if path.exists() else None
+        """The tenant's rows, or None when it has no partition. No writer lock: the file is opened
+        once and read through that handle (pyarrow given a path may open it again, and would then
+        read a partition renamed over it meanwhile with the old one's footer)."""
+        try:
+            fh = open(self.partition_file(tenant_id), "rb")
+        except FileNotFoundError:
+            return None
+        with fh:
+            return pq.ParquetFile(fh).read()
 
     def check(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
         """Counts that must be zero: text columns, do-not-sell rows, rows without lineage or not current."""

