@@ -29,6 +29,7 @@ def test_assets_partitions_and_checks(definitions):
     assert {key.to_user_string() for key in definitions.resolve_all_asset_keys()} == {
         "memories",
         "deletion_canary",
+        "memory_deletions",
         "tenant_backups",
         "memory_eval",
         "memory_drift",
@@ -66,7 +67,7 @@ def test_sensors_jobs_and_resources(definitions):
         "tenant_partitions_sensor",
         "derived_stores_automation",
         "forget_requests_sensor",
-        "deletion_alerts_sensor",
+        "deletions_on_track_sensor",
         "restore_requests_sensor",
         "restored_tenants_backfill_sensor",
     }
@@ -81,7 +82,8 @@ def test_sensors_jobs_and_resources(definitions):
     assert {key.name for key in evaluation.check_keys} == {"precision_target"}
     assert {key.name for key in definitions.resolve_assets_def("memory_drift").check_keys} == {"drift_target"}
     assert all(s.default_status == dg.DefaultScheduleStatus.RUNNING for s in definitions.schedules)
-    assert definitions.resolve_job_def("retention").partitions_def.get_partition_keys()[0] == "2024-01-01"
+    retention = definitions.resolve_job_def("retention")
+    assert retention.partitions_def.name == "tenants" and retention.executor_def.name == "in_process"
     assert definitions.resolve_job_def("restore").executor_def.name == "in_process"
     backups = next(iter(definitions.resolve_assets_def("tenant_backups").specs))
     assert backups.group_name == "backups" and backups.description and "shred" in backups.description
@@ -89,6 +91,8 @@ def test_sensors_jobs_and_resources(definitions):
     assert forget.partitions_def.name == "tenants"
     assert forget.executor_def.name == "in_process"
     assert definitions.resolve_sensor_def("forget_requests_sensor").default_status == dg.DefaultSensorStatus.RUNNING
+    alerts = definitions.resolve_sensor_def("deletions_on_track_sensor")
+    assert alerts.default_status == dg.DefaultSensorStatus.RUNNING and alerts.minimum_interval_seconds == 300
     assert definitions.resolve_sensor_def("derived_stores_automation").default_status == dg.DefaultSensorStatus.RUNNING
     assert definitions.resolve_sensor_def("tenant_partitions_sensor").default_status == dg.DefaultSensorStatus.RUNNING
     assert definitions.resolve_job_def("memories_snapshot").partitions_def.name == "tenants"
@@ -151,3 +155,31 @@ def test_dg_check_defs_passes():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "All definitions loaded successfully" in result.stdout + result.stderr
+
+
+def test_memory_deletions_is_a_tenant_graph_with_a_step_per_store_and_a_check(definitions):
+    from memory_pipelines.lib import registry
+
+    deletions = definitions.resolve_assets_def("memory_deletions")
+    spec = next(iter(deletions.specs))
+    assert spec.group_name == "forget" and spec.kinds == {"postgres"} and spec.owners == ["team:memory-platform"]
+    assert deletions.partitions_def.name == "tenants"
+    assert spec.description == "What the tenant has forgotten: its deletion jobs and their proofs."
+    ops = {node.name for node in deletions.node_def.nodes}
+    assert ops == {"freeze", "verify", "prove"} | {f"delete_{s.name}" for s in registry.STORES}
+    graph = definitions.resolve_asset_graph()
+    [check] = [key for key in graph.asset_check_keys if key.asset_key == deletions.key]
+    assert check.name == "deletions_on_track"
+    forget = definitions.resolve_job_def("forget")
+    assert [n.name for n in forget.graph.nodes if n.name == "memory_deletions"] == ["memory_deletions"]
+
+
+def test_definitions_load_without_preview_warnings():
+    import warnings
+
+    from memory_pipelines.definitions import defs as load
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load()
+    assert not [w for w in caught if issubclass(w.category, dg.PreviewWarning)]

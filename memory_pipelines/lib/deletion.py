@@ -13,9 +13,9 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 from psycopg.rows import dict_row
@@ -34,6 +34,9 @@ PRIMARY_BATCH = 5_000
 POLICY_VERSION = "deletion-policy-2026-11"
 # Days to complete by basis; a regulator's clock, not a target (we finish in seconds).
 DEADLINE_DAYS = {"gdpr-art17": 30, "ccpa": 45, "user-request": 30, "retention": 30, "offboarding": 30}
+# A job this close to its deadline (or past it) fails the `deletions_on_track` check.
+NEAR_DEADLINE = timedelta(days=3)
+MAX_BACKOFF = timedelta(hours=1)
 OPEN_STATES = ("REQUESTED", "FROZEN", "DELETING", "VERIFYING", "BLOCKED")
 _SUMMARY_SCOPES = {SUBJECT_STORE: "subject", TEAM_STORE: "team"}
 Source = tuple[str, int]
@@ -46,6 +49,32 @@ class Probes:
 
     texts: list[str]
     vectors: list[Any]
+
+
+@dataclass
+class Batch:
+    """One run of a tenant's deletion jobs between `begin` and `release`; lives in one process only.
+
+    It holds the tenant's run lock (an advisory lock on `lock_conn`) and the paraphrase probes, which
+    are plaintext: never persist a batch, log it or hand it to anything that serialises it.
+    """
+
+    tenant_id: str
+    jobs: list[dict[str, Any]]
+    lock_conn: psycopg.Connection | None = None
+    lock_key: str = ""
+    fixed: dict[str, set[Source]] = field(default_factory=dict)
+    targets: dict[str, set[Source]] = field(default_factory=dict)
+    found: dict[str, dict[str, int]] = field(default_factory=dict)
+    probes: Probes = field(default_factory=lambda: Probes(texts=[], vectors=[]), repr=False)
+    erased_snapshots: set[str] = field(default_factory=set)
+    verification: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def job_ids(self) -> list[str]:
+        """Ids of the jobs this batch runs (COMPLETE ones were left out at `begin`)."""
+        return [job["job_id"] for job in self.jobs]
 
 
 class DeletionBlocked(MemoryPipelinesError):
@@ -145,6 +174,117 @@ class DeletionLedger:
                 out.setdefault(job_tenant, []).append(job_id)
         return out
 
+    def ledger(self, *, tenant_id: str | None = None) -> list[dict[str, Any]]:
+        """Every open job as ids, state, ledger sequence, attempts and times (what the forget sensor reads)."""
+        validation.check_optional_id("tenant", tenant_id)
+        with self.store.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
+            return cur.execute(
+                "SELECT job_id, tenant_id, state, seq, attempts, next_attempt_at, deadline, updated_at"
+                " FROM control.deletion_jobs WHERE state <> 'COMPLETE' AND (%s::text IS NULL OR tenant_id = %s)"
+                " ORDER BY seq NULLS FIRST, created_at",
+                (tenant_id, tenant_id),
+            ).fetchall()
+
+    def attention(self, *, tenant_id: str | None = None, now: datetime | None = None) -> dict[str, dict[str, Any]]:
+        """tenant -> open jobs that need a person: BLOCKED, within NEAR_DEADLINE of their deadline, or past it."""
+        now = now or _now()
+        out: dict[str, dict[str, Any]] = {}
+        for row in self.ledger(tenant_id=tenant_id):
+            entry = out.setdefault(row["tenant_id"], {"open": 0, "blocked": [], "near_deadline": [], "overdue": []})
+            entry["open"] += 1
+            if row["state"] == "BLOCKED":
+                entry["blocked"].append(row["job_id"])
+            if row["deadline"] <= now:
+                entry["overdue"].append(row["job_id"])
+            elif row["deadline"] - now < NEAR_DEADLINE:
+                entry["near_deadline"].append(row["job_id"])
+        return out
+
+
+def backoff(attempts: int) -> timedelta:
+    """How long a BLOCKED job waits before its next attempt: 1 minute, doubling, at most 1 hour
+    (the same rule as the ledger trigger of migration 0009)."""
+    return min(MAX_BACKOFF, timedelta(minutes=1) * 2 ** min(max(attempts, 1) - 1, 12))
+
+
+# A non-fresh forget run (relaunch, retry) waits this long after the tenant's last run ended, so a
+# run that fails before reaching the jobs is not relaunched in a tight loop.
+RELAUNCH_GRACE = timedelta(minutes=1)
+# A job left FROZEN, DELETING or VERIFYING this long with no run in progress was orphaned by a run
+# that died; a relaunch resumes it (the tenant run lock makes a needless one a no-op).
+STALL_GRACE = timedelta(minutes=5)
+_IN_FLIGHT = ("FROZEN", "DELETING", "VERIFYING")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One forget run the sensor should request: a tenant, its job ids and a run key."""
+
+    tenant_id: str
+    job_ids: list[str]
+    run_key: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """The tenant's latest forget run as the sensor sees it: `active`, `failed` or `succeeded`."""
+
+    run_id: str
+    status: str
+    ended_at: datetime | None
+
+
+def plan_forget_runs(
+    rows: list[dict[str, Any]], *, cursor: int, last_runs: dict[str, LastRun], now: datetime
+) -> tuple[list[PlannedRun], int]:
+    """Which forget runs to request from the open jobs of `DeletionLedger.ledger`, and the new cursor.
+
+    New requests (REQUESTED, seq > cursor) get one run per tenant at once, keyed by their highest
+    seq; they queue behind a run in progress. With no run of the tenant in progress, a BLOCKED job
+    whose backoff ended, and a job still REQUESTED (or left in flight) after the tenant's last run
+    ended, get a run keyed by the last run's id as well, so each failed run is relaunched once.
+    """
+    fresh: dict[str, list[dict[str, Any]]] = {}
+    again: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        tenant, seq, state = row["tenant_id"], row["seq"], row["state"]
+        if state == "REQUESTED" and seq is not None and seq > cursor:
+            fresh.setdefault(tenant, []).append(row)
+            continue
+        last = last_runs.get(tenant)
+        if last is not None and (last.status == "active" or (last.ended_at and now - last.ended_at < RELAUNCH_GRACE)):
+            continue
+        due = (
+            (state == "BLOCKED" and (row["next_attempt_at"] is None or row["next_attempt_at"] <= now))
+            or state == "REQUESTED"
+            or (state in _IN_FLIGHT and now - row["updated_at"] >= STALL_GRACE)
+        )
+        if due:
+            again.setdefault(tenant, []).append(row)
+    planned = [
+        PlannedRun(
+            t,
+            [r["job_id"] for r in jobs + again.pop(t, [])],  # due retries of the tenant ride along
+            f"forget:{t}:{max(r['seq'] for r in jobs)}",
+            "requested",
+        )
+        for t, jobs in sorted(fresh.items())
+    ]
+    for tenant, jobs in sorted(again.items()):
+        last = last_runs.get(tenant)
+        top = max((r["seq"] or 0) for r in jobs)
+        planned.append(
+            PlannedRun(
+                tenant,
+                [r["job_id"] for r in jobs],
+                f"forget:{tenant}:{top}:after:{last.run_id if last else 'none'}",
+                "retry" if all(r["state"] == "BLOCKED" for r in jobs) else "relaunch",
+            )
+        )
+    new_cursor = max([cursor, *(r["seq"] for r in rows if r["seq"] is not None and r["state"] == "REQUESTED")])
+    return planned, new_cursor
+
 
 class DeletionService(DeletionLedger):
     """Accepts deletion requests and runs them. `hooks` let fault-injection tests act between steps."""
@@ -157,7 +297,6 @@ class DeletionService(DeletionLedger):
         self.hooks = hooks or {}
         self.gate = gate.Gate(derived.store)
         self.drain_timeout = drain_timeout
-        self._erased_snapshots: set[str] = set()
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -171,9 +310,11 @@ class DeletionService(DeletionLedger):
         all_tenant: bool = False,
         confirm: str | None = None,
         basis: str = "user-request",
+        requested_by: str | None = None,
     ) -> dict[str, Any]:
         """Accept a request, resolved to a stable scope, and hide that scope from every read at once."""
         validation.check_id("tenant", tenant_id)
+        validation.check_optional_id("requested_by", requested_by)
         if basis not in DEADLINE_DAYS:
             raise ValidationError("basis", f"must be one of {', '.join(DEADLINE_DAYS)}")
         given = [subject is not None, memory_id is not None, all_tenant]
@@ -236,7 +377,8 @@ class DeletionService(DeletionLedger):
                 "UPDATE memory.tenants SET change_seq = change_seq + 1, updated_at = now() WHERE tenant_id = %s",
                 (tenant_id,),
             )
-            self._audit(conn, job_id, tenant_id, "received", "REQUESTED", {"scope": scope, "basis": basis})
+            received = {"scope": scope, "basis": basis, **({"requested_by": requested_by} if requested_by else {})}
+            self._audit(conn, job_id, tenant_id, "received", "REQUESTED", received)
             return {**self._job(conn, job_id), "duplicate": False}
 
     @staticmethod
@@ -443,27 +585,46 @@ class DeletionService(DeletionLedger):
         """Run deletion jobs of one tenant together: each store is visited once for the whole batch.
 
         One runner per tenant at a time (a session advisory lock): a sensor-launched run and a
-        `forget --wait` never interleave; the second finds the jobs COMPLETE and returns.
+        `forget --wait` never interleave; the second finds the jobs COMPLETE and returns. The
+        phases are `begin`, `delete_store` per registered store, `verify`, `complete`, `release`.
+        """
+        batch = self.begin(tenant_id=tenant_id, job_ids=job_ids)
+        try:
+            if batch.jobs:
+                for spec in registry.STORES:
+                    self.delete_store(batch, spec.name)
+                self.verify(batch)
+                self.complete(batch)
+            return self.summary(batch)
+        finally:
+            self.release(batch)
+
+    def begin(self, *, tenant_id: str, job_ids: list[str]) -> Batch:
+        """Take the tenant's run lock, freeze the jobs, wait for permits to drain, fix targets and probes.
+
+        The returned batch holds the lock on its own connection until `release`; it holds the
+        paraphrase probes (plaintext) in memory only. No jobs left to run: a batch with none.
         """
         validation.check_id("tenant", tenant_id)
+        for job_id in job_ids:
+            validation.check_id("job_id", job_id)
         lock_key = f"forget\x1f{tenant_id}"
         try:
             lock_conn = psycopg.connect(self.store.conninfo, autocommit=True)
         except psycopg.OperationalError as exc:
             raise DeletionBlocked("postgres", "POSTGRES_UNAVAILABLE", str(exc)) from exc
+        batch = Batch(tenant_id=tenant_id, jobs=[], lock_conn=lock_conn, lock_key=lock_key)
         try:
             # Seed 2 is the tenant run lock (seed 0: per-subject write locks, seed 1: the gate).
             lock_conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 2))", (lock_key,))
-            return self._run_locked(tenant_id, job_ids)
-        finally:
-            # A session that died has released its advisory lock already; nothing to undo then.
-            try:
-                lock_conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 2))", (lock_key,))
-            except psycopg.Error:
-                pass
-            lock_conn.close()
+            self._freeze(batch, job_ids)
+        except BaseException:
+            self.release(batch)
+            raise
+        return batch
 
-    def _run_locked(self, tenant_id: str, job_ids: list[str]) -> dict[str, Any]:
+    def _freeze(self, batch: Batch, job_ids: list[str]) -> None:
+        tenant_id = batch.tenant_id
         with self.store.transaction() as conn:
             jobs = [self._job(conn, job_id) for job_id in job_ids]
         for job in jobs:
@@ -473,15 +634,14 @@ class DeletionService(DeletionLedger):
         for job in jobs:
             # A retry starts from the stores' last statuses; failures of other steps are history (audit).
             job["targets"] = {k: v for k, v in job["targets"].items() if k in registry.BY_NAME}
+        batch.jobs = jobs
         if not jobs:
-            return {"tenant_id": tenant_id, "jobs": {}, "stores": {}}
+            return
         with self.store.transaction() as conn:
             conn.execute(
                 "UPDATE control.deletion_jobs SET attempts = attempts + 1 WHERE job_id = ANY(%s)",
                 ([j["job_id"] for j in jobs],),
             )
-        timings: dict[str, float] = {}
-        self._erased_snapshots = set()  # filled by this batch's snapshot adapter, checked by its verify
         step = "freeze"
         try:
             started = time.perf_counter()
@@ -495,42 +655,93 @@ class DeletionService(DeletionLedger):
             if left:
                 raise DeletionBlocked("gate", "UNDRAINED_PERMITS", f"{left} permit(s) still in flight")
             step = "freeze"
-            fixed = self._resolve_targets(tenant_id, jobs)
+            batch.fixed = self._resolve_targets(tenant_id, jobs)
             # Copies of versions the scope covers whose primary row a restore dropped go too; they are
             # looked up at every run, and are not targets of the proof (no row, no key of theirs).
-            targets = self._with_orphans(tenant_id, jobs, fixed)
-            found = self._found(tenant_id, jobs, targets)
+            batch.targets = self._with_orphans(tenant_id, jobs, batch.fixed)
+            batch.found = self._found(tenant_id, jobs, batch.targets)
             sweep = any(job["scope"]["type"] == "RETENTION" for job in jobs)
-            probes = self._probes(tenant_id, set().union(*targets.values()), sweep=sweep)
-            timings["freeze"] = time.perf_counter() - started
+            batch.probes = self._probes(tenant_id, set().union(*batch.targets.values()), sweep=sweep)
+            batch.timings["freeze"] = time.perf_counter() - started
             self._hook("frozen", jobs)
             self._set_state(jobs, "DELETING")
-            for spec in registry.STORES:
-                step = spec.name
-                started = time.perf_counter()
-                self._delete_in(spec.name, tenant_id, jobs, targets)
-                timings[spec.name] = time.perf_counter() - started
-                # DONE:n counts what existed when the job first froze, so a retry after a lost
-                # answer still reports what was deleted (the adapters are idempotent and find 0).
-                self._record_targets(jobs, spec.name, {job_id: f[spec.name] for job_id, f in found.items()})
-                self._hook(f"deleted:{spec.name}", jobs)
-            step = "verify"
-            self._set_state(jobs, "VERIFYING")
-            started = time.perf_counter()
-            verification = self._verify(tenant_id, jobs, targets, probes)
-            timings["verify"] = time.perf_counter() - started
-            del probes
-            self._hook("verified", jobs)
-            self._complete(tenant_id, jobs, fixed, verification)
         except Exception as exc:
-            code = _error_code(step, exc)
-            self._block(jobs, step, code)
-            raise DeletionBlocked(step, code, f"{type(exc).__name__}: {exc}") from exc
+            self._fail(batch, step, exc)
+
+    def _fail(self, batch: Batch, step: str, exc: Exception) -> NoReturn:
+        code = _error_code(step, exc)
+        self._block(batch.jobs, step, code)
+        raise DeletionBlocked(step, code, f"{type(exc).__name__}: {exc}") from exc
+
+    def delete_store(self, batch: Batch, store_name: str) -> int:
+        """Delete every record of one registered store derived from the batch's targets; returns the count."""
+        if store_name not in registry.BY_NAME:
+            raise ValidationError("store", f"no registered store {store_name!r}")
+        if not batch.jobs:
+            return 0
+        try:
+            started = time.perf_counter()
+            self._delete_in(store_name, batch)
+            batch.timings[store_name] = time.perf_counter() - started
+            # DONE:n counts what existed when the job first froze, so a retry after a lost
+            # answer still reports what was deleted (the adapters are idempotent and find 0).
+            self._record_targets(batch.jobs, store_name, {job_id: f[store_name] for job_id, f in batch.found.items()})
+            self._hook(f"deleted:{store_name}", batch.jobs)
+        except Exception as exc:
+            self._fail(batch, store_name, exc)
+        return sum(f[store_name] for f in batch.found.values())
+
+    def verify(self, batch: Batch) -> dict[str, Any]:
+        """Exact-id queries on every store and paraphrase probes; drops the probes once used."""
+        if not batch.jobs:
+            return {}
+        try:
+            self._set_state(batch.jobs, "VERIFYING")
+            started = time.perf_counter()
+            batch.verification = self._verify(batch)
+            batch.timings["verify"] = time.perf_counter() - started
+            batch.probes = Probes(texts=[], vectors=[])
+            self._hook("verified", batch.jobs)
+        except Exception as exc:
+            self._fail(batch, "verify", exc)
+        return batch.verification
+
+    def complete(self, batch: Batch) -> list[dict[str, Any]]:
+        """Mark the verified jobs COMPLETE and return their proofs (ids, HMACs and counts only)."""
+        if not batch.jobs:
+            return []
+        try:
+            if batch.verification is None:
+                raise DeletionBlocked("verify", "NOT_VERIFIED", "the batch was not verified")
+            return self._complete(batch.tenant_id, batch.jobs, batch.fixed, batch.verification)
+        except Exception as exc:
+            self._fail(batch, "verify", exc)
+
+    def release(self, batch: Batch) -> None:
+        """Drop the probes and give the tenant's run lock back (idempotent)."""
+        batch.probes = Probes(texts=[], vectors=[])
+        conn, batch.lock_conn = batch.lock_conn, None
+        if conn is None:
+            return
+        # A session that died has released its advisory lock already; nothing to undo then.
+        try:
+            conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 2))", (batch.lock_key,))
+        except psycopg.Error:
+            pass
+        conn.close()
+
+    @staticmethod
+    def summary(batch: Batch) -> dict[str, Any]:
+        """What a batch did: job states, records per store (as first found), seconds per phase."""
         return {
-            "tenant_id": tenant_id,
-            "jobs": {job["job_id"]: "COMPLETE" for job in jobs},
-            "stores": {spec.name: sum(f[spec.name] for f in found.values()) for spec in registry.STORES},
-            "seconds": {name: round(value, 4) for name, value in timings.items()},
+            "tenant_id": batch.tenant_id,
+            "jobs": {job["job_id"]: job["state"] for job in batch.jobs},
+            "stores": (
+                {spec.name: sum(f[spec.name] for f in batch.found.values()) for spec in registry.STORES}
+                if batch.jobs
+                else {}
+            ),
+            **({"seconds": {name: round(value, 4) for name, value in batch.timings.items()}} if batch.jobs else {}),
         }
 
     def _probes(self, tenant_id: str, sources: set[Source], *, sweep: bool = False) -> Probes:
@@ -708,16 +919,17 @@ class DeletionService(DeletionLedger):
             )
         }
 
-    def _delete_in(
-        self, store_name: str, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]]
-    ) -> None:
+    def _delete_in(self, store_name: str, batch: Batch) -> None:
         """Delete every record of `store_name` derived from the targets (counts come from `_found`)."""
+        tenant_id, targets = batch.tenant_id, batch.targets
         everything = set().union(*targets.values())
         records: set[str] = set()
         if store_name in _LINEAGE_STORE:
             with self.store.transaction() as conn:
                 records = self._linked(conn, tenant_id, _LINEAGE_STORE[store_name], everything)
-        getattr(self, f"_delete_{store_name}")(tenant_id, jobs, targets, everything, records)
+        getattr(self, f"_delete_{store_name}")(tenant_id, batch.jobs, targets, everything, records)
+        if store_name == "prompt_snapshots":
+            batch.erased_snapshots |= records  # checked by this batch's verification
 
     def _delete_recall_cache(
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
@@ -752,7 +964,6 @@ class DeletionService(DeletionLedger):
                 " AND record_id = ANY(%s)",
                 (tenant_id, sorted(records)),
             )
-        self._erased_snapshots |= records
 
     def _delete_chroma(
         self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
@@ -906,10 +1117,9 @@ class DeletionService(DeletionLedger):
 
     # -- verification and proof ---------------------------------------------------------------
 
-    def _verify(
-        self, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]], probes: Probes
-    ) -> dict[str, dict[str, int]]:
+    def _verify(self, batch: Batch) -> dict[str, Any]:
         """Exact-id queries on every store plus paraphrase probes; any hit blocks the job."""
+        tenant_id, jobs, targets, probes = batch.tenant_id, batch.jobs, batch.targets, batch.probes
         everything = set().union(*targets.values())
         wanted = sorted(everything)
         ids = [f"{m}:{v}" for m, v in wanted]
@@ -943,7 +1153,7 @@ class DeletionService(DeletionLedger):
         with self.store.transaction() as conn:
             leftovers["prompt_snapshots"] = conn.execute(
                 "SELECT count(*) FROM derived.prompt_snapshots WHERE tenant_id = %s AND snapshot_id = ANY(%s)",
-                (tenant_id, sorted(self._erased_snapshots)),
+                (tenant_id, sorted(batch.erased_snapshots)),
             ).fetchone()[0]  # type: ignore[index]
         table = self.derived.analytics.read_partition(tenant_id)
         if table is not None:
@@ -972,7 +1182,8 @@ class DeletionService(DeletionLedger):
 
     def _complete(
         self, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]], verification: dict[str, Any]
-    ) -> None:
+    ) -> list[dict[str, Any]]:
+        proofs = []
         with self.store.transaction() as conn:
             for job in jobs:
                 statuses = [str(job["targets"].get(spec.name, "PENDING")) for spec in registry.STORES]
@@ -1021,7 +1232,10 @@ class DeletionService(DeletionLedger):
                     (job["job_id"], tenant_id, json.dumps({"jobId": job["job_id"], "scopeHash": job["scope_hash"]})),
                 )
                 self._audit(conn, job["job_id"], tenant_id, "completed", "COMPLETE", {"targets": job["targets"]})
-                job["state"] = "COMPLETE"
+                proofs.append(proof)
+        for job in jobs:
+            job["state"] = "COMPLETE"  # only once the transaction committed
+        return proofs
 
 
 _LINEAGE_STORE = {

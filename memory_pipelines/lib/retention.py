@@ -22,7 +22,7 @@ from memory_pipelines.lib.paths import ASSETS_DIR
 from memory_pipelines.lib.store import MemoryStore
 
 POLICY_FILE = ASSETS_DIR / "retention_policies.yaml"
-# The first day partition of the `retention` job (UTC).
+# The earliest day a sweep may be asked for (UTC); the `retention` job is partitioned by tenant.
 FIRST_DAY = "2024-01-01"
 # Categories the product knows. A policy for anything else is almost surely a typo, and a typo
 # in a retention policy silently keeps data forever, so it is refused at load.
@@ -200,8 +200,9 @@ def sweep(
 ) -> dict[str, Any]:
     """Request (and with `run`, carry out) the removal of what day `day`'s retention ended.
 
-    One RETENTION job per tenant with expired memories; `immediate` categories become forget
-    requests (MEMORY scope, basis gdpr-art17). Without `run` the jobs wait for the forget sensor.
+    One RETENTION job per tenant with expired memories (`tenant_id`: that tenant only); `immediate`
+    categories become forget requests (MEMORY scope, basis gdpr-art17). Without `run` the jobs wait
+    for the forget sensor; with it, `stores` counts what each tenant's batch removed per store.
     `day` must have ended (see `check_sweep_day`).
     """
     the_day = check_sweep_day(day)
@@ -223,10 +224,11 @@ def sweep(
         forgets[tenant] = [
             service.request(tenant_id=tenant, memory_id=m, basis="gdpr-art17")["job_id"] for m in memory_ids
         ]
+    stores: dict[str, dict[str, int]] = {}
     if run:
         for tenant in sorted(set(jobs) | set(forgets)):
             batch = ([jobs[tenant]["job_id"]] if tenant in jobs else []) + forgets.get(tenant, [])
-            service.run_batch(tenant_id=tenant, job_ids=batch)
+            stores[tenant] = service.run_batch(tenant_id=tenant, job_ids=batch)["stores"]
     for entry in jobs.values():
         entry["state"] = service.status(job_id=entry["job_id"])["state"]
     return {
@@ -235,4 +237,6 @@ def sweep(
         "removed": sum(sum(entry["categories"].values()) for entry in jobs.values()),
         "jobs": jobs,
         "immediate_forget_jobs": {t: len(ids) for t, ids in forgets.items()},
+        "immediate_forget_job_ids": forgets,
+        "stores": stores,
     }

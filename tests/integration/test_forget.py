@@ -193,6 +193,7 @@ def test_proofs_audit_rows_outbox_and_dagster_metadata_hold_no_memory_text(
     import dagster as dg
 
     from memory_pipelines.definitions import defs
+    from memory_pipelines.defs.forget.jobs import forget_run_config
 
     tenant, canary = world["tenant"], world["canary"]
     service = DeletionService(derived)
@@ -206,7 +207,7 @@ def test_proofs_audit_rows_outbox_and_dagster_metadata_hold_no_memory_text(
             .execute_in_process(
                 instance=instance,
                 partition_key=tenant,
-                run_config={"ops": {"forget_batch": {"config": {"job_ids": [job["job_id"]]}}}},
+                run_config=forget_run_config(job_ids=[job["job_id"]]),
             )
         )
         assert result.success
@@ -219,7 +220,14 @@ def test_proofs_audit_rows_outbox_and_dagster_metadata_hold_no_memory_text(
             for _ in [0]
             if e.asset_materialization
         }
-        assert {"memory_embeddings", "team_summaries", "analytics_memories"} <= materialized
+        assert {"memory_deletions", "memory_embeddings", "team_summaries", "analytics_memories"} <= materialized
+        [deletions] = [
+            e.step_materialization_data.materialization
+            for e in result.get_asset_materialization_events()
+            if e.asset_key.to_user_string() == "memory_deletions"
+        ]
+        assert deletions.metadata["deletion_states"].value == {job["job_id"]: "COMPLETE"}
+        assert deletions.metadata[f"proof_{job['job_id']}"].value["scopeHash"] == job["scope_hash"]
     with psycopg.connect(endpoints.store_conninfo) as conn:
         for table in (
             "control.deletion_jobs",

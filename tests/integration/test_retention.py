@@ -140,23 +140,70 @@ def test_bad_sweep_day(store, derived):
         retention.preview(store, day="yesterday")
 
 
-def test_dagster_retention_job_backfills_missed_days(store, derived, tenant, session_settings):
+def test_dagster_retention_runs_per_tenant_and_day_and_touch_only_their_tenant(
+    store, derived, tenant, session_settings
+):
     import os
 
     import dagster as dg
 
     from memory_pipelines.definitions import defs
+    from memory_pipelines.defs.retention.jobs import DAY_TAG, RETENTION_JOB, retention_run_config
 
+    other = tenant + "-b"
     days = [date(2025, 3, d) for d in (1, 2, 3)]
     for i, day in enumerate(days):
         written_days_ago(store, tenant, write(store, tenant, "financial", f"invoice {i}"), 1825, day=day)
+    theirs = write(store, other, "financial", "the other tenant's invoice")
+    written_days_ago(store, other, theirs, 1825, day=days[0])
     os.environ["MEMORY_PIPELINES_HOME"] = str(session_settings.home)
-    job = defs().resolve_job_def("retention")
+    job = defs().resolve_job_def(RETENTION_JOB)
+    assert job.partitions_def.name == "tenants"
     with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("tenants", [tenant, other])
         removed = {}
-        for day in days:  # what a backfill over the missed days launches, one run per day
-            result = job.execute_in_process(instance=instance, partition_key=day.isoformat())
+        for day in days:  # what the CLI (or a backfill over missed days) launches: one run per tenant and day
+            result = job.execute_in_process(
+                instance=instance,
+                partition_key=tenant,
+                run_config=retention_run_config(day=day.isoformat()),
+                tags={DAY_TAG: day.isoformat()},
+            )
             assert result.success
-            removed[day] = result.output_for_node("retention_sweep")["jobs"].get(tenant, {}).get("categories")
-    assert removed == {day: {"financial": 1} for day in days}
+            [report] = [
+                e.step_materialization_data.materialization
+                for e in result.get_asset_materialization_events()
+                if e.asset_key.to_user_string() == "memory_deletions"
+            ]
+            metadata = {k: v.value for k, v in report.metadata.items()}
+            assert report.partition == tenant and metadata["retention_day"] == day.isoformat()
+            assert metadata["policy_version"] and metadata["basis"] == "retention"
+            assert metadata["removed"] == 1 and metadata["category_financial"] == 1
+            [job_id] = metadata["deletion_job_ids"]
+            assert metadata["deletion_states"] == {job_id: "COMPLETE"}
+            removed[day] = {k: v for k, v in metadata.items() if k.startswith("category_")}
+    assert removed == {day: {"category_financial": 1} for day in days}
     assert store.list_visible(tenant_id=tenant, user_id="ann") == []
+    # The other tenant's expired memory is still there: its own run has not come.
+    assert [m["memory_id"] for m in store.list_visible(tenant_id=other, user_id="ann")] == [theirs]
+
+
+def test_retention_schedule_fans_out_over_tenants_for_the_day_that_ended(tenant):
+    from datetime import datetime
+
+    import dagster as dg
+
+    from memory_pipelines.defs.retention.jobs import DAY_TAG, retention_run_config
+    from memory_pipelines.defs.retention.schedules import retention_schedule
+
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("tenants", [tenant, tenant + "-b"])
+        context = dg.build_schedule_context(
+            instance=instance, scheduled_execution_time=datetime(2026, 6, 16, 2, tzinfo=UTC)
+        )
+        requests = retention_schedule(context)
+    assert [(r.partition_key, r.run_key, r.tags[DAY_TAG]) for r in requests] == [
+        (tenant, f"retention:2026-06-15:{tenant}", "2026-06-15"),
+        (tenant + "-b", f"retention:2026-06-15:{tenant}-b", "2026-06-15"),
+    ]
+    assert all(r.run_config == retention_run_config(day="2026-06-15") for r in requests)

@@ -1,42 +1,85 @@
-import hashlib
-from datetime import UTC, datetime, timedelta
+import json
+from datetime import UTC, datetime
 
 import dagster as dg
 
-from memory_pipelines.defs.forget.jobs import forget_job
+from memory_pipelines.defs.forget.checks import check_evaluation
+from memory_pipelines.defs.forget.jobs import FORGET_JOB, forget_job, forget_run_config
 from memory_pipelines.defs.memories.partitions import tenants_partitions
-from memory_pipelines.lib.deletion import DeletionLedger
+from memory_pipelines.lib.canary import is_reserved_tenant
+from memory_pipelines.lib.deletion import DeletionLedger, LastRun, plan_forget_runs
 from memory_pipelines.resources import MemoryStoreResource
 
-NEAR_DEADLINE = timedelta(days=3)
+JOBS_TAG = "memory_pipelines/deletion_jobs"
+# Ids listed in a run's tag; the run config holds them all.
+TAGGED_IDS = 10
+_ACTIVE = {
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+    dg.DagsterRunStatus.MANAGED,
+}
+
+
+def jobs_tag(job_ids: list[str]) -> str:
+    """The run tag naming a batch's job ids: the first few, then how many more."""
+    shown = ",".join(job_ids[:TAGGED_IDS])
+    return shown if len(job_ids) <= TAGGED_IDS else f"{shown},+{len(job_ids) - TAGGED_IDS}"
+
+
+def last_forget_run(instance: dg.DagsterInstance, tenant_id: str) -> LastRun | None:
+    """The tenant's latest `forget` run (found by its partition tag), as the planner needs it."""
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=FORGET_JOB, tags={"dagster/partition": tenant_id}), limit=1
+    )
+    if not records:
+        return None
+    record = records[0]
+    status = record.dagster_run.status
+    if status in _ACTIVE:
+        kind = "active"
+    elif status == dg.DagsterRunStatus.SUCCESS:
+        kind = "succeeded"
+    else:
+        kind = "failed"
+    ended = None if record.end_time is None else datetime.fromtimestamp(record.end_time, UTC)
+    return LastRun(run_id=record.dagster_run.run_id, status=kind, ended_at=ended)
 
 
 @dg.sensor(
     job=forget_job,
     minimum_interval_seconds=15,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Batches each tenant's pending deletion requests into one `forget` run (run_key per batch).",
+    description="One `forget` run per tenant for new deletion requests (cursor: the ledger sequence); relaunches"
+    " requests whose run failed, retries BLOCKED jobs with backoff (1 min doubling, at most 1 h).",
 )
-def forget_requests_sensor(
-    context: dg.SensorEvaluationContext,
-    memory_store: MemoryStoreResource,
-) -> dg.SensorResult:
-    pending = DeletionLedger(memory_store.store()).pending(states=("REQUESTED",))
+def forget_requests_sensor(context: dg.SensorEvaluationContext, memory_store: MemoryStoreResource) -> dg.SensorResult:
+    ledger = DeletionLedger(memory_store.store())
+    # Canary and evaluation tenants run their own deletions and never become partitions.
+    rows = [row for row in ledger.ledger() if not is_reserved_tenant(row["tenant_id"])]
+    cursor = int(context.cursor or 0)
+    last_runs = {
+        tenant: run
+        for tenant in sorted({row["tenant_id"] for row in rows})
+        if (run := last_forget_run(context.instance, tenant)) is not None
+    }
+    planned, new_cursor = plan_forget_runs(rows, cursor=cursor, last_runs=last_runs, now=datetime.now(UTC))
     known = set(context.instance.get_dynamic_partitions(tenants_partitions.name or "tenants"))
-    requests = []
-    for tenant_id, job_ids in sorted(pending.items()):
-        batch = hashlib.sha256("\x1f".join(sorted(job_ids)).encode()).hexdigest()[:16]
-        requests.append(
-            dg.RunRequest(
-                run_key=f"forget:{tenant_id}:{batch}",
-                partition_key=tenant_id,
-                run_config={"ops": {"forget_batch": {"config": {"job_ids": sorted(job_ids)}}}},
-                tags={"forget/jobs": str(len(job_ids))},
-            )
+    requests = [
+        dg.RunRequest(
+            run_key=run.run_key,
+            partition_key=run.tenant_id,
+            run_config=forget_run_config(job_ids=run.job_ids),
+            tags={JOBS_TAG: jobs_tag(run.job_ids), "memory_pipelines/forget_reason": run.reason},
         )
-    new = sorted(set(pending) - known)
+        for run in planned
+    ]
+    new = sorted({run.tenant_id for run in planned} - known)
     return dg.SensorResult(
         run_requests=requests,
+        cursor=str(new_cursor),
         dynamic_partitions_requests=[tenants_partitions.build_add_request(new)] if new else [],
     )
 
@@ -44,22 +87,28 @@ def forget_requests_sensor(
 @dg.sensor(
     minimum_interval_seconds=300,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Surfaces BLOCKED deletion jobs and open jobs within three days of their deadline.",
+    description="Evaluates the `deletions_on_track` check of each tenant with deletion jobs every 5 minutes,"
+    " reporting it when its outcome changes.",
 )
-def deletion_alerts_sensor(
-    context: dg.SensorEvaluationContext,
-    memory_store: MemoryStoreResource,
-) -> dg.SkipReason:
+def deletions_on_track_sensor(
+    context: dg.SensorEvaluationContext, memory_store: MemoryStoreResource
+) -> dg.SensorResult:
     ledger = DeletionLedger(memory_store.store())
-    now = datetime.now(UTC)
-    alerts = []
-    for job in ledger.list_jobs():
-        if job["state"] == "COMPLETE":
-            continue
-        deadline = datetime.fromisoformat(job["deadline"])
-        if job["state"] == "BLOCKED" or deadline - now < NEAR_DEADLINE:
-            failed = {store: status for store, status in job["targets"].items() if not status.startswith("DONE")}
-            alerts.append(f"{job['job_id']} {job['state']} deadline {job['deadline']} {failed}")
-    for alert in alerts:
-        context.log.warning(f"deletion needs attention: {alert}")
-    return dg.SkipReason(f"{len(alerts)} deletion job(s) need attention" + (": " + "; ".join(alerts) if alerts else ""))
+    last: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
+    known = set(context.instance.get_dynamic_partitions(tenants_partitions.name or "tenants"))
+    # Tenants with open jobs, and those whose last report was a failure (so it passes again).
+    tenants = ({row["tenant_id"] for row in ledger.ledger()} | {t for t, s in last.items() if s != "pass"}) & known
+    events = []
+    state: dict[str, str] = {}
+    for tenant_id in sorted(tenants):
+        evaluation = check_evaluation(ledger, tenant_id)
+        outcome = (
+            "pass"
+            if evaluation.passed
+            else "fail:"
+            + json.dumps({k: getattr(v, "value", None) for k, v in sorted(evaluation.metadata.items())}, sort_keys=True)
+        )
+        if last.get(tenant_id) != outcome:
+            events.append(evaluation)
+        state[tenant_id] = outcome
+    return dg.SensorResult(asset_events=events, cursor=json.dumps(state, sort_keys=True))

@@ -1,0 +1,305 @@
+"""The forget graph's ops: freeze, one op per registered store, verify, prove.
+
+The batch (run lock, targets, plaintext probes) never crosses an IO manager: it stays in
+`_BATCHES`, keyed by the Dagster run id, in the one process the in-process executor runs every
+step in. Ops pass the job ids along (ids only). A step that finds no batch for its run, as in a
+re-execution from failure, begins the batch again: exactly what `deletion retry` does.
+"""
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from memory_pipelines.defs.derived.jobs import DERIVED_ASSETS
+from memory_pipelines.defs.forget.checks import check_evaluation
+from memory_pipelines.lib import registry
+from memory_pipelines.lib.deletion import Batch, DeletionBlocked, DeletionLedger, DeletionService
+from memory_pipelines.lib.errors import MemoryPipelinesError, ValidationError
+from memory_pipelines.resources import (
+    AnalyticsResource,
+    ChromaResource,
+    MemoryStoreResource,
+    SummarizerResource,
+    derived_stores,
+)
+
+TOUCHED_ASSETS = ("memories", *DERIVED_ASSETS)
+SCOPES = ("SUBJECT", "MEMORY", "TENANT")
+TAGS = {"domain": "forget"}
+
+_BATCHES: dict[str, tuple[DeletionService, Batch]] = {}
+_LOCK = threading.Lock()
+
+
+class ForgetConfig(dg.Config):
+    """The freeze step's config: existing job ids, or one new request validated like the CLI's."""
+
+    job_ids: list[str] = Field(
+        default_factory=list,
+        description="Existing deletion job ids; empty (and no new request): every REQUESTED or BLOCKED job of the"
+        " tenant",
+    )
+    scope: str | None = Field(default=None, description="A new request instead of job_ids: SUBJECT, MEMORY or TENANT")
+    subject: str | None = Field(default=None, description="SUBJECT scope: the user id")
+    memory_id: str | None = Field(default=None, description="MEMORY scope: the memory id")
+    version: int | None = Field(default=None, description="MEMORY scope: one version only (default: every version)")
+    confirm: str | None = Field(default=None, description="TENANT scope: repeat the tenant id")
+    basis: str = Field(default="user-request", description="Legal basis: gdpr-art17, ccpa, user-request, ...")
+    requested_by: str | None = Field(default=None, description="Who asked (an operator or service id)")
+
+
+def deletion_service(
+    memory_store: MemoryStoreResource,
+    chroma: ChromaResource,
+    summarizer: SummarizerResource,
+    analytics: AnalyticsResource,
+) -> DeletionService:
+    """The deletion service over the configured stores."""
+    return DeletionService(derived_stores(memory_store, chroma, summarizer, analytics))
+
+
+def _request(service: DeletionService, tenant_id: str, config: ForgetConfig) -> list[str]:
+    """Job ids the run works on: a new request's (validated like the CLI's), the given ones, or the pending ones."""
+    new = config.scope is not None or any(
+        value is not None for value in (config.subject, config.memory_id, config.version)
+    )
+    if not new:
+        if config.job_ids:
+            return list(config.job_ids)
+        return service.pending(tenant_id=tenant_id, states=("REQUESTED", "BLOCKED")).get(tenant_id, [])
+    if config.job_ids:
+        raise ValidationError("job_ids", "give either job_ids or a new request (scope ...), not both")
+    if config.scope not in SCOPES:
+        raise ValidationError("scope", f"must be one of {', '.join(SCOPES)} for a new request, got {config.scope!r}")
+    if config.scope == "SUBJECT" and config.subject is None:
+        raise ValidationError("subject", "is required with scope SUBJECT")
+    if config.scope == "MEMORY" and config.memory_id is None:
+        raise ValidationError("memory_id", "is required with scope MEMORY")
+    job = service.request(
+        tenant_id=tenant_id,
+        subject=config.subject,
+        memory_id=config.memory_id,
+        version=config.version,
+        all_tenant=config.scope == "TENANT",
+        confirm=config.confirm,
+        basis=config.basis,
+        requested_by=config.requested_by,
+    )
+    return [job["job_id"]]
+
+
+def _invalid(exc: MemoryPipelinesError) -> dg.Failure:
+    return dg.Failure(
+        description=f"invalid forget request: {exc.field}: {exc.message}",
+        metadata={"field": dg.MetadataValue.text(exc.field)},
+        allow_retries=False,
+    )
+
+
+def _blocked(
+    context: dg.OpExecutionContext,
+    step: str,
+    job_ids: list[str],
+    exc: DeletionBlocked,
+    memory_store: MemoryStoreResource,
+) -> dg.Failure:
+    """The step failed: the jobs are BLOCKED (by the service); drop the batch, alert, fail the step."""
+    _drop(context.run_id)
+    try:
+        # Reported through the instance: the events of a step that fails would not show.
+        evaluation = check_evaluation(DeletionLedger(memory_store.store()), context.partition_key)
+        context.instance.report_runless_asset_event(evaluation)
+    except Exception:  # the alert is best effort; the alerts sensor evaluates again within minutes
+        context.log.warning("could not evaluate deletions_on_track after the failed step")
+    return dg.Failure(
+        description=f"deletion step {step} blocked: {exc.code}",
+        metadata={
+            "code": dg.MetadataValue.text(exc.code),
+            "step": dg.MetadataValue.text(step),
+            "deletion_job_ids": dg.MetadataValue.json(job_ids),
+        },
+        allow_retries=False,
+    )
+
+
+def _drop(run_id: str) -> None:
+    with _LOCK:
+        entry = _BATCHES.pop(run_id, None)
+    if entry is not None:
+        entry[0].release(entry[1])
+
+
+@contextmanager
+def _guard(run_id: str) -> Iterator[None]:
+    """Whatever a step raises, its batch goes: the run lock is released and the probes dropped."""
+    try:
+        yield
+    except BaseException:
+        _drop(run_id)
+        raise
+
+
+def _batch(
+    context: dg.OpExecutionContext,
+    step: str,
+    job_ids: list[str],
+    resources: tuple[MemoryStoreResource, ChromaResource, SummarizerResource, AnalyticsResource],
+) -> tuple[DeletionService, Batch]:
+    """This run's batch; begun again (a retry) when the run has none, e.g. a re-execution from failure."""
+    with _LOCK:
+        entry = _BATCHES.get(context.run_id)
+    if entry is not None:
+        return entry
+    service = deletion_service(*resources)
+    try:
+        batch = service.begin(tenant_id=context.partition_key, job_ids=job_ids)
+    except DeletionBlocked as exc:
+        raise _blocked(context, step, job_ids, exc, resources[0]) from exc
+    except ValidationError as exc:
+        raise _invalid(exc) from exc
+    with _LOCK:
+        _BATCHES[context.run_id] = (service, batch)
+    return service, batch
+
+
+@dg.op(tags=TAGS, out=dg.Out(list[str], description="The batch's deletion job ids (ids only, no content)"))
+def freeze(
+    context: dg.OpExecutionContext,
+    config: ForgetConfig,
+    memory_store: MemoryStoreResource,
+    chroma: ChromaResource,
+    summarizer: SummarizerResource,
+    analytics: AnalyticsResource,
+) -> list[str]:
+    """Accept or pick the tenant's deletion jobs, freeze them, wait for permits to drain, fix targets."""
+    tenant_id = context.partition_key
+    resources = (memory_store, chroma, summarizer, analytics)
+    service = deletion_service(*resources)
+    try:
+        job_ids = _request(service, tenant_id, config)
+    except MemoryPipelinesError as exc:
+        raise _invalid(exc) from exc
+    _drop(context.run_id)  # a retried step starts from the ledger, never from a half-used batch
+    with _guard(context.run_id):
+        _, batch = _batch(context, "freeze", job_ids, resources)
+    context.log.info(f"forgetting {len(batch.jobs)} deletion job(s) for tenant {tenant_id}")
+    context.add_output_metadata(
+        {
+            "deletion_job_ids": dg.MetadataValue.json(job_ids),
+            "target_versions": dg.MetadataValue.int(len(set().union(*batch.targets.values())) if batch.jobs else 0),
+        }
+    )
+    return job_ids
+
+
+def _store_op(spec: registry.StoreSpec) -> dg.OpDefinition:
+    @dg.op(
+        name=f"delete_{spec.name}",
+        description=f"Delete what `{spec.name}` holds of the batch's targets (owner {spec.owner}; "
+        f"locator {spec.locator_key}).",
+        tags={**TAGS, "store": spec.name},
+        out=dg.Out(list[str]),
+    )
+    def delete_from_store(
+        context: dg.OpExecutionContext,
+        job_ids: list[str],
+        memory_store: MemoryStoreResource,
+        chroma: ChromaResource,
+        summarizer: SummarizerResource,
+        analytics: AnalyticsResource,
+    ) -> list[str]:
+        resources = (memory_store, chroma, summarizer, analytics)
+        try:
+            with _guard(context.run_id):
+                service, batch = _batch(context, f"delete_{spec.name}", job_ids, resources)
+                removed = service.delete_store(batch, spec.name)
+        except DeletionBlocked as exc:
+            raise _blocked(context, f"delete_{spec.name}", job_ids, exc, memory_store) from exc
+        context.add_output_metadata(
+            {"removed": dg.MetadataValue.int(removed), "adapter_version": dg.MetadataValue.text(spec.adapter_version)}
+        )
+        return job_ids
+
+    return delete_from_store
+
+
+STORE_OPS = [_store_op(spec) for spec in registry.STORES]
+
+
+@dg.op(tags=TAGS, out=dg.Out(list[str]))
+def verify(
+    context: dg.OpExecutionContext,
+    job_ids: list[str],
+    memory_store: MemoryStoreResource,
+    chroma: ChromaResource,
+    summarizer: SummarizerResource,
+    analytics: AnalyticsResource,
+) -> list[str]:
+    """Exact-id queries on every store and paraphrase probes of the deleted content: expected zero."""
+    try:
+        with _guard(context.run_id):
+            service, batch = _batch(context, "verify", job_ids, (memory_store, chroma, summarizer, analytics))
+            verification = service.verify(batch)
+    except DeletionBlocked as exc:
+        raise _blocked(context, "verify", job_ids, exc, memory_store) from exc
+    context.add_output_metadata({"verification": dg.MetadataValue.json(verification)})
+    return job_ids
+
+
+@dg.op(tags=TAGS, out=dg.Out(dg.Nothing))
+def prove(
+    context: dg.OpExecutionContext,
+    job_ids: list[str],
+    memory_store: MemoryStoreResource,
+    chroma: ChromaResource,
+    summarizer: SummarizerResource,
+    analytics: AnalyticsResource,
+) -> None:
+    """Complete the verified jobs, store their proofs and report every partition the run changed."""
+    try:
+        with _guard(context.run_id):
+            service, batch = _batch(context, "prove", job_ids, (memory_store, chroma, summarizer, analytics))
+            proofs = service.complete(batch)
+    except DeletionBlocked as exc:
+        raise _blocked(context, "prove", job_ids, exc, memory_store) from exc
+    summary = service.summary(batch)
+    _drop(context.run_id)
+    tenant_id = context.partition_key
+    states = {job_id: service.status(job_id=job_id)["state"] for job_id in job_ids}
+    bases = sorted({str(p["basis"]) for p in proofs})
+    if proofs:
+        report_forgotten(context, tenant_id, [p["jobId"] for p in proofs], bases, summary["stores"])
+    context.add_output_metadata(
+        {
+            "deletion_job_ids": dg.MetadataValue.json(job_ids),
+            "deletion_states": dg.MetadataValue.json(states),
+            "basis": dg.MetadataValue.text(",".join(bases)),
+            "jobs_completed": dg.MetadataValue.int(len(proofs)),
+            **{f"store_{name}": dg.MetadataValue.int(n) for name, n in summary["stores"].items()},
+            "seconds": dg.MetadataValue.json(summary.get("seconds", {})),
+            **{f"proof_{p['jobId']}": dg.MetadataValue.json(p) for p in proofs},
+        }
+    )
+
+
+def report_forgotten(
+    context: dg.OpExecutionContext, tenant_id: str, job_ids: list[str], bases: list[str], stores: dict[str, int]
+) -> None:
+    """A materialization of `memories` and each derived asset's tenant partition, tagged with the job ids.
+
+    Their keys are their own (`forget_*`), never the assets' usual counts: the run purged these
+    partitions, it did not rebuild them in full.
+    """
+    metadata: dict[str, Any] = {
+        "forget_job_ids": dg.MetadataValue.json(job_ids),
+        "forget_basis": dg.MetadataValue.text(",".join(bases)),
+        **{f"forget_removed_{name}": dg.MetadataValue.int(n) for name, n in stores.items()},
+    }
+    # `memories` first: eager automation sees each derived asset updated after its parent, so the
+    # purge counts as handled and no refresh is requested for it.
+    for asset in TOUCHED_ASSETS:
+        context.log_event(dg.AssetMaterialization(asset_key=asset, partition=tenant_id, metadata=metadata))

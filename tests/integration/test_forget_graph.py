@@ -1,0 +1,320 @@
+"""The `forget` job as a readable graph on real engines: a step per store, a failed store is a failed
+step (jobs BLOCKED) that a re-execution from failure completes, launchpad requests validated like
+the CLI's, the ledger-sequence sensor (relaunch, backoff) and the `deletions_on_track` check."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from datetime import UTC, datetime, timedelta
+
+import dagster as dg
+import pytest
+from dagster._core.storage.dagster_run import DagsterRun
+
+from memory_pipelines.defs.forget.jobs import FORGET_JOB, forget_run_config
+from memory_pipelines.defs.forget.sensors import JOBS_TAG, deletions_on_track_sensor, forget_requests_sensor
+from memory_pipelines.lib import registry
+from memory_pipelines.lib.deletion import (
+    DeletionBlocked,
+    DeletionService,
+    LastRun,
+    backoff,
+    plan_forget_runs,
+)
+from memory_pipelines.resources import MemoryStoreResource
+from tests.support.servers import free_port
+
+pytestmark = pytest.mark.slow
+CHROMA_URL = "MEMORY_PIPELINES_CHROMA_URL"
+
+
+def forget_job_def() -> dg.JobDefinition:
+    """The `forget` job as the code location builds it (reconstructable: resources read the env now)."""
+    from memory_pipelines.definitions import defs
+
+    return defs().resolve_job_def(FORGET_JOB)
+
+
+def materializations(result, asset: str) -> list[dg.AssetMaterialization]:
+    return [
+        e.step_materialization_data.materialization
+        for e in result.get_asset_materialization_events()
+        if e.asset_key.to_user_string() == asset
+    ]
+
+
+@pytest.fixture
+def home_env(session_settings):
+    os.environ["MEMORY_PIPELINES_HOME"] = str(session_settings.home)
+    yield
+    os.environ.pop(CHROMA_URL, None)
+
+
+@pytest.fixture
+def alice(store, derived, tenant):
+    memory = store.write(tenant_id=tenant, user_id="alice", text="Alice keeps her spare key under the blue pot")
+    store.write(tenant_id=tenant, user_id="bob", text="Bob waters the ferns on Sundays")
+    derived.sync_all(tenant_id=tenant)
+    return memory
+
+
+def test_the_graph_has_a_step_per_stage_and_per_registered_store(home_env):
+    job = forget_job_def()
+    [graph_node] = [n for n in job.graph.nodes if n.name == "memory_deletions"]
+    names = [n.name for n in graph_node.definition.nodes]
+    stores = [f"delete_{spec.name}" for spec in registry.STORES]
+    assert sorted(names) == sorted(["freeze", *stores, "verify", "prove"])
+    deps = graph_node.definition.dependency_structure
+    # freeze -> stores in registry order -> verify -> prove
+    chain = ["freeze", *stores, "verify", "prove"]
+    for before, after in itertools.pairwise(chain):
+        inputs = deps.input_to_upstream_outputs_for_node(after).values()
+        upstream = {output.node_name for outputs in inputs for output in outputs}
+        assert upstream == {before}, after
+    assert job.executor_def.name == "in_process"
+    check_keys = job.asset_layer.asset_graph.asset_check_keys
+    assert dg.AssetCheckKey(dg.AssetKey("memory_deletions"), "deletions_on_track") in check_keys
+
+
+def test_a_failed_store_is_a_failed_step_and_reexecution_from_failure_completes(
+    store, derived, tenant, alice, home_env
+):
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="alice")
+    resource = MemoryStoreResource(home=os.environ["MEMORY_PIPELINES_HOME"])
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("tenants", [tenant])
+        # Chroma is unreachable for this run: nothing listens at that address.
+        os.environ[CHROMA_URL] = f"http://127.0.0.1:{free_port()}"
+        first = dg.execute_job(
+            dg.reconstructable(forget_job_def),
+            instance=instance,
+            run_config=forget_run_config(job_ids=[job["job_id"]]),
+            tags={"dagster/partition": tenant},
+            raise_on_error=False,
+        )
+        assert not first.success
+        failed = [e for e in first.all_events if e.event_type_value == "STEP_FAILURE"]
+        assert [e.step_key for e in failed] == ["memory_deletions.delete_chroma"]
+        failure = failed[0].step_failure_data.user_failure_data
+        assert failure.metadata["code"].value == "CHROMA_UNAVAILABLE"
+        assert failure.metadata["deletion_job_ids"].value == [job["job_id"]]
+        succeeded = {e.step_key for e in first.all_events if e.event_type_value == "STEP_SUCCESS"}
+        assert {"memory_deletions.freeze", "memory_deletions.delete_recall_cache"} <= succeeded
+        blocked = service.status(job_id=job["job_id"])
+        assert blocked["state"] == "BLOCKED" and blocked["targets"]["chroma"] == "FAILED:CHROMA_UNAVAILABLE"
+
+        # The alert: the check fails for the tenant (reported at the failed step, and by the sensor).
+        context = dg.build_sensor_context(instance=instance, resources={"memory_store": resource})
+        tick = deletions_on_track_sensor(context)
+        sensed = {e.partition: e for e in tick.asset_events}
+        assert sensed[tenant].passed is False and sensed[tenant].metadata["blocked_jobs"].value == 1
+        assert job["job_id"] in sensed[tenant].metadata["blocked_job_ids"].value
+        history = instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(dg.AssetKey("memory_deletions"), "deletions_on_track"), limit=5
+        )
+        assert history, "the failed step reported the check"
+
+        # Chroma is back (the embedded one); re-execute from the failed step in a new run.
+        os.environ[CHROMA_URL] = ""  # the home's own Chroma (a loaded code location may hold the EnvVar)
+        second = dg.execute_job(
+            dg.reconstructable(forget_job_def),
+            instance=instance,
+            reexecution_options=dg.ReexecutionOptions.from_failure(first.run_id, instance),
+            tags={"dagster/partition": tenant},  # as the UI's re-execution copies the parent's tags
+            raise_on_error=False,
+        )
+        assert second.success
+        ran = {e.step_key for e in second.all_events if e.event_type_value == "STEP_SUCCESS"}
+        assert "memory_deletions.freeze" not in ran and "memory_deletions.delete_chroma" in ran
+        done = service.status(job_id=job["job_id"])
+        assert done["state"] == "COMPLETE" and done["attempts"] == 2
+        assert all(str(v).startswith("DONE:") for k, v in done["targets"].items() if k in registry.BY_NAME)
+        [deletions] = materializations(second, "memory_deletions")
+        assert deletions.metadata["deletion_states"].value == {job["job_id"]: "COMPLETE"}
+        assert deletions.metadata["store_primary"].value == 1
+        [memories] = materializations(second, "memories")
+        assert memories.metadata["forget_job_ids"].value == [job["job_id"]]
+        assert set(memories.metadata) >= {"forget_basis", "forget_removed_chroma", "forget_removed_primary"}
+        assert "memories" not in memories.metadata  # never the asset's own keys
+        [check] = second.get_asset_check_evaluations()
+        assert check.passed and check.partition == tenant
+        # The sensor reports the tenant passing again.
+        again = deletions_on_track_sensor(
+            dg.build_sensor_context(instance=instance, cursor=tick.cursor, resources={"memory_store": resource})
+        )
+        assert {e.partition: e.passed for e in again.asset_events}.get(tenant) is True
+    assert derived.vectors.ids(tenant) == {
+        f"{m['memory_id']}:1" for m in store.list_visible(tenant_id=tenant, user_id="bob")
+    }
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"scope": "PLANET", "subject": "alice"}, "scope"),
+        ({"scope": "SUBJECT", "subject": "x'; --"}, "subject"),
+        ({"scope": "SUBJECT"}, "subject"),
+        ({"scope": "MEMORY", "memory_id": "m_123"}, "memory_id"),
+        ({"scope": "TENANT", "confirm": "someone-else"}, "confirm"),
+        ({"scope": "SUBJECT", "subject": "alice", "basis": "because"}, "basis"),
+        ({"scope": "SUBJECT", "subject": "alice", "job_ids": ["del_x"]}, "job_ids"),
+    ],
+)
+def test_launchpad_requests_are_validated_like_the_cli_and_change_nothing(
+    derived, tenant, alice, home_env, config, field
+):
+    service = DeletionService(derived)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("tenants", [tenant])
+        job_ids = config.pop("job_ids", [])
+        result = forget_job_def().execute_in_process(
+            instance=instance,
+            partition_key=tenant,
+            run_config=forget_run_config(job_ids=job_ids, **config),
+            raise_on_error=False,
+        )
+        assert not result.success
+        [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+        assert failure.step_key == "memory_deletions.freeze"
+        assert failure.step_failure_data.user_failure_data.metadata["field"].value == field
+        assert f"{field}:" in failure.step_failure_data.user_failure_data.description
+    assert service.list_jobs(tenant_id=tenant) == []
+
+
+def test_a_launchpad_request_runs_through_the_graph(store, derived, tenant, alice, home_env):
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("tenants", [tenant])
+        result = forget_job_def().execute_in_process(
+            instance=instance,
+            partition_key=tenant,
+            run_config=forget_run_config(job_ids=[], scope="SUBJECT", subject="alice", basis="gdpr-art17"),
+        )
+        assert result.success
+    [job] = DeletionService(derived).list_jobs(tenant_id=tenant)
+    assert job["state"] == "COMPLETE" and job["basis"] == "gdpr-art17"
+    [deletions] = materializations(result, "memory_deletions")
+    assert deletions.metadata["basis"].value == "gdpr-art17"
+    assert store.list_visible(tenant_id=tenant, user_id="alice") == []
+
+
+def _requests_for(result, tenant):
+    return [r for r in result.run_requests if r.partition_key == tenant]
+
+
+def _add_run(instance, tenant, status):
+    run = DagsterRun(job_name=FORGET_JOB, tags={"dagster/partition": tenant}, status=status)
+    instance.add_run(run)
+    return run.run_id
+
+
+def test_sensor_cursor_is_the_ledger_sequence_with_relaunch_and_backoff(
+    store, derived, tenant, alice, session_settings
+):
+    service = DeletionService(derived)
+    resource = MemoryStoreResource(home=str(session_settings.home))
+    job = service.request(tenant_id=tenant, subject="alice")
+    seq = next(r["seq"] for r in service.ledger(tenant_id=tenant))
+    assert seq is not None
+    with dg.instance_for_test() as instance:
+
+        def tick(cursor):
+            return forget_requests_sensor(
+                dg.build_sensor_context(instance=instance, cursor=cursor, resources={"memory_store": resource})
+            )
+
+        first = tick(str(seq - 1))
+        [request] = _requests_for(first, tenant)
+        assert request.run_key == f"forget:{tenant}:{seq}"
+        assert request.tags[JOBS_TAG] == job["job_id"]
+        assert request.run_config == forget_run_config(job_ids=[job["job_id"]])
+        assert int(first.cursor) >= seq
+
+        # The run is in progress: nothing more for the tenant.
+        _add_run(instance, tenant, dg.DagsterRunStatus.STARTED)
+        assert _requests_for(tick(first.cursor), tenant) == []
+        # It failed before reaching the job, which is still REQUESTED: relaunched once, with a new key.
+        failed = _add_run(instance, tenant, dg.DagsterRunStatus.FAILURE)
+        [relaunch] = _requests_for(tick(first.cursor), tenant)
+        assert relaunch.run_key == f"forget:{tenant}:{seq}:after:{failed}"
+        assert relaunch.tags["memory_pipelines/forget_reason"] == "relaunch"
+
+        # A run that blocks the job: BLOCKED, a new ledger sequence, retried after its backoff only.
+        def refuse(step, job_ids):
+            raise TimeoutError("the store did not answer")
+
+        with pytest.raises(DeletionBlocked):
+            DeletionService(derived, hooks={"deleted:chroma": refuse}).run_batch(
+                tenant_id=tenant, job_ids=[job["job_id"]]
+            )
+        [row] = service.ledger(tenant_id=tenant)
+        assert row["state"] == "BLOCKED" and row["seq"] > seq and row["attempts"] == 1
+        wait = row["next_attempt_at"] - row["updated_at"]
+        assert timedelta(seconds=55) < wait <= timedelta(minutes=1, seconds=5)
+        assert _requests_for(tick(first.cursor), tenant) == []  # not due yet
+        with store.transaction() as conn:
+            conn.execute(
+                "UPDATE control.deletion_jobs SET next_attempt_at = now() - interval '1 second' WHERE job_id = %s",
+                (job["job_id"],),
+            )
+        [retry] = _requests_for(tick(first.cursor), tenant)
+        assert retry.run_key == f"forget:{tenant}:{row['seq']}:after:{failed}"
+        assert retry.tags["memory_pipelines/forget_reason"] == "retry"
+        # A second failure doubles the wait.
+        with pytest.raises(DeletionBlocked):
+            DeletionService(derived, hooks={"deleted:chroma": refuse}).run_batch(
+                tenant_id=tenant, job_ids=[job["job_id"]]
+            )
+        [row] = service.ledger(tenant_id=tenant)
+        assert row["attempts"] == 2
+        assert (
+            timedelta(minutes=1, seconds=55)
+            < row["next_attempt_at"] - row["updated_at"]
+            <= timedelta(minutes=2, seconds=5)
+        )
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    assert service.ledger(tenant_id=tenant) == []
+
+
+def test_planner_waits_for_runs_in_progress_and_after_a_failure():
+    now = datetime(2026, 6, 1, tzinfo=UTC)
+    rows = [
+        {
+            "job_id": "del_a",
+            "tenant_id": "t1",
+            "state": "REQUESTED",
+            "seq": 5,
+            "next_attempt_at": None,
+            "updated_at": now,
+        },
+        {
+            "job_id": "del_b",
+            "tenant_id": "t2",
+            "state": "REQUESTED",
+            "seq": 3,
+            "next_attempt_at": None,
+            "updated_at": now,
+        },
+        {
+            "job_id": "del_c",
+            "tenant_id": "t3",
+            "state": "DELETING",
+            "seq": 2,
+            "next_attempt_at": None,
+            "updated_at": now - timedelta(minutes=10),
+        },
+    ]
+    active = {"t2": LastRun("r2", "active", None), "t3": LastRun("r3", "failed", now - timedelta(seconds=10))}
+    planned, cursor = plan_forget_runs(rows, cursor=4, last_runs=active, now=now)
+    assert [(p.tenant_id, p.run_key) for p in planned] == [("t1", "forget:t1:5")] and cursor == 5
+    ended = {"t2": LastRun("r2", "failed", now - timedelta(minutes=2)), "t3": LastRun("r3", "failed", None)}
+    planned, _ = plan_forget_runs(rows, cursor=5, last_runs=ended, now=now)
+    assert {p.run_key for p in planned} == {"forget:t2:3:after:r2", "forget:t3:2:after:r3", "forget:t1:5:after:none"}
+    assert [backoff(n) for n in (1, 2, 3, 7, 40)] == [
+        timedelta(minutes=1),
+        timedelta(minutes=2),
+        timedelta(minutes=4),
+        timedelta(hours=1),
+        timedelta(hours=1),
+    ]
