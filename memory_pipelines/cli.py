@@ -284,7 +284,7 @@ def cmd_restore(args: argparse.Namespace) -> None:
 
     service._backup_row(args.tenant, args.backup)  # bad ids fail here, before a run starts
     result = run_restore(_settings(args), args.tenant, args.backup)
-    if result["report"] is None:
+    if not result["success"] or result["report"] is None:
         raise MemoryPipelinesError("restore", failure_message(result["failures"]))
     _emit({**result["report"], "run_id": result["run_id"]})
 
@@ -304,15 +304,22 @@ def cmd_retention(args: argparse.Namespace) -> None:
         return
     day = retention.check_sweep_day(args.date).isoformat()  # a day that has ended, on every path
     if args.wait:
+        from memory_pipelines.lib.canary import is_reserved_tenant
         from memory_pipelines.materialize import failure_message, run_retention
 
         retention.load_policies()  # a broken policy file fails here, naming its line
         if day < retention.FIRST_DAY:
-            raise ValidationError("date", f"must be from {retention.FIRST_DAY}, the retention job's first partition")
-        result = run_retention(_settings(args), day)
-        if result["sweep"] is None:
+            raise ValidationError("date", f"must be from {retention.FIRST_DAY}, the retention job's first day")
+        store = _store(args)
+        if args.tenant:
+            store.require_tenant(tenant_id=args.tenant)
+            tenants = [args.tenant]
+        else:  # one run per tenant partition of the store: internal tenants are not partitions
+            tenants = [t["tenant_id"] for t in store.tenants() if not is_reserved_tenant(t["tenant_id"])]
+        result = run_retention(_settings(args), day, tenants)
+        if not result["success"]:
             raise MemoryPipelinesError("retention", failure_message(result["failures"]))
-        _emit({**result["sweep"], "run_id": result["run_id"]})
+        _emit(result)
     else:
         _emit(retention.sweep(_deletions(args), day=day, run=False))
 
@@ -591,9 +598,12 @@ def build_parser() -> argparse.ArgumentParser:
     retention_sub = retention.add_subparsers(dest="retention_command", required=True, metavar="ACTION")
     for action, help_text in (("sweep", "remove what the day's retention ended"), ("preview", "counts only")):
         day = retention_sub.add_parser(action, help=help_text)
-        day.add_argument("--date", required=True, help="the day, YYYY-MM-DD (UTC)")
+        day.add_argument("--date", "--day", dest="date", required=True, help="the day, YYYY-MM-DD (UTC)")
         if action == "sweep":
-            day.add_argument("--wait", action="store_true", help="run the retention job now (else the sensor runs it)")
+            day.add_argument(
+                "--wait", action="store_true", help="run the retention job now, one run per tenant (else the schedule)"
+            )
+            day.add_argument("--tenant", help="with --wait: only this tenant (default: every tenant)")
 
     run = add("run", cmd_run, "try the agent-run fence: open a lease, recall inside it, take a permit, snapshot")
     run_sub = run.add_subparsers(dest="run_command", required=True, metavar="ACTION")

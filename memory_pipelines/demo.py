@@ -5,6 +5,7 @@ lineage lookup and an analytics query, then forgets bob (GDPR Art. 17) and print
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from memory_pipelines.lib.deletion import DeletionService
@@ -15,7 +16,7 @@ from memory_pipelines.lib.services import ensure_services
 from memory_pipelines.lib.settings import Settings
 from memory_pipelines.lib.store import MemoryStore
 from memory_pipelines.lib.validation import SHARING_MODES
-from memory_pipelines.materialize import materialize, run_backup, run_forget, run_restore
+from memory_pipelines.materialize import materialize, run_backup, run_forget, run_restore, run_retention
 
 CORPUS = ASSETS_DIR / "demo" / "corpus.json"
 
@@ -122,8 +123,12 @@ def run_demo(settings: Settings) -> dict[str, Any]:
                 user: len(store_rows(derived, tenant, user)) for user in corpus["members"] if user != "bob"
             },
         }
-        # What restored_tenants_backfill_sensor launches in `dagster dev`: derived stores rebuilt.
+        # In `dagster dev`, restored_tenants_backfill_sensor launches this rebuild as an asset backfill;
+        # the demo has no daemon, so it materializes the same assets as one run.
         backfill = materialize(settings, tenant)
+        # Last night's retention run of the tenant (the corpus is recent: nothing is due yet).
+        yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+        swept = run_retention(settings, yesterday, [tenant])
     finally:
         derived.store.close()
     return {
@@ -161,11 +166,18 @@ def run_demo(settings: Settings) -> dict[str, Any]:
             "bob_after_restore": bob_after_restore,
             "backfill_after_restore": {"success": backfill["success"], "checks": backfill["checks"]},
         },
+        "retention": {
+            "date": swept["date"],
+            "removed": swept["totals"].get("removed", 0),
+            "success": swept["success"],
+            "run_id": swept["runs"][0]["run_id"] if swept["runs"] else None,
+        },
         "next": {
             "ui": f"memory-pipelines --home {settings.home} dev   # then open http://127.0.0.1:3000/assets/memories",
             "what_to_look_at": "Assets: `memories` and the derived_stores group, partition `demo`: counts per "
-            "materialization and the asset checks; Runs: the `tenant_refresh` run above; sensor "
-            "`tenant_partitions_sensor` adds tenants as partitions; the `forget`, `backup` and `restore` runs",
+            "materialization and the asset checks; Runs: the `tenant_refresh`, `forget`, `backup` and `restore` "
+            "runs above, launched from the code location (re-executable); sensor `tenant_partitions_sensor` keeps "
+            "tenants as partitions; after a restore, `restored_tenants_backfill_sensor` starts a backfill",
             "stop": f"memory-pipelines --home {settings.home} stop",
         },
     }

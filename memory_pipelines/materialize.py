@@ -1,15 +1,34 @@
-"""Runs tenant partitions of the assets through the Dagster instance in-process (CLI `materialize`,
-`demo`), so every run, materialization and check shows in the UI like any other run."""
+"""Submits the CLI's and the demo's runs through the Dagster instance, as `dagster job launch -w
+workspace.yaml` does: the job comes from the project's code location, so every run carries its
+origin (job pages list it, re-execution works) and goes through the instance's run coordinator.
+
+With a QueuedRunCoordinator the run waits in the queue under the instance's tag concurrency limits
+(one run per tenant and per partition). A running dagster-daemon dequeues it; without one (plain
+CLI use) this process runs the daemon's own dequeue iteration while it waits, one process at a
+time, so the limits hold across CLI processes too. Results are read back from the instance's event
+log: materialization metadata per asset, asset check evaluations, and the failed steps' root causes.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Any
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from memory_pipelines.lib.errors import ValidationError
+import psycopg
+
+from memory_pipelines.lib.errors import ServiceError, ValidationError
+from memory_pipelines.lib.paths import PROJECT_ROOT
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.settings import ENV_HOME, Settings
+
+if TYPE_CHECKING:
+    from dagster import DagsterInstance
+    from dagster._core.workspace.context import WorkspaceProcessContext
 
 ALL_ASSETS = (
     "memories",
@@ -19,63 +38,293 @@ ALL_ASSETS = (
     "team_summaries",
     "analytics_memories",
 )
+RETENTION_ASSET = "memory_deletions"
+WORKSPACE_FILE = PROJECT_ROOT / "workspace.yaml"
+LOCATION = "memory_pipelines"
+PARTITION_TAG = "dagster/partition"
+TENANT_TAG = "memory_pipelines/tenant"
+# The asset jobs' default executor starts a process per step, each loading the code location and
+# the embedding model again; one tenant's steps run in the run worker instead (5x faster here).
+IN_PROCESS: dict[str, Any] = {"execution": {"config": {"in_process": {}}}}
+# A daemon heartbeats every 30 s; older than this and nobody else will dequeue our run.
+DAEMON_FRESH_SECONDS = 60.0
+POLL_SECONDS = 0.25
+# Any constant: it only has to be the same in every CLI process dequeuing runs of this database.
+_DEQUEUE_LOCK = 7_150_433_211
+
+
+@dataclass
+class RunOutcome:
+    """What one finished run left in the instance's event log (counts and ids only, no text)."""
+
+    run_id: str
+    status: str
+    partition: str | None
+    assets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def success(self) -> bool:
+        return self.status == "SUCCESS"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One run to submit: job, partition, run config, and optionally a subset of its assets."""
+
+    job_name: str
+    partition: str
+    run_config: dict[str, Any] = field(default_factory=dict)
+    assets: tuple[str, ...] = ()
+    tenant: str | None = None
+    tags: tuple[tuple[str, str], ...] = ()
+
+
+# -- the workspace and the run queue -----------------------------------------------------------
+
+
+@contextmanager
+def _children_write_to_stderr() -> Iterator[None]:
+    """The code server and run workers inherit fd 1 and log to it; the CLI's stdout is one JSON
+    document, so for as long as they may start, fd 1 is the process's stderr."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+@contextmanager
+def _workspace(settings: Settings) -> Iterator[tuple[DagsterInstance, WorkspaceProcessContext, str]]:
+    """The instance and the project's code location loaded from workspace.yaml (a code server)."""
+    import dagster as dg
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+    from dagster.version import __version__
+
+    from memory_pipelines.lib.services import ensure_services
+
+    endpoints = ensure_services(settings)  # the embedded server and dagster.yaml, on a fresh HOME too
+    # The code server and the run workers inherit these: they must see the same HOME and instance.
+    os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
+    os.environ[ENV_HOME] = str(settings.home)
+    with (
+        _children_write_to_stderr(),
+        dg.DagsterInstance.get() as instance,
+        WorkspaceProcessContext(
+            instance=instance,
+            version=__version__,
+            read_only=False,
+            workspace_load_target=WorkspaceFileTarget(paths=[str(WORKSPACE_FILE)]),
+            code_server_log_level="WARNING",
+        ) as context,
+    ):
+        yield instance, context, endpoints.store_conninfo
+
+
+def _create_run(instance: DagsterInstance, context: WorkspaceProcessContext, launch: Launch) -> str:
+    """Create the run as `dagster job launch` does (its `_create_run`), plus an asset subset and the
+    partition and tenant tags the coordinator's concurrency limits key on."""
+    import dagster as dg
+    from dagster._core.definitions.selector import JobSubsetSelector
+    from dagster._utils.tags import normalize_tags
+
+    workspace = context.create_request_context()
+    error = workspace.get_code_location_error(LOCATION)
+    if error is not None:  # the definitions failed to import: say why in one line, not a traceback
+        raise ServiceError("code_location", f"{LOCATION} failed to load: {_root_cause(error)}")
+    location = workspace.get_code_location(LOCATION)
+    repository = next(iter(location.get_repositories().values()))
+    keys = {dg.AssetKey(name) for name in launch.assets} or None
+    selector = JobSubsetSelector(
+        location_name=location.name,
+        repository_name=repository.name,
+        job_name=launch.job_name,
+        op_selection=None,
+        asset_selection=keys,
+    )
+    remote_job = location.get_job(selector)
+    plan = location.get_execution_plan(
+        remote_job, launch.run_config, step_keys_to_execute=None, known_state=None, instance=instance
+    ).execution_plan_snapshot
+    tags = {**remote_job.tags, **dict(launch.tags), PARTITION_TAG: launch.partition}
+    if launch.tenant is not None:
+        tags[TENANT_TAG] = launch.tenant
+    run = instance.create_run(
+        job_name=launch.job_name,
+        run_id=None,
+        run_config=launch.run_config,
+        resolved_op_selection=remote_job.resolved_op_selection,
+        step_keys_to_execute=plan.step_keys_to_execute,
+        op_selection=None,
+        status=None,
+        root_run_id=None,
+        parent_run_id=None,
+        tags=normalize_tags(tags),
+        job_snapshot=remote_job.job_snapshot,
+        execution_plan_snapshot=plan,
+        parent_job_snapshot=remote_job.parent_job_snapshot,
+        remote_job_origin=remote_job.get_remote_origin(),
+        job_code_origin=remote_job.get_python_origin(),
+        asset_selection=frozenset(keys) if keys else None,
+        asset_check_selection=remote_job.asset_check_selection if keys else None,
+        asset_graph=repository.asset_graph,
+    )
+    instance.submit_run(run.run_id, workspace)
+    return run.run_id
+
+
+def _daemon_dequeues(instance: DagsterInstance) -> bool:
+    heartbeat = instance.get_daemon_heartbeats().get("QUEUED_RUN_COORDINATOR")
+    return heartbeat is not None and time.time() - heartbeat.timestamp < DAEMON_FRESH_SECONDS
+
+
+class _Dequeuer:
+    """The daemon's own dequeue iteration (tag limits, max_concurrent_runs), run from this process.
+
+    The daemon assumes it is alone; two CLI processes dequeuing at once could both start a run of
+    one tenant. A PostgreSQL advisory lock makes the iterations of every process one at a time, and
+    each launches its runs (status STARTING) before releasing it, so the next one counts them."""
+
+    def __init__(self, context: WorkspaceProcessContext, conninfo: str) -> None:
+        from dagster._core.run_coordinator import QueuedRunCoordinator
+        from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+
+        self.context = context
+        self.conninfo = conninfo
+        self.queued = isinstance(context.instance.run_coordinator, QueuedRunCoordinator)
+        self.daemon = QueuedRunCoordinatorDaemon(interval_seconds=1) if self.queued else None
+
+    def step(self) -> None:
+        if self.daemon is None or _daemon_dequeues(self.context.instance):
+            return
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            conn.execute("SELECT pg_advisory_lock(%s)", (_DEQUEUE_LOCK,))
+            try:
+                for _ in self.daemon.run_iteration(self.context):
+                    pass
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (_DEQUEUE_LOCK,))
+
+    def close(self) -> None:
+        if self.daemon is not None:
+            self.daemon.__exit__(None, None, None)
+
+
+def _wait(instance: DagsterInstance, dequeuer: _Dequeuer, run_ids: Sequence[str]) -> None:
+    """Until every run has finished; the runs' subprocesses outlive nothing they depend on."""
+    from dagster import DagsterRunStatus
+
+    pending = set(run_ids)
+    try:
+        while pending:
+            queued = False
+            for run_id in sorted(pending):
+                run = instance.get_run_by_id(run_id)
+                if run is None or run.is_finished:
+                    pending.discard(run_id)
+                else:
+                    queued = queued or run.status == DagsterRunStatus.QUEUED
+            if queued:  # only while ours wait: other processes' runs are theirs (or the daemon's) to start
+                dequeuer.step()
+            if pending:
+                time.sleep(POLL_SECONDS)
+    except KeyboardInterrupt:
+        for run_id in pending:  # an interrupted CLI leaves no run behind in the queue or running
+            instance.run_coordinator.cancel_run(run_id)
+        raise
 
 
 def _root_cause(error: Any) -> str:
-    """The innermost error's message (ours name the field), not Dagster's wrapper."""
-    while error.cause is not None:
-        error = error.cause
-    return str(error.message).strip().splitlines()[-1]
+    """The deepest of our errors in the chain (they name their field), else the innermost error's
+    message: not Dagster's wrapper, nor the library error ours was raised from."""
+    chain = [error]
+    while chain[-1].cause is not None:
+        chain.append(chain[-1].cause)
+    ours = [e for e in chain if _message_line(e)[0].startswith("memory_pipelines.")]
+    chosen = ours[-1] if ours else chain[-1]
+    qualified, text = _message_line(chosen)
+    return text if qualified.endswith(str(chosen.cls_name)) and text else f"{qualified}: {text}".strip(": ")
 
 
-def _execute(
-    settings: Settings, job_name: str, tenant_id: str, *, day: str | None = None, **kwargs: Any
-) -> tuple[Any, list[dict[str, Any]]]:
-    """Run one partition of `job_name` in-process against the persistent instance: the tenant's,
-    or for day-partitioned jobs (retention) the day's."""
+def _message_line(error: Any) -> tuple[str, str]:
+    """("module.Class", "message") from the last line of a serialized error's message."""
+    lines = str(error.message).strip().splitlines()
+    qualified, _, text = (lines[-1] if lines else str(error.cls_name)).partition(": ")
+    return qualified, text
+
+
+def _values(metadata: Any, leave_out: Sequence[str] = ()) -> dict[str, Any]:
+    return {name: getattr(value, "value", None) for name, value in metadata.items() if name not in leave_out}
+
+
+def read_run(instance: DagsterInstance, run_id: str, leave_out: Sequence[str] = ()) -> RunOutcome:
+    """A finished run's results from the instance: the one reader every command uses."""
     import dagster as dg
 
-    from memory_pipelines.definitions import defs
-    from memory_pipelines.lib.services import ensure_services
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        raise ValidationError("run", f"no run {run_id} in the instance")
+    outcome = RunOutcome(run_id=run_id, status=run.status.value, partition=run.tags.get(PARTITION_TAG))
+    wanted = {
+        dg.DagsterEventType.ASSET_MATERIALIZATION,
+        dg.DagsterEventType.ASSET_CHECK_EVALUATION,
+        dg.DagsterEventType.STEP_OUTPUT,
+        dg.DagsterEventType.STEP_FAILURE,
+        dg.DagsterEventType.RUN_FAILURE,
+    }
+    run_failure = None
+    for entry in instance.all_logs(run_id, of_type=wanted):
+        event = entry.dagster_event
+        if event is None:
+            continue
+        data = event.event_specific_data
+        if event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
+            materialization = data.materialization  # type: ignore[union-attr]
+            key = materialization.asset_key.to_user_string()
+            outcome.assets[key] = _values(materialization.metadata, leave_out)
+        elif event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
+            outcome.checks[data.check_name] = {"passed": data.passed, "severity": data.severity.value}  # type: ignore[union-attr]
+        elif event.event_type == dg.DagsterEventType.STEP_OUTPUT:
+            outcome.outputs[str(event.step_key)] = _values(data.metadata)  # type: ignore[union-attr]
+        elif event.event_type == dg.DagsterEventType.STEP_FAILURE and data.error is not None:  # type: ignore[union-attr]
+            outcome.failures.append({"step": event.step_key, "error": _root_cause(data.error)})  # type: ignore[union-attr]
+        elif event.event_type == dg.DagsterEventType.RUN_FAILURE:
+            error = getattr(data, "error", None)
+            run_failure = _root_cause(error) if error is not None else event.message
+    if not outcome.success and not outcome.failures:
+        # Failed before any step (launch, config, code server): the run-level reason.
+        outcome.failures.append({"step": None, "error": run_failure or f"run ended {outcome.status}"})
+    return outcome
 
-    ensure_services(settings)  # the embedded server and dagster.yaml, on a fresh HOME too
-    os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
-    os.environ[ENV_HOME] = str(settings.home)
-    with dg.DagsterInstance.get() as instance:
-        if day is None and not instance.has_dynamic_partition("tenants", tenant_id):
-            instance.add_dynamic_partitions("tenants", [tenant_id])
-        result = (
-            defs()
-            .resolve_job_def(job_name)
-            .execute_in_process(instance=instance, partition_key=day or tenant_id, raise_on_error=False, **kwargs)
-        )
-    failures = [
-        {"step": e.step_key, "error": _root_cause(e.step_failure_data.error)}
-        for e in result.all_events
-        if e.event_type_value == "STEP_FAILURE" and e.step_failure_data.error is not None
-    ]
-    return result, failures
+
+def launch_and_wait(settings: Settings, launches: Sequence[Launch], leave_out: Sequence[str] = ()) -> list[RunOutcome]:
+    """Submit every run, wait for all of them, read their results; one workspace for the lot."""
+    with _workspace(settings) as (instance, context, conninfo):
+        for launch in launches:
+            if launch.job_name in _TENANT_JOBS and not instance.has_dynamic_partition("tenants", launch.partition):
+                instance.add_dynamic_partitions("tenants", [launch.partition])
+        run_ids = [_create_run(instance, context, launch) for launch in launches]
+        dequeuer = _Dequeuer(context, conninfo)
+        try:
+            _wait(instance, dequeuer, run_ids)
+        finally:
+            dequeuer.close()
+        return [read_run(instance, run_id, leave_out) for run_id in run_ids]
 
 
-def run_forget(settings: Settings, tenant_id: str, job_ids: Sequence[str]) -> dict[str, Any]:
-    """Run the `forget` job for one tenant now, in-process, through the Dagster instance."""
-    result, failures = _execute(
-        settings, "forget", tenant_id, run_config={"ops": {"forget_batch": {"config": {"job_ids": list(job_ids)}}}}
-    )
-    return {"run_id": result.run_id, "success": result.success, "failures": failures}
+# Jobs partitioned by tenant: their partition must exist before a run of it is created.
+_TENANT_JOBS = {"tenant_refresh", "backup", "restore", "forget", "retention", "memories_snapshot"}
 
 
-def _asset_figures(result: Any, leave_out: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-    """asset -> its materialization's metadata values, from an in-process run's events."""
-    figures: dict[str, dict[str, Any]] = {}
-    for event in result.get_asset_materialization_events():
-        materialization = event.step_materialization_data.materialization
-        figures[materialization.asset_key.to_user_string()] = {
-            name: getattr(value, "value", None)
-            for name, value in materialization.metadata.items()
-            if name not in leave_out
-        }
-    return figures
+def _one(settings: Settings, launch: Launch, leave_out: Sequence[str] = ()) -> RunOutcome:
+    return launch_and_wait(settings, [launch], leave_out)[0]
 
 
 def failure_message(failures: list[dict[str, Any]]) -> str:
@@ -83,53 +332,94 @@ def failure_message(failures: list[dict[str, Any]]) -> str:
     return "; ".join(f["error"] for f in failures) or "run failed"
 
 
-def _output(result: Any, node: str) -> Any:
-    return result.output_for_node(node) if result.success else None
+def _job_name(job: Any) -> str:
+    return job if isinstance(job, str) else str(job.name)
+
+
+# -- the commands' runs ------------------------------------------------------------------------
+
+
+def run_forget(settings: Settings, tenant_id: str, job_ids: Sequence[str]) -> dict[str, Any]:
+    """Run the `forget` job for one tenant now, through the instance, and wait for it."""
+    from memory_pipelines.defs.forget.jobs import FORGET_JOB, forget_run_config
+
+    run = _one(
+        settings,
+        Launch(_job_name(FORGET_JOB), tenant_id, forget_run_config(job_ids=list(job_ids)), tenant=tenant_id),
+    )
+    return {"run_id": run.run_id, "success": run.success, "failures": run.failures}
 
 
 def run_backup(settings: Settings, tenant_id: str) -> dict[str, Any]:
     """Materialize `tenant_backups` for one tenant now; returns the backup's figures and the run."""
-    result, failures = _execute(settings, "backup", tenant_id)
-    figures = _asset_figures(result).get("tenant_backups", {})
-    return {**figures, "run_id": result.run_id, "success": result.success, "failures": failures}
+    run = _one(settings, Launch("backup", tenant_id, IN_PROCESS, tenant=tenant_id))
+    figures = run.assets.get("tenant_backups", {})
+    return {**figures, "run_id": run.run_id, "success": run.success, "failures": run.failures}
 
 
 def run_restore(settings: Settings, tenant_id: str, backup_id: str, restore_id: str | None = None) -> dict[str, Any]:
-    """Run the `restore` job for one tenant now; returns the restore report and the run."""
-    config = {"backup_id": backup_id, "restore_id": restore_id}
-    result, failures = _execute(
-        settings, "restore", tenant_id, run_config={"ops": {"restore_tenant": {"config": config}}}
-    )
-    return {"report": _output(result, "restore_tenant"), "run_id": result.run_id, "failures": failures}
+    """Run the `restore` job for one tenant now; returns the restore report (from control.restores,
+    where the restore itself records it) and the run."""
+    import secrets
+
+    from memory_pipelines.lib.backups import restore_report
+
+    restore_id = restore_id or "r_" + secrets.token_hex(8)  # ours, so the report can be found after
+    config = {"ops": {"restore_tenant": {"config": {"backup_id": backup_id, "restore_id": restore_id}}}}
+    run = _one(settings, Launch("restore", tenant_id, config, tenant=tenant_id))
+    store = open_store(settings)
+    try:
+        report = restore_report(store, restore_id=restore_id) if run.success else None
+    finally:
+        store.close()
+    return {"report": report, "run_id": run.run_id, "success": run.success, "failures": run.failures}
 
 
-def run_retention(settings: Settings, day: str) -> dict[str, Any]:
-    """Run the `retention` job for one day partition now; returns the sweep summary and the run."""
-    result, failures = _execute(settings, "retention", "", day=day)
-    return {"sweep": _output(result, "retention_sweep"), "run_id": result.run_id, "failures": failures}
+def run_retention(settings: Settings, day: str, tenants: Sequence[str]) -> dict[str, Any]:
+    """One `retention` run per tenant for `day`, all submitted at once (the queue orders them);
+    the figures are summed over every run's materialization metadata."""
+    from memory_pipelines.defs.retention.jobs import DAY_TAG, RETENTION_JOB, retention_run_config
+
+    config = retention_run_config(day=day)
+    launches = [
+        Launch(_job_name(RETENTION_JOB), tenant, config, tenant=tenant, tags=((DAY_TAG, day),)) for tenant in tenants
+    ]
+    runs = launch_and_wait(settings, launches)
+    totals: dict[str, int | float] = {}
+    for run in runs:
+        # `memory_deletions` carries the sweep's figures; the other assets' reports repeat them per store.
+        for metric, value in run.assets.get(RETENTION_ASSET, {}).items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                totals[metric] = totals.get(metric, 0) + value
+    return {
+        "date": day,
+        "tenants": len(runs),
+        "totals": totals,
+        "runs": [
+            {"tenant": run.partition, "run_id": run.run_id, "success": run.success, "failures": run.failures}
+            for run in runs
+        ],
+        "success": all(run.success for run in runs),
+        "failures": [failure for run in runs for failure in run.failures],
+    }
 
 
 def run_evaluation(settings: Settings, month: str) -> dict[str, Any]:
     """Materialize `memory_eval` and `memory_drift` for one month partition (YYYY-MM-01) now."""
-    result, failures = _execute(settings, "memory_evaluation", "", day=month)
-    figures = _asset_figures(result, leave_out=("trend",))  # the trend is Markdown with an embedded PNG
-    checks = {
-        e.check_name: {"passed": e.passed, "severity": e.severity.value} for e in result.get_asset_check_evaluations()
-    }
+    # The trend is Markdown with an embedded PNG: too big for a JSON answer.
+    run = _one(settings, Launch("memory_evaluation", month, IN_PROCESS), leave_out=("trend",))
     return {
         "month": month[:7],
-        "run_id": result.run_id,
-        "success": result.success,
-        "assets": figures,
-        "checks": checks,
-        "failures": failures,
+        "run_id": run.run_id,
+        "success": run.success,
+        "assets": run.assets,
+        "checks": run.checks,
+        "failures": run.failures,
     }
 
 
 def materialize(settings: Settings, tenant_id: str, select: Sequence[str] | None = None) -> dict[str, Any]:
     """Materialize `select` (default: every asset) for one tenant; returns counts and check results."""
-    import dagster as dg
-
     chosen = list(select or ALL_ASSETS)
     unknown = sorted(set(chosen) - set(ALL_ASSETS))
     if unknown:
@@ -139,14 +429,13 @@ def materialize(settings: Settings, tenant_id: str, select: Sequence[str] | None
         store.require_tenant(tenant_id=tenant_id)
     finally:
         store.close()
-    result, failures = _execute(
-        settings, "tenant_refresh", tenant_id, asset_selection=[dg.AssetKey(name) for name in chosen]
-    )
+    assets = () if set(chosen) == set(ALL_ASSETS) else tuple(chosen)
+    run = _one(settings, Launch("tenant_refresh", tenant_id, IN_PROCESS, assets=assets, tenant=tenant_id))
     return {
         "tenant": tenant_id,
-        "run_id": result.run_id,
-        "success": result.success,
-        "assets": _asset_figures(result),
-        "checks": {e.check_name: e.passed for e in result.get_asset_check_evaluations()},
-        "failures": failures,
+        "run_id": run.run_id,
+        "success": run.success,
+        "assets": run.assets,
+        "checks": {name: check["passed"] for name, check in run.checks.items()},
+        "failures": run.failures,
     }

@@ -326,15 +326,19 @@ class BackupService:
                     report["verification"] = self._verify(conn, tenant_id)
                     if any(report["verification"].values()):
                         raise _VerificationFailed  # rolls the load back: forgotten rows never commit
-                    conn.execute(
+                    # The sequence the restore leaves: the partitions sensor leaves this change to the
+                    # backfill sensor (one rebuild, not a second one by eager automation).
+                    report["change_seq"] = conn.execute(
                         "UPDATE memory.tenants SET restoring_since = NULL, change_seq = change_seq + 1,"
-                        " updated_at = now() WHERE tenant_id = %s",
+                        " updated_at = now() WHERE tenant_id = %s RETURNING change_seq",
                         (tenant_id,),
-                    )
+                    ).fetchone()[0]  # type: ignore[index]
                     report["state"] = "COMPLETE"
+                    # Held to commit: numbers become visible in commit order, never a lower one later.
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_COMPLETION_LOCK,))
                     conn.execute(
-                        "UPDATE control.restores SET state = 'COMPLETE', report = %s, completed_at = now()"
-                        " WHERE restore_id = %s",
+                        "UPDATE control.restores SET state = 'COMPLETE', report = %s, completed_at = now(),"
+                        " completion_seq = nextval('control.restore_completion_seq') WHERE restore_id = %s",
                         (json.dumps(report), restore_id),
                     )
             except _VerificationFailed:
@@ -649,6 +653,40 @@ def restores(store: MemoryStore, *, states: tuple[str, ...]) -> list[dict[str, A
     return [
         {"restore_id": r[0], "tenant_id": r[1], "backup_id": r[2], "state": r[3], "completed_at": r[4]} for r in rows
     ]
+
+
+# Any constant: the same in every process that completes a restore.
+_COMPLETION_LOCK = 7_150_433_212
+
+
+def completed_restores(store: MemoryStore, *, after: int) -> list[dict[str, Any]]:
+    """COMPLETE restores numbered above `after`, in completion order (the backfill sensor's cursor)."""
+    with store.transaction() as conn:
+        rows = conn.execute(
+            "SELECT restore_id, tenant_id, completion_seq FROM control.restores"
+            " WHERE state = 'COMPLETE' AND completion_seq > %s ORDER BY completion_seq",
+            (after,),
+        ).fetchall()
+    return [{"restore_id": r[0], "tenant_id": r[1], "completion_seq": int(r[2])} for r in rows]
+
+
+def restored_sequences(store: MemoryStore) -> dict[str, int]:
+    """tenant -> the change sequence its latest COMPLETE restore left (a backfill rebuilds that one)."""
+    with store.transaction() as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT ON (tenant_id) tenant_id, (report->>'change_seq')::bigint FROM control.restores"
+            " WHERE state = 'COMPLETE' AND completion_seq IS NOT NULL ORDER BY tenant_id, completion_seq DESC"
+        ).fetchall()
+    return {r[0]: int(r[1]) for r in rows if r[1] is not None}
+
+
+def restore_report(store: MemoryStore, *, restore_id: str) -> dict[str, Any] | None:
+    """The report a restore recorded (ids and counts), or None if it has not finished."""
+    with store.transaction() as conn:
+        row = conn.execute("SELECT state, report FROM control.restores WHERE restore_id = %s", (restore_id,)).fetchone()
+    if row is None or row[0] not in ("COMPLETE", "BLOCKED"):
+        return None
+    return {**row[1], "state": row[0]}
 
 
 class _VerificationFailed(Exception):

@@ -14,6 +14,34 @@ import psycopg
 from memory_pipelines.lib.backups import BackupService
 from memory_pipelines.lib.deletion import DeletionService
 from memory_pipelines.lib.derived import DerivedStores
+from memory_pipelines.lib.store import MemoryStore
+
+# -- tenants that are never `tenants` partitions ------------------------------------------------
+# The one rule: the canary drill's tenants (`canary-...`) and the evaluation tenant (`eval`, from
+# assets/eval/memory_eval_set.json, or any `eval-...`) are internal; sensors, schedules and the CLI
+# treat them as outside the tenant partitions.
+CANARY_PREFIX = "canary-"
+RESERVED_TENANT_PREFIXES = (CANARY_PREFIX, "eval-")
+RESERVED_TENANT_IDS = frozenset({"eval"})
+
+
+def is_reserved_tenant(tenant_id: str) -> bool:
+    return tenant_id in RESERVED_TENANT_IDS or tenant_id.startswith(RESERVED_TENANT_PREFIXES)
+
+
+def retired_tenants(store: MemoryStore, candidates: list[str]) -> set[str]:
+    """Those of `candidates` that must not stay partitions: reserved ids, tenants gone from the
+    store, and offboarded tenants (deleted, with their TENANT deletion COMPLETE). A tenant whose
+    deletion is still running keeps its partition: its forget run reports to it."""
+    with store.transaction() as conn:
+        rows = conn.execute(
+            "SELECT c.tenant_id FROM unnest(%s::text[]) AS c(tenant_id) WHERE NOT EXISTS ("
+            " SELECT 1 FROM memory.tenants x WHERE x.tenant_id = c.tenant_id AND (x.deleted_at IS NULL"
+            "  OR NOT EXISTS (SELECT 1 FROM control.deletion_jobs j WHERE j.tenant_id = x.tenant_id"
+            "   AND j.scope = 'TENANT' AND j.state = 'COMPLETE')))",
+            (list(candidates),),
+        ).fetchall()
+    return {r[0] for r in rows} | {t for t in candidates if is_reserved_tenant(t)}
 
 
 def files_containing(root: Path, needles: list[bytes]) -> dict[bytes, list[str]]:
@@ -43,7 +71,7 @@ def run_canary_drill(
     started = time.perf_counter()
     store = derived.store
     stamp = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
-    tenant = f"canary-{stamp}-{uuid.uuid4().hex[:6]}"
+    tenant = f"{CANARY_PREFIX}{stamp}-{uuid.uuid4().hex[:6]}"
     secrets = [f"canary{uuid.uuid4().hex}" for _ in range(3)]
     store.create_tenant(tenant_id=tenant, sharing_mode="shared_pool")
     store.add_team_member(tenant_id=tenant, team_id="drill", user_id="canary-subject")
@@ -83,6 +111,7 @@ def run_canary_drill(
         if report["state"] != "COMPLETE":
             leftovers["restore_not_complete"] = 1
     witness = store.list_visible(tenant_id=tenant, user_id="canary-witness")
+    removed = _remove_tenant(service, tenant)
     return {
         "tenant": tenant,
         "job_id": job["job_id"],
@@ -96,9 +125,21 @@ def run_canary_drill(
         "leftovers": leftovers,
         **result,
         "witness_memories_kept": len(witness),
-        "passed": status["state"] == "COMPLETE" and not any(leftovers.values()) and len(witness) == 1,
+        "tenant_removed": removed,
+        "passed": status["state"] == "COMPLETE"
+        and not any(leftovers.values())
+        and len(witness) == 1
+        and removed == "COMPLETE",
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def _remove_tenant(service: DeletionService, tenant: str) -> str:
+    """Offboard the drill's tenant (a TENANT deletion run to the end): nothing of it stays behind,
+    not even as a partition. Returns the deletion's final state."""
+    job = service.request(tenant_id=tenant, all_tenant=True, confirm=tenant, basis="offboarding")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    return str(service.status(job_id=job["job_id"])["state"])
 
 
 def _leftovers(

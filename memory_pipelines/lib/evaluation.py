@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
+
+import psycopg
 
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import ServiceError, ValidationError
@@ -135,6 +139,30 @@ class LLMJudge:
 
 
 # -- the evaluation tenant ------------------------------------------------------------------
+
+
+# Any constant: the same in every process that prepares the evaluation tenant.
+_EVAL_TENANT_LOCK = 7_150_433_213
+
+
+@contextmanager
+def _eval_tenant_lock(store: MemoryStore) -> Iterator[None]:
+    conn = psycopg.connect(store.conninfo, autocommit=True)
+    try:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_EVAL_TENANT_LOCK,))
+        yield
+    finally:
+        conn.close()  # ends the session, so the lock goes with it even after an error
+
+
+def ready_eval_tenant(derived: DerivedStores, eval_set: EvalSet) -> dict[str, tuple[str, int]]:
+    """Seed the evaluation tenant and bring every derived store of it up to date, one caller at a
+    time: `memory_eval` and `memory_drift` run as parallel steps, and months backfill in parallel
+    runs; unserialized, two first seeds would write the set twice."""
+    with _eval_tenant_lock(derived.store):
+        ids = seed_eval_tenant(derived.store, eval_set)
+        derived.sync_all(tenant_id=eval_set.tenant)
+    return ids
 
 
 def seed_eval_tenant(store: MemoryStore, eval_set: EvalSet) -> dict[str, tuple[str, int]]:

@@ -297,7 +297,7 @@ def test_restore_failing_verification_stays_closed_and_blocked(store, derived, t
 def test_restore_sensors_launch_the_restore_and_then_the_rebuild(store, derived, tenant, tmp_path, session_settings):
     import dagster as dg
 
-    from memory_pipelines.defs.backups.sensors import restore_requests_sensor, restored_tenants_backfill_sensor
+    from memory_pipelines.defs.backups.sensors import restore_requests_sensor
     from memory_pipelines.resources import MemoryStoreResource
 
     seed(store, derived, tenant)
@@ -312,13 +312,77 @@ def test_restore_sensors_launch_the_restore_and_then_the_rebuild(store, derived,
         assert len(mine) == 1 and mine[0].partition_key == tenant
         config = mine[0].run_config["ops"]["restore_tenant"]["config"]
         assert config == {"backup_id": manifest["backup_id"], "restore_id": requested["restore_id"]}
-        service.restore(tenant_id=tenant, backup_id=manifest["backup_id"], restore_id=requested["restore_id"])
-        result = restored_tenants_backfill_sensor(
-            dg.build_sensor_context(instance=instance, resources={"memory_store": resource})
+
+
+def test_restores_completing_out_of_start_order_are_each_backfilled_once(store, derived, tmp_path, session_settings):
+    """Restore A starts first and commits last; the sensor ticks in between. The cursor is the commit
+    sequence, so A is still seen (a completed_at cursor, the transaction's start time, missed it)."""
+    import time
+    import uuid
+
+    import dagster as dg
+    from dagster._core.execution.backfill import PartitionBackfill
+    from dagster._core.utils import make_new_backfill_id
+
+    from memory_pipelines.definitions import defs
+    from memory_pipelines.defs.backups.sensors import REBUILT_ASSETS, restored_tenants_backfill_sensor
+    from memory_pipelines.resources import MemoryStoreResource
+
+    first, second = ("t-" + uuid.uuid4().hex[:12] for _ in range(2))
+    storage = LocalBackupStorage(tmp_path / "b")
+    manifests = {}
+    for t in (first, second):
+        seed(store, derived, t)
+        manifests[t] = BackupService(store, storage, staging=tmp_path / "s").backup(tenant_id=t)
+    resource = MemoryStoreResource(home=str(session_settings.home))
+    definitions = defs()
+    requests: list[dg.RunRequest] = []
+    cursor: list[str | None] = [None]
+
+    def tick() -> None:
+        context = dg.build_sensor_context(
+            instance=instance, resources={"memory_store": resource}, cursor=cursor[0], definitions=definitions
         )
-        keys = {r.run_key: r.partition_key for r in result.run_requests}
-        assert keys[f"backfill-after:{requested['restore_id']}"] == tenant
-        later = restored_tenants_backfill_sensor(
-            dg.build_sensor_context(instance=instance, resources={"memory_store": resource}, cursor=result.cursor)
+        result = restored_tenants_backfill_sensor(context)
+        assert isinstance(result, dg.SensorResult)
+        requests.extend(result.run_requests or [])
+        cursor[0] = result.cursor
+
+    def second_restore_meanwhile(step: str) -> None:
+        BackupService(store, storage, staging=tmp_path / "s2").restore(
+            tenant_id=second, backup_id=manifests[second]["backup_id"]
         )
-        assert f"backfill-after:{requested['restore_id']}" not in {r.run_key for r in later.run_requests}
+        tick()  # sees the second restore only: the first has not committed
+
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("tenants", [first, second])
+        tick()  # whatever other tests restored: from here on, only new completions
+        requests.clear()
+        slow = BackupService(store, storage, staging=tmp_path / "s1", hooks={"replayed": second_restore_meanwhile})
+        assert slow.restore(tenant_id=first, backup_id=manifests[first]["backup_id"])["state"] == "COMPLETE"
+        tick()
+        tick()  # nothing new: each restore once
+        by_tenant = {r.tags["memory_pipelines/tenant"]: r for r in requests}
+        assert [r.tags["memory_pipelines/tenant"] for r in requests] == [second, first]
+        for t, request in by_tenant.items():
+            assert request.requires_backfill_daemon()
+            subset = request.asset_graph_subset
+            assert subset is not None
+            assert {key.to_user_string() for key in subset.asset_keys} == set(REBUILT_ASSETS)
+            assert {p.partition_key for p in subset.iterate_asset_partitions()} == {t}
+            # What the sensor daemon does with such a request: a backfill, under Backfills.
+            instance.add_backfill(
+                PartitionBackfill.from_asset_graph_subset(
+                    backfill_id=make_new_backfill_id(),
+                    dynamic_partitions_store=instance,
+                    backfill_timestamp=time.time(),
+                    asset_graph_subset=subset,
+                    tags=request.tags,
+                    title=None,
+                    description=None,
+                    run_config=None,
+                )
+            )
+        backfills = instance.get_backfills()
+        assert sorted(b.tags["memory_pipelines/tenant"] for b in backfills) == sorted([first, second])
+        assert all(b.is_asset_backfill for b in backfills)

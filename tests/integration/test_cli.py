@@ -25,7 +25,8 @@ def cli_env(endpoints, session_settings, store, tmp_path_factory):
     home = tmp_path_factory.mktemp("cli-home")
     (home / "keys").mkdir(mode=0o700)
     shutil.copy2(session_settings.master_key_path, home / "keys" / "master.key")
-    return {"home": home, "env": {"MEMORY_PIPELINES_PG_URL": endpoints.store_conninfo}}
+    env = {"MEMORY_PIPELINES_PG_URL": endpoints.store_conninfo, "MEMORY_PIPELINES_CHROMA_URL": endpoints.chroma_url}
+    return {"home": home, "env": env}
 
 
 def cli(cli_env, *args, input_text=None):
@@ -256,7 +257,8 @@ def test_forget_wait_status_proof_list_and_canary(cli_env, tenant):
     result = cli(cli_env, "forget", "--tenant", tenant, "--all")
     assert result.returncode == 2 and "confirm" in result.stderr
     drill = ok(cli_env, "canary")
-    assert drill["passed"] is True and drill["state"] == "COMPLETE"
+    assert drill["passed"] is True and drill["state"] == "COMPLETE" and drill["tenant_removed"] == "COMPLETE"
+    assert drill["tenant"] not in {t["tenant_id"] for t in ok(cli_env, "tenants")}  # offboarded at the end
 
 
 def test_backup_forget_restore_keys_and_retention(cli_env, tenant):
@@ -277,8 +279,9 @@ def test_backup_forget_restore_keys_and_retention(cli_env, tenant):
     assert len(shred["destroyed_keys"]) == 1 and shred["forget_job"]["scope"]["subject"] == "bob"
     preview = ok(cli_env, "retention", "preview", "--date", "2025-01-01")
     assert preview["total"] >= 0 and preview["policy_version"] == "2026-11"
-    swept = ok(cli_env, "retention", "sweep", "--date", "2025-01-01", "--wait")
-    assert swept["date"] == "2025-01-01" and "run_id" in swept
+    swept = ok(cli_env, "retention", "sweep", "--day", "2025-01-01", "--tenant", tenant, "--wait")
+    assert swept["date"] == "2025-01-01" and swept["success"] and swept["tenants"] == 1
+    assert [run["tenant"] for run in swept["runs"]] == [tenant] and "removed" in swept["totals"]
 
 
 @pytest.mark.parametrize(

@@ -30,3 +30,4 @@ def test_demo_end_to_end(tmp_path):
     assert set(cycle["restore"]["verification"].values()) == {0}
     assert cycle["bob_after_restore"] == {"list": [], "export": [], "others_back": {"alice": 4}}
     assert cycle["backfill_after_restore"]["success"] and all(cycle["backfill_after_restore"]["checks"].values())
+    assert out["retention"]["success"] and out["retention"]["removed"] == 0 and out["retention"]["run_id"]

@@ -88,28 +88,21 @@ def test_llm_judge_over_an_openai_compatible_server(derived, seeded):
 
 
 def test_monthly_assets_backfill_and_dashboard(session_settings, store):
-    import os
-
+    """Two month partitions, each a run submitted through the instance (what `eval run` does); the
+    evaluation tenant never becomes a `tenants` partition."""
     import dagster as dg
 
-    from memory_pipelines.definitions import defs
+    from memory_pipelines.materialize import read_run, run_evaluation
 
-    os.environ["MEMORY_PIPELINES_HOME"] = str(session_settings.home)
-    job = defs().resolve_job_def("memory_evaluation")
-    with dg.instance_for_test() as instance:
-        for month in ("2026-08-01", "2026-09-01"):  # a backfill, one run per month partition
-            result = job.execute_in_process(instance=instance, partition_key=month)
-            assert result.success
-        events = {
-            e.asset_key.to_user_string(): e
-            for e in (
-                ev_.step_materialization_data.materialization for ev_ in result.get_asset_materialization_events()
-            )
-        }
-        trend_md = events["memory_eval"].metadata["trend"].value
-        assert "| 2026-08 |" in trend_md and "| 2026-09 |" in trend_md and "data:image/png;base64," in trend_md
-        assert events["memory_eval"].metadata["precision_hybrid"].value > 0.9
-        assert {c.check_name for c in result.get_asset_check_evaluations()} == {"precision_target", "drift_target"}
+    runs = [run_evaluation(session_settings, month) for month in ("2026-08-01", "2026-09-01")]
+    assert all(run["success"] for run in runs), [run["failures"] for run in runs]
+    assert set(runs[-1]["checks"]) == {"precision_target", "drift_target"}
+    assert runs[-1]["assets"]["memory_eval"]["precision_hybrid"] > 0.9
+    assert "trend" not in runs[-1]["assets"]["memory_eval"]  # Markdown with a PNG: not in the JSON answer
+    with dg.DagsterInstance.from_config(str(session_settings.dagster_home)) as instance:
+        trend_md = read_run(instance, runs[-1]["run_id"]).assets["memory_eval"]["trend"]
+        assert not instance.has_dynamic_partition("tenants", "eval")
+    assert "| 2026-08 |" in trend_md and "| 2026-09 |" in trend_md and "data:image/png;base64," in trend_md
     rows = ev.trend(store, tenant_id="eval")
     assert [r["month"] for r in rows][-2:] == ["2026-08", "2026-09"]
     assert (session_settings.home / "eval" / "memory_quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

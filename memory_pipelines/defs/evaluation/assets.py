@@ -26,11 +26,10 @@ EVAL: dict = {
 
 
 def _ready(derived: DerivedStores) -> tuple[evaluation.EvalSet, dict[str, tuple[str, int]]]:
-    """The evaluation tenant, written once and brought up to date in every derived store."""
+    """The evaluation tenant, written once and brought up to date in every derived store (serialized:
+    both assets call this in parallel steps). It is never a `tenants` partition (lib.canary's rule)."""
     eval_set = evaluation.load_eval_set()
-    ids = evaluation.seed_eval_tenant(derived.store, eval_set)
-    derived.sync_all(tenant_id=eval_set.tenant)
-    return eval_set, ids
+    return eval_set, evaluation.ready_eval_tenant(derived, eval_set)
 
 
 def _dashboard(derived: DerivedStores, tenant: str, home: str) -> dict[str, dg.MetadataValue]:

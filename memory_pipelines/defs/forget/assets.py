@@ -3,6 +3,7 @@ from pathlib import Path
 import dagster as dg
 
 from memory_pipelines.defs.forget.jobs import deletion_service
+from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.canary import run_canary_drill
 from memory_pipelines.resources import (
     AnalyticsResource,
@@ -31,6 +32,9 @@ def deletion_canary(
     service = deletion_service(memory_store, chroma, summarizer, analytics)
     home = None if memory_store.pg_url else Path(memory_store.home).resolve()
     result = run_canary_drill(service.derived, home=home, backups=backups.service(store=service.store))
+    # The drill offboarded its tenant; if anything made it a partition meanwhile, it goes now.
+    if context.instance.has_dynamic_partition(tenants_partitions.name or "tenants", result["tenant"]):
+        context.instance.delete_dynamic_partition(tenants_partitions.name or "tenants", result["tenant"])
     context.log.info(f"canary drill in {result['tenant']}: passed={result['passed']}")
     figures = {name: dg.MetadataValue.int(int(count)) for name, count in result["leftovers"].items()}
     restored = result.get("after_restore", {}).get("state", "not run")
@@ -41,6 +45,7 @@ def deletion_canary(
             "job_id": dg.MetadataValue.text(result["job_id"]),
             "seconds": dg.MetadataValue.float(result["seconds"]),
             "restore_from_backup": dg.MetadataValue.text(restored),
+            "tenant_removed": dg.MetadataValue.text(str(result.get("tenant_removed"))),
             **{f"leftover_{name}": value for name, value in figures.items()},
         },
         check_results=[
