@@ -30,7 +30,8 @@ def test_round_trip_at_chunk_boundaries(size):
     data = os.urandom(size)
     blob = encrypt(data)
     assert decrypt(blob) == data
-    assert data == b"" or data not in blob
+    # A plaintext of a few random bytes occurs in any blob by chance; from 16 bytes on it must not.
+    assert size < 16 or data not in blob
 
 
 def test_each_chunk_is_sealed_separately():

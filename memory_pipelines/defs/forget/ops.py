@@ -7,9 +7,9 @@ re-execution from failure, begins the batch again: exactly what `deletion retry`
 """
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import dagster as dg
 from pydantic import Field
@@ -31,6 +31,7 @@ TOUCHED_ASSETS = ("memories", *DERIVED_ASSETS)
 SCOPES = ("SUBJECT", "MEMORY", "TENANT")
 TAGS = {"domain": "forget"}
 
+T = TypeVar("T")
 _BATCHES: dict[str, tuple[DeletionService, Batch]] = {}
 _LOCK = threading.Lock()
 
@@ -166,6 +167,22 @@ def _batch(
     return service, batch
 
 
+def _phase(
+    context: dg.OpExecutionContext,
+    step: str,
+    job_ids: list[str],
+    resources: tuple[MemoryStoreResource, ChromaResource, SummarizerResource, AnalyticsResource],
+    phase: Callable[[DeletionService, Batch], T],
+) -> tuple[DeletionService, Batch, T]:
+    """One phase of this run's batch; a DeletionBlocked fails the step (the jobs are BLOCKED)."""
+    try:
+        with _guard(context.run_id):
+            service, batch = _batch(context, step, job_ids, resources)
+            return service, batch, phase(service, batch)
+    except DeletionBlocked as exc:
+        raise _blocked(context, step, job_ids, exc, resources[0]) from exc
+
+
 @dg.op(tags=TAGS, out=dg.Out(list[str], description="The batch's deletion job ids (ids only, no content)"))
 def freeze(
     context: dg.OpExecutionContext,
@@ -213,12 +230,8 @@ def _store_op(spec: registry.StoreSpec) -> dg.OpDefinition:
         analytics: AnalyticsResource,
     ) -> list[str]:
         resources = (memory_store, chroma, summarizer, analytics)
-        try:
-            with _guard(context.run_id):
-                service, batch = _batch(context, f"delete_{spec.name}", job_ids, resources)
-                removed = service.delete_store(batch, spec.name)
-        except DeletionBlocked as exc:
-            raise _blocked(context, f"delete_{spec.name}", job_ids, exc, memory_store) from exc
+        step = f"delete_{spec.name}"
+        _, _, removed = _phase(context, step, job_ids, resources, lambda svc, batch: svc.delete_store(batch, spec.name))
         context.add_output_metadata(
             {"removed": dg.MetadataValue.int(removed), "adapter_version": dg.MetadataValue.text(spec.adapter_version)}
         )
@@ -240,12 +253,8 @@ def verify(
     analytics: AnalyticsResource,
 ) -> list[str]:
     """Exact-id queries on every store and paraphrase probes of the deleted content: expected zero."""
-    try:
-        with _guard(context.run_id):
-            service, batch = _batch(context, "verify", job_ids, (memory_store, chroma, summarizer, analytics))
-            verification = service.verify(batch)
-    except DeletionBlocked as exc:
-        raise _blocked(context, "verify", job_ids, exc, memory_store) from exc
+    resources = (memory_store, chroma, summarizer, analytics)
+    _, _, verification = _phase(context, "verify", job_ids, resources, lambda svc, batch: svc.verify(batch))
     context.add_output_metadata({"verification": dg.MetadataValue.json(verification)})
     return job_ids
 
@@ -260,12 +269,8 @@ def prove(
     analytics: AnalyticsResource,
 ) -> None:
     """Complete the verified jobs, store their proofs and report every partition the run changed."""
-    try:
-        with _guard(context.run_id):
-            service, batch = _batch(context, "prove", job_ids, (memory_store, chroma, summarizer, analytics))
-            proofs = service.complete(batch)
-    except DeletionBlocked as exc:
-        raise _blocked(context, "prove", job_ids, exc, memory_store) from exc
+    resources = (memory_store, chroma, summarizer, analytics)
+    service, batch, proofs = _phase(context, "prove", job_ids, resources, lambda svc, batch: svc.complete(batch))
     summary = service.summary(batch)
     _drop(context.run_id)
     tenant_id = context.partition_key
