@@ -207,6 +207,8 @@ class _Dequeuer:
         with psycopg.connect(self.conninfo, autocommit=True) as conn:
             conn.execute("SELECT pg_advisory_lock(%s)", (_DEQUEUE_LOCK,))
             try:
+                if _daemon_dequeues(self.context.instance):
+                    return  # a daemon started while we waited for the lock: never two dequeuers at once
                 for _ in self.daemon.run_iteration(self.context):
                     pass
             finally:

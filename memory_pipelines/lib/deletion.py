@@ -179,11 +179,25 @@ class DeletionLedger:
         validation.check_optional_id("tenant", tenant_id)
         with self.store.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
             return cur.execute(
-                "SELECT job_id, tenant_id, state, seq, attempts, next_attempt_at, deadline, updated_at"
+                "SELECT job_id, tenant_id, state, seq, attempts, next_attempt_at, deadline, updated_at,"
+                " targets::text LIKE '%%FAILED:VERIFICATION\\_%%' AS verification_failed"
                 " FROM control.deletion_jobs WHERE state <> 'COMPLETE' AND (%s::text IS NULL OR tenant_id = %s)"
                 " ORDER BY seq NULLS FIRST, created_at",
                 (tenant_id, tenant_id),
             ).fetchall()
+
+    def forget_running(self, *, tenant_id: str) -> bool:
+        """Whether a live process holds the tenant's forget run lock now (a forget or a restore).
+
+        A session lock dies with its connection, so a run worker killed mid-forget holds nothing: the
+        forget sensor uses this to tell a dead worker from a slow one."""
+        key = f"forget\x1f{tenant_id}"
+        with psycopg.connect(self.store.conninfo, autocommit=True) as conn:
+            row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 2))", (key,)).fetchone()
+            free = bool(row and row[0])
+            if free:
+                conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 2))", (key,))
+        return not free
 
     def attention(self, *, tenant_id: str | None = None, now: datetime | None = None) -> dict[str, dict[str, Any]]:
         """tenant -> open jobs that need a person: BLOCKED, within NEAR_DEADLINE of their deadline, or past it."""
@@ -210,6 +224,7 @@ def backoff(attempts: int) -> timedelta:
 # A non-fresh forget run (relaunch, retry) waits this long after the tenant's last run ended, so a
 # run that fails before reaching the jobs is not relaunched in a tight loop.
 RELAUNCH_GRACE = timedelta(minutes=1)
+MAX_RELAUNCH_GRACE = timedelta(hours=1)
 # A job left FROZEN, DELETING or VERIFYING this long with no run in progress was orphaned by a run
 # that died; a relaunch resumes it (the tenant run lock makes a needless one a no-op).
 STALL_GRACE = timedelta(minutes=5)
@@ -233,6 +248,14 @@ class LastRun:
     run_id: str
     status: str
     ended_at: datetime | None
+    failures: int = 0  # consecutive failed forget runs of the tenant, this one included
+
+
+def relaunch_grace(last: LastRun) -> timedelta:
+    """How long after a tenant's last forget run ended before its jobs are run again: a minute, doubling
+    per consecutive failed run up to an hour, so a run that fails before it records anything (a worker
+    that never starts, the database away) is not relaunched every minute forever."""
+    return min(RELAUNCH_GRACE * 2 ** max(last.failures - 1, 0), MAX_RELAUNCH_GRACE)
 
 
 def plan_forget_runs(
@@ -253,10 +276,19 @@ def plan_forget_runs(
             fresh.setdefault(tenant, []).append(row)
             continue
         last = last_runs.get(tenant)
-        if last is not None and (last.status == "active" or (last.ended_at and now - last.ended_at < RELAUNCH_GRACE)):
+        waiting = last is not None and (
+            last.status == "active" or (last.ended_at is not None and now - last.ended_at < relaunch_grace(last))
+        )
+        if waiting:
             continue
+        # A job blocked by its verification found forgotten data: a person looks first (`deletion retry`),
+        # since a retry after the primary rows are gone has no text left to build paraphrase probes from.
         due = (
-            (state == "BLOCKED" and (row["next_attempt_at"] is None or row["next_attempt_at"] <= now))
+            (
+                state == "BLOCKED"
+                and not row.get("verification_failed")
+                and (row["next_attempt_at"] is None or row["next_attempt_at"] <= now)
+            )
             or state == "REQUESTED"
             or (state in _IN_FLIGHT and now - row["updated_at"] >= STALL_GRACE)
         )

@@ -247,6 +247,7 @@ def _kill_group(pid: int, timeout: float = 20.0) -> None:
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pid, sig)
+            os.killpg(pid, signal.SIGCONT)  # a stopped (wedged) server acts on SIGTERM only once resumed
         except ProcessLookupError:
             return
         except PermissionError:
@@ -263,8 +264,19 @@ def _live_chroma(settings: Settings) -> dict[str, Any] | None:
     if state is None:
         return None
     pid = int(state["pid"])
-    if pid_alive(pid) and _is_chroma_of(pid, settings.chroma_path) and chroma_heartbeat(str(state["url"])):
-        return state
+    if not (pid_alive(pid) and _is_chroma_of(pid, settings.chroma_path)):
+        return None
+    # Our server, maybe busy (a slow heartbeat on a loaded machine): a second server on the same
+    # files is the one thing never to start, so wait for it, and replace it only once it is stopped.
+    deadline = time.monotonic() + CHROMA_START_SECONDS
+    while time.monotonic() < deadline:
+        if chroma_heartbeat(str(state["url"])):
+            return state
+        if not pid_alive(pid):
+            return None
+        time.sleep(0.5)
+    log.warning("chroma server pid %s does not answer; stopping it before starting another", pid)
+    _kill_group(pid)
     return None
 
 
@@ -295,27 +307,42 @@ def _start_chroma(settings: Settings, timeout: float = CHROMA_START_SECONDS) -> 
         _started.append(proc)
         started = time.monotonic()
         deadline = started + timeout
-        while time.monotonic() < deadline:
-            if chroma_heartbeat(url, timeout=1.0):
-                state = {"pid": proc.pid, "port": port, "url": url, "path": str(path), "started_at": time.time()}
-                tmp = path / (CHROMA_STATE + ".tmp")
-                tmp.write_text(json.dumps(state))
-                os.replace(tmp, path / CHROMA_STATE)
-                log.info("chroma server %s started in %.1fs (pid %s)", url, time.monotonic() - started, proc.pid)
-                return state
-            if proc.poll() is not None:
-                problem = f"exited with code {proc.returncode}"
-                break
-            time.sleep(0.1)
-        else:
-            _kill_group(proc.pid)
-            problem = f"did not answer within {timeout:.0f}s"
-            break
+        try:
+            state = _await_chroma(proc, port, url, path, deadline)
+        except BaseException:
+            _kill_group(proc.pid)  # interrupted: no server without a state file behind us
+            raise
+        if state is not None:
+            log.info("chroma server %s started in %.1fs (pid %s)", url, time.monotonic() - started, proc.pid)
+            return state
+        if proc.poll() is not None:
+            problem = f"exited with code {proc.returncode}"
+            continue
+        _kill_group(proc.pid)
+        problem = f"did not answer within {timeout:.0f}s"
+        break
     raise ServiceError(
         "chroma",
         f"the embedded Chroma server (`chroma run --path {path}`) {problem}; "
         f"last lines of {log_path}:\n{_log_tail(log_path)}",
     )
+
+
+def _await_chroma(
+    proc: subprocess.Popen[bytes], port: int, url: str, path: Path, deadline: float
+) -> dict[str, Any] | None:
+    """The server's state once its heartbeat answers (and recorded); None if it exits or times out."""
+    while time.monotonic() < deadline:
+        if chroma_heartbeat(url, timeout=1.0):
+            state = {"pid": proc.pid, "port": port, "url": url, "path": str(path), "started_at": time.time()}
+            tmp = path / (CHROMA_STATE + ".tmp")
+            tmp.write_text(json.dumps(state))
+            os.replace(tmp, path / CHROMA_STATE)
+            return state
+        if proc.poll() is not None:
+            return None
+        time.sleep(0.1)
+    return None
 
 
 def _ensure_chroma(settings: Settings) -> tuple[str, bool]:

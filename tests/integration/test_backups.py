@@ -337,7 +337,7 @@ def test_restores_completing_out_of_start_order_are_each_backfilled_once(store, 
     resource = MemoryStoreResource(home=str(session_settings.home))
     definitions = defs()
     requests: list[dg.RunRequest] = []
-    cursor: list[str | None] = [None]
+    cursor: list[str | None] = ["2026-11-01T00:00:00+00:00"]  # the old completed_at cursor, after an upgrade
 
     def tick() -> None:
         context = dg.build_sensor_context(

@@ -13,14 +13,21 @@ import pytest
 from dagster._core.storage.dagster_run import DagsterRun
 
 from memory_pipelines.defs.forget.jobs import FORGET_JOB, forget_run_config
-from memory_pipelines.defs.forget.sensors import JOBS_TAG, deletions_on_track_sensor, forget_requests_sensor
+from memory_pipelines.defs.forget.sensors import (
+    JOBS_TAG,
+    deletions_on_track_sensor,
+    forget_requests_sensor,
+    last_forget_run,
+)
 from memory_pipelines.lib import registry
 from memory_pipelines.lib.deletion import (
     DeletionBlocked,
+    DeletionLedger,
     DeletionService,
     LastRun,
     backoff,
     plan_forget_runs,
+    relaunch_grace,
 )
 from memory_pipelines.resources import MemoryStoreResource
 from tests.support.servers import free_port
@@ -318,3 +325,45 @@ def test_planner_waits_for_runs_in_progress_and_after_a_failure():
         timedelta(hours=1),
         timedelta(hours=1),
     ]
+
+
+def test_consecutive_failed_runs_back_off_and_verification_blocks_wait_for_a_person():
+    now = datetime(2026, 6, 1, tzinfo=UTC)
+    row = {"job_id": "del_a", "tenant_id": "t1", "state": "REQUESTED", "seq": 5, "next_attempt_at": None}
+    row["updated_at"] = now
+    third = LastRun("r3", "failed", now - timedelta(minutes=3), failures=3)
+    assert relaunch_grace(third) == timedelta(minutes=4)
+    assert plan_forget_runs([row], cursor=5, last_runs={"t1": third}, now=now)[0] == []
+    later = LastRun("r3", "failed", now - timedelta(minutes=5), failures=3)
+    assert [p.run_key for p in plan_forget_runs([row], cursor=5, last_runs={"t1": later}, now=now)[0]] == [
+        "forget:t1:5:after:r3"
+    ]
+    assert relaunch_grace(LastRun("r", "failed", None, failures=30)) == timedelta(hours=1)
+    blocked = {**row, "state": "BLOCKED", "next_attempt_at": now - timedelta(minutes=1)}
+    assert [p.reason for p in plan_forget_runs([blocked], cursor=5, last_runs={}, now=now)[0]] == ["retry"]
+    found_data = {**blocked, "verification_failed": True}
+    assert plan_forget_runs([found_data], cursor=5, last_runs={}, now=now)[0] == []
+
+
+def test_a_forget_run_whose_worker_died_is_marked_failed_and_its_jobs_relaunched(
+    store, derived, tenant, alice, session_settings
+):
+    """The local run launcher has no health check: a STARTED run past the stall grace whose worker
+    holds no forget lock is dead. While a live process holds the lock, the run is left alone."""
+    ledger = DeletionLedger(store)
+    with dg.instance_for_test() as instance:
+        run_id = _add_run(instance, tenant, dg.DagsterRunStatus.STARTED)
+        soon = datetime.now(UTC) + timedelta(minutes=1)
+        assert last_forget_run(instance, ledger, tenant, now=soon).status == "active"  # within the grace
+        later = datetime.now(UTC) + timedelta(minutes=10)
+        batch = DeletionService(derived).begin(tenant_id=tenant, job_ids=[])  # a live holder of the lock
+        try:
+            assert ledger.forget_running(tenant_id=tenant)
+            assert last_forget_run(instance, ledger, tenant, now=later).status == "active"
+            assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.STARTED
+        finally:
+            DeletionService(derived).release(batch)
+        assert not ledger.forget_running(tenant_id=tenant)
+        lost = last_forget_run(instance, ledger, tenant, now=later)
+        assert (lost.status, lost.failures) == ("failed", 1)
+        assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.FAILURE

@@ -329,3 +329,30 @@ def test_two_processes_refreshing_recalling_and_forgetting_one_tenant_at_once_pr
     assert {r for r in edges if r in current} <= vectors
     forgotten = {s for r in results for s in r["forgotten"]}
     assert not {cv.user_id for cv in current.values()} & forgotten
+
+
+def test_a_busy_chroma_server_is_waited_for_and_a_wedged_one_replaced_never_doubled(tmp_path, monkeypatch):
+    """A recorded server that is ours but does not answer (here: stopped with SIGSTOP) is waited for;
+    one that stays silent is stopped before another starts, so two servers never share the files."""
+    import signal
+
+    import psutil
+
+    settings = settings_for(tmp_path / "wedged-home")
+    try:
+        first = services.ensure_chroma(settings)
+        old_pid = int(services.chroma_state(settings)["pid"])
+        os.kill(old_pid, signal.SIGSTOP)
+        monkeypatch.setattr(services, "CHROMA_START_SECONDS", 3.0)
+        second = services.ensure_chroma(settings)
+        new_pid = int(services.chroma_state(settings)["pid"])
+        assert new_pid != old_pid and second != first and services.chroma_heartbeat(second)
+        assert not services.pid_alive(old_pid)
+        on_path = [
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if p.info["cmdline"] and str(settings.chroma_path) in p.info["cmdline"]
+        ]
+        assert on_path == [new_pid], on_path
+    finally:
+        services.stop_chroma(settings)

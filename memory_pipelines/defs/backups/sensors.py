@@ -43,7 +43,8 @@ def restore_requests_sensor(memory_store: MemoryStoreResource) -> dg.SensorResul
 def restored_tenants_backfill_sensor(
     context: dg.SensorEvaluationContext, memory_store: MemoryStoreResource
 ) -> dg.SensorResult:
-    after = int(context.cursor) if context.cursor else 0
+    # Before migration 0010 the cursor was a completed_at timestamp; those restores have no sequence.
+    after = int(context.cursor) if context.cursor and context.cursor.isdigit() else 0
     done = completed_restores(memory_store.store(), after=after)
     graph = context.repository_def.asset_graph if context.repository_def is not None else None
     requests = []

@@ -7,12 +7,14 @@ from memory_pipelines.defs.forget.checks import check_evaluation
 from memory_pipelines.defs.forget.jobs import FORGET_JOB, forget_job, forget_run_config
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.canary import is_reserved_tenant
-from memory_pipelines.lib.deletion import DeletionLedger, LastRun, plan_forget_runs
+from memory_pipelines.lib.deletion import STALL_GRACE, DeletionLedger, LastRun, plan_forget_runs
 from memory_pipelines.resources import MemoryStoreResource
 
 JOBS_TAG = "memory_pipelines/deletion_jobs"
 # Ids listed in a run's tag; the run config holds them all.
 TAGGED_IDS = 10
+# Forget runs read to count a tenant's consecutive failures (the relaunch backoff doubles per failure).
+RECENT_RUNS = 8
 _ACTIVE = {
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -29,23 +31,42 @@ def jobs_tag(job_ids: list[str]) -> str:
     return shown if len(job_ids) <= TAGGED_IDS else f"{shown},+{len(job_ids) - TAGGED_IDS}"
 
 
-def last_forget_run(instance: dg.DagsterInstance, tenant_id: str) -> LastRun | None:
-    """The tenant's latest `forget` run (found by its partition tag), as the planner needs it."""
+def last_forget_run(
+    instance: dg.DagsterInstance, ledger: DeletionLedger, tenant_id: str, now: datetime | None = None
+) -> LastRun | None:
+    """The tenant's latest `forget` run (found by its partition tag), as the planner needs it.
+
+    A run STARTED for longer than the stall grace whose worker holds no forget lock has lost its
+    worker (the local run launcher has no health check): it is marked failed here, so the tenant's
+    jobs are relaunched and its queue slot is freed instead of waiting forever."""
     records = instance.get_run_records(
-        dg.RunsFilter(job_name=FORGET_JOB, tags={"dagster/partition": tenant_id}), limit=1
+        dg.RunsFilter(job_name=FORGET_JOB, tags={"dagster/partition": tenant_id}), limit=RECENT_RUNS
     )
     if not records:
         return None
     record = records[0]
-    status = record.dagster_run.status
-    if status in _ACTIVE:
+    run = record.dagster_run
+    now = now or datetime.now(UTC)
+    ended = None if record.end_time is None else datetime.fromtimestamp(record.end_time, UTC)
+    if run.status in _ACTIVE:
         kind = "active"
-    elif status == dg.DagsterRunStatus.SUCCESS:
+        started = (
+            datetime.fromtimestamp(record.start_time, UTC) if record.start_time is not None else record.create_timestamp
+        )
+        stalled = now - started.astimezone(UTC) > STALL_GRACE
+        if run.status == dg.DagsterRunStatus.STARTED and stalled and not ledger.forget_running(tenant_id=tenant_id):
+            instance.report_run_failed(run, message="forget run worker lost: it holds no forget lock; relaunching")
+            kind, ended = "failed", now
+    elif run.status == dg.DagsterRunStatus.SUCCESS:
         kind = "succeeded"
     else:
         kind = "failed"
-    ended = None if record.end_time is None else datetime.fromtimestamp(record.end_time, UTC)
-    return LastRun(run_id=record.dagster_run.run_id, status=kind, ended_at=ended)
+    failures = 0
+    for earlier in records:
+        if earlier.dagster_run.status not in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+            break
+        failures += 1
+    return LastRun(run_id=run.run_id, status=kind, ended_at=ended, failures=max(failures, int(kind == "failed")))
 
 
 @dg.sensor(
@@ -63,7 +84,7 @@ def forget_requests_sensor(context: dg.SensorEvaluationContext, memory_store: Me
     last_runs = {
         tenant: run
         for tenant in sorted({row["tenant_id"] for row in rows})
-        if (run := last_forget_run(context.instance, tenant)) is not None
+        if (run := last_forget_run(context.instance, ledger, tenant)) is not None
     }
     planned, new_cursor = plan_forget_runs(rows, cursor=cursor, last_runs=last_runs, now=datetime.now(UTC))
     known = set(context.instance.get_dynamic_partitions(tenants_partitions.name or "tenants"))
