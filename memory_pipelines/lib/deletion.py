@@ -700,6 +700,19 @@ class DeletionService(DeletionLedger):
         except Exception as exc:
             self._fail(batch, step, exc)
 
+    @staticmethod
+    def _hold(batch: Batch) -> None:
+        """The batch still holds the tenant's run lock. Store connections come from a pool that
+        replaces dropped ones, so a lost session would otherwise go unnoticed: no step runs, and
+        nothing becomes COMPLETE, without the lock."""
+        conn = batch.lock_conn
+        try:
+            if conn is None or conn.closed or conn.broken:
+                raise psycopg.OperationalError("its connection is closed")
+            conn.execute("SELECT 1")
+        except psycopg.Error as exc:
+            raise DeletionBlocked("postgres", "RUN_LOCK_LOST", f"the tenant's forget run lock was lost: {exc}") from exc
+
     def _fail(self, batch: Batch, step: str, exc: Exception) -> NoReturn:
         code = _error_code(step, exc)
         self._block(batch.jobs, step, code)
@@ -712,6 +725,7 @@ class DeletionService(DeletionLedger):
         if not batch.jobs:
             return 0
         try:
+            self._hold(batch)
             started = time.perf_counter()
             self._delete_in(store_name, batch)
             batch.timings[store_name] = time.perf_counter() - started
@@ -728,6 +742,7 @@ class DeletionService(DeletionLedger):
         if not batch.jobs:
             return {}
         try:
+            self._hold(batch)
             self._set_state(batch.jobs, "VERIFYING")
             started = time.perf_counter()
             batch.verification = self._verify(batch)
@@ -745,6 +760,7 @@ class DeletionService(DeletionLedger):
         try:
             if batch.verification is None:
                 raise DeletionBlocked("verify", "NOT_VERIFIED", "the batch was not verified")
+            self._hold(batch)
             return self._complete(batch.tenant_id, batch.jobs, batch.fixed, batch.verification)
         except Exception as exc:
             self._fail(batch, "verify", exc)

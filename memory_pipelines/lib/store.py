@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from memory_pipelines.lib import crypto, ordering, validation
 from memory_pipelines.lib.errors import (
@@ -30,7 +30,9 @@ from memory_pipelines.lib.errors import (
 from memory_pipelines.lib.keystore import KeyDestroyedError, KeyStore
 
 DEFAULT_CATEGORY = "general"
-_IDLE_PING_SECONDS = 1.0
+# Connections one store (one process) opens at most; threads beyond it wait up to POOL_WAIT_SECONDS.
+POOL_MAX = 8
+POOL_WAIT_SECONDS = 15.0
 DEFAULT_CONFIDENCE = 1.0
 EXPORT_BATCH = 500
 
@@ -211,9 +213,9 @@ class MemoryStore:
     def __init__(self, conninfo: str, keys: KeyStore) -> None:
         self.conninfo = conninfo
         self.keys = keys
-        self._conn: psycopg.Connection | None = None
-        self._last_used = 0.0
-        self._lock = threading.RLock()
+        self._pool: ConnectionPool | None = None
+        self._pool_lock = threading.Lock()
+        self._local = threading.local()
 
     # -- connections ---------------------------------------------------------------------
 
@@ -223,39 +225,55 @@ class MemoryStore:
         except psycopg.OperationalError as exc:
             raise ServiceError("postgres", f"cannot connect to the memory database: {exc}") from exc
 
+    def _connections(self) -> ConnectionPool:
+        with self._pool_lock:
+            if self._pool is None:
+                self._connect().close()  # an unreachable database is a clear error now, not a pool timeout
+                self._pool = ConnectionPool(
+                    self.conninfo,
+                    kwargs={"autocommit": True},
+                    min_size=1,
+                    max_size=POOL_MAX,
+                    timeout=POOL_WAIT_SECONDS,
+                    # A connection the server dropped (restart, failover, pg_terminate_backend) is
+                    # replaced before use instead of failing the caller.
+                    check=ConnectionPool.check_connection,
+                    open=True,
+                    name="memory-store",
+                )
+            return self._pool
+
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection]:
-        """One transaction on the store's connection; reconnects if the previous one broke."""
-        with self._lock:
-            conn = self._live_connection()
-            try:
-                with conn.transaction():
-                    yield conn
-            except psycopg.OperationalError as exc:
-                conn.close()
-                raise ServiceError("postgres", f"lost the connection to the memory database: {exc}") from exc
-            finally:
-                self._last_used = time.monotonic()
+        """One transaction on a pooled connection; threads work in parallel, each on its own.
 
-    def _live_connection(self) -> psycopg.Connection:
-        # A connection idle for a while may have been dropped by the server (restart, failover,
-        # pg_terminate_backend); one cheap ping then saves the caller a spurious failure.
-        if self._conn is not None and not (self._conn.closed or self._conn.broken):
-            if time.monotonic() - self._last_used < _IDLE_PING_SECONDS:
-                return self._conn
-            try:
-                self._conn.execute("SELECT 1")
-                return self._conn
-            except psycopg.OperationalError:
-                self._conn.close()
-        self._conn = self._connect()
-        return self._conn
+        Nested in the same thread (a transaction opened while one is open), it joins the open one as
+        a savepoint: a second connection could wait on locks the first holds."""
+        held: psycopg.Connection | None = getattr(self._local, "conn", None)
+        if held is not None:
+            with held.transaction():
+                yield held
+            return
+        try:
+            with self._connections().connection() as conn:
+                self._local.conn = conn
+                try:
+                    with conn.transaction():
+                        yield conn
+                finally:
+                    self._local.conn = None
+        except psycopg.OperationalError as exc:
+            raise ServiceError("postgres", f"lost the connection to the memory database: {exc}") from exc
+        except PoolTimeout as exc:
+            raise ServiceError(
+                "postgres", f"no free connection to the memory database within {POOL_WAIT_SECONDS:.0f} s: {exc}"
+            ) from exc
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
 
     # -- tenants, subjects, teams ----------------------------------------------------------
 
