@@ -715,6 +715,8 @@ class DeletionService(DeletionLedger):
 
     def _fail(self, batch: Batch, step: str, exc: Exception) -> NoReturn:
         code = _error_code(step, exc)
+        if code == "RUN_LOCK_LOST" or code.endswith("_UNAVAILABLE"):
+            self.store.close()  # its idle connections may be dead too: record BLOCKED on a fresh one
         self._block(batch.jobs, step, code)
         raise DeletionBlocked(step, code, f"{type(exc).__name__}: {exc}") from exc
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,7 +18,6 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool, PoolTimeout
 
 from memory_pipelines.lib import crypto, ordering, validation
 from memory_pipelines.lib.errors import (
@@ -30,9 +30,10 @@ from memory_pipelines.lib.errors import (
 from memory_pipelines.lib.keystore import KeyDestroyedError, KeyStore
 
 DEFAULT_CATEGORY = "general"
-# Connections one store (one process) opens at most; threads beyond it wait up to POOL_WAIT_SECONDS.
-POOL_MAX = 8
-POOL_WAIT_SECONDS = 15.0
+# Idle connections a store keeps for its threads; more threads open more, closed when given back.
+POOL_IDLE = 8
+# A connection idle this long gets one cheap ping before use: the server may have dropped it.
+_IDLE_PING_SECONDS = 1.0
 DEFAULT_CONFIDENCE = 1.0
 EXPORT_BATCH = 500
 
@@ -213,8 +214,8 @@ class MemoryStore:
     def __init__(self, conninfo: str, keys: KeyStore) -> None:
         self.conninfo = conninfo
         self.keys = keys
-        self._pool: ConnectionPool | None = None
-        self._pool_lock = threading.Lock()
+        self._idle: list[tuple[psycopg.Connection, float]] = []  # (connection, when it was given back)
+        self._idle_lock = threading.Lock()
         self._local = threading.local()
 
     # -- connections ---------------------------------------------------------------------
@@ -225,27 +226,37 @@ class MemoryStore:
         except psycopg.OperationalError as exc:
             raise ServiceError("postgres", f"cannot connect to the memory database: {exc}") from exc
 
-    def _connections(self) -> ConnectionPool:
-        with self._pool_lock:
-            if self._pool is None:
-                self._connect().close()  # an unreachable database is a clear error now, not a pool timeout
-                self._pool = ConnectionPool(
-                    self.conninfo,
-                    kwargs={"autocommit": True},
-                    min_size=1,
-                    max_size=POOL_MAX,
-                    timeout=POOL_WAIT_SECONDS,
-                    # A connection the server dropped (restart, failover, pg_terminate_backend) is
-                    # replaced before use instead of failing the caller.
-                    check=ConnectionPool.check_connection,
-                    open=True,
-                    name="memory-store",
-                )
-            return self._pool
+    def _take(self) -> psycopg.Connection:
+        """An idle connection that still answers, or a new one."""
+        while True:
+            with self._idle_lock:
+                if not self._idle:
+                    break
+                conn, since = self._idle.pop()
+            if conn.closed or conn.broken:
+                continue
+            if time.monotonic() - since < _IDLE_PING_SECONDS:
+                return conn
+            try:
+                conn.execute("SELECT 1")
+                return conn
+            except psycopg.Error:
+                conn.close()
+        return self._connect()
+
+    def _give_back(self, conn: psycopg.Connection) -> None:
+        if conn.closed or conn.broken or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.close()
+            return
+        with self._idle_lock:
+            if len(self._idle) < POOL_IDLE:
+                self._idle.append((conn, time.monotonic()))
+                return
+        conn.close()
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection]:
-        """One transaction on a pooled connection; threads work in parallel, each on its own.
+        """One transaction on a connection of the store's pool; threads work in parallel, each on its own.
 
         Nested in the same thread (a transaction opened while one is open), it joins the open one as
         a savepoint: a second connection could wait on locks the first holds."""
@@ -254,26 +265,25 @@ class MemoryStore:
             with held.transaction():
                 yield held
             return
+        conn = self._take()
+        self._local.conn = conn
         try:
-            with self._connections().connection() as conn:
-                self._local.conn = conn
-                try:
-                    with conn.transaction():
-                        yield conn
-                finally:
-                    self._local.conn = None
+            with conn.transaction():
+                yield conn
         except psycopg.OperationalError as exc:
+            conn.close()
+            self.close()  # a server restart or terminated backends: the idle ones are gone too
             raise ServiceError("postgres", f"lost the connection to the memory database: {exc}") from exc
-        except PoolTimeout as exc:
-            raise ServiceError(
-                "postgres", f"no free connection to the memory database within {POOL_WAIT_SECONDS:.0f} s: {exc}"
-            ) from exc
+        finally:
+            self._local.conn = None
+            self._give_back(conn)
 
     def close(self) -> None:
-        with self._pool_lock:
-            if self._pool is not None:
-                self._pool.close()
-                self._pool = None
+        """Close the idle connections; the store stays usable (it opens new ones when asked)."""
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            conn.close()
 
     # -- tenants, subjects, teams ----------------------------------------------------------
 
