@@ -330,10 +330,7 @@ class VectorStore:
         if self.url is not None:
             with self._tenant_lock(tenant_id, exclusive=True):
                 return self._erase_on_server(tenant_id, record_ids)
-        col: Any = self.existing(tenant_id)
-        if col is None or not record_ids:
-            return 0
-        present = self._call("reading ids", lambda: col.get(ids=list(record_ids), include=[])["ids"])
+        col, present = self._present(tenant_id, record_ids)
         if not present:
             return 0
         assert self.path is not None
@@ -358,13 +355,17 @@ class VectorStore:
         vacuum_sqlite(self.path / "chroma.sqlite3")
         return len(present)
 
+    def _present(self, tenant_id: str, record_ids: Sequence[str]) -> tuple[Any, list[str]]:
+        """The tenant's collection and which of `record_ids` it still holds (none without a collection)."""
+        col: Any = self.existing(tenant_id)
+        if col is None or not record_ids:
+            return col, []
+        return col, list(self._call("reading ids", lambda: col.get(ids=list(record_ids), include=[])["ids"]))
+
     def _erase_on_server(self, tenant_id: str, record_ids: Sequence[str]) -> int:
         # Under the exclusive tenant lock. A running server keeps the sync threshold its index was
         # loaded with (measured: a modified threshold is not applied), so the collection is copied.
-        col: Any = self.existing(tenant_id)
-        if col is None or not record_ids:
-            return 0
-        present = self._call("reading ids", lambda: col.get(ids=list(record_ids), include=[])["ids"])
+        col, present = self._present(tenant_id, record_ids)
         if not present:
             return 0
         self._call("deleting vectors", lambda: col.delete(ids=present))
