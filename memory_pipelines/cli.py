@@ -234,6 +234,14 @@ def cmd_deletion(args: argparse.Namespace) -> None:
     from memory_pipelines.lib.deletion import DeletionLedger
     from memory_pipelines.lib.runtime import open_store
 
+    if args.deletion_command == "erase":
+        from memory_pipelines.materialize import run_erasure
+
+        result = run_erasure(_settings(args), args.tenant)
+        _emit(result)
+        if not result["success"]:
+            raise SystemExit(1)
+        return
     # Reading jobs needs only the control plane, not Chroma or the embedding model.
     service = DeletionLedger(open_store(_settings(args)))
     if args.deletion_command == "status":
@@ -568,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     forget.add_argument("--wait", action="store_true", help="run the forget job now and return its final state")
 
-    deletion = add("deletion", cmd_deletion, "deletion jobs: status, proof, list, retry")
+    deletion = add("deletion", cmd_deletion, "deletion jobs: status, proof, list, retry; erase a tenant's bytes now")
     deletion_sub = deletion.add_subparsers(dest="deletion_command", required=True, metavar="ACTION")
     for action in ("status", "proof", "retry"):
         one = deletion_sub.add_parser(action)
@@ -576,6 +584,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing_jobs = deletion_sub.add_parser("list")
     listing_jobs.add_argument("--state")
     listing_jobs.add_argument("--tenant")
+    erase = deletion_sub.add_parser(
+        "erase", help="run the tenant's physical erasure now: rewrite its files, byte-scan them, mark ERASED"
+    )
+    erase.add_argument("--tenant", required=True)
 
     backup = add("backup", cmd_backup, "back a tenant up now (encrypted), list its backups, or sweep expired ones")
     backup.add_argument("backup_command", nargs="?", choices=["list", "sweep"], metavar="list|sweep")

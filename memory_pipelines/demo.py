@@ -16,7 +16,14 @@ from memory_pipelines.lib.services import ensure_services
 from memory_pipelines.lib.settings import Settings
 from memory_pipelines.lib.store import MemoryStore
 from memory_pipelines.lib.validation import SHARING_MODES
-from memory_pipelines.materialize import materialize, run_backup, run_forget, run_restore, run_retention
+from memory_pipelines.materialize import (
+    materialize,
+    run_backup,
+    run_erasure,
+    run_forget,
+    run_restore,
+    run_retention,
+)
 
 CORPUS = ASSETS_DIR / "demo" / "corpus.json"
 
@@ -105,6 +112,8 @@ def run_demo(settings: Settings) -> dict[str, Any]:
         backup = run_backup(settings, tenant)  # last night's backup, before bob asks to be forgotten
         forget_request = DeletionService(derived).request(tenant_id=tenant, subject="bob", basis="gdpr-art17")
         forget_run = run_forget(settings, tenant, [forget_request["job_id"]])
+        # The demo does not wait for the erasure sensor's batch window: the bytes go now, proven.
+        erasure_run = run_erasure(settings, tenant)
         service = DeletionService(derived)
         forgotten = service.status(job_id=forget_request["job_id"])
         proof = service.proof(job_id=forget_request["job_id"]) if forgotten["state"] == "COMPLETE" else None
@@ -153,6 +162,7 @@ def run_demo(settings: Settings) -> dict[str, Any]:
         "analytics": analytics,
         "forget_bob": {
             "run_id": forget_run["run_id"],
+            "erasure_run_id": erasure_run["run_id"],
             "state": forgotten["state"],
             "targets": forgotten["targets"],
             "proof": proof,

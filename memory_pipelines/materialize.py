@@ -352,6 +352,15 @@ def run_forget(settings: Settings, tenant_id: str, job_ids: Sequence[str]) -> di
     return {"run_id": run.run_id, "success": run.success, "failures": run.failures}
 
 
+def run_erasure(settings: Settings, tenant_id: str) -> dict[str, Any]:
+    """Run the tenant's `physical_erasure` now (rewrite, byte scan, ERASED) and wait for it."""
+    from memory_pipelines.defs.erasure.jobs import ERASURE_JOB
+
+    run = _one(settings, Launch(_job_name(ERASURE_JOB), tenant_id, {}, tenant=tenant_id))
+    figures = run.assets.get("physical_erasure", {})
+    return {**figures, "run_id": run.run_id, "success": run.success, "failures": run.failures}
+
+
 def run_backup(settings: Settings, tenant_id: str) -> dict[str, Any]:
     """Materialize `tenant_backups` for one tenant now; returns the backup's figures and the run."""
     run = _one(settings, Launch("backup", tenant_id, IN_PROCESS, tenant=tenant_id))

@@ -30,6 +30,7 @@ def test_assets_partitions_and_checks(definitions):
         "memories",
         "deletion_canary",
         "memory_deletions",
+        "physical_erasure",
         "tenant_backups",
         "memory_eval",
         "memory_drift",
@@ -70,6 +71,8 @@ def test_sensors_jobs_and_resources(definitions):
         "deletions_on_track_sensor",
         "restore_requests_sensor",
         "restored_tenants_backfill_sensor",
+        "physical_erasure_sensor",
+        "erasures_on_time_sensor",
     }
     assert {s.name for s in definitions.schedules} == {
         "canary_drill_schedule",
@@ -91,6 +94,11 @@ def test_sensors_jobs_and_resources(definitions):
     assert forget.partitions_def.name == "tenants"
     assert forget.executor_def.name == "in_process"
     assert definitions.resolve_sensor_def("forget_requests_sensor").default_status == dg.DefaultSensorStatus.RUNNING
+    erase = definitions.resolve_job_def("erase")
+    assert erase.partitions_def.name == "tenants" and erase.executor_def.name == "in_process"
+    erasure = definitions.resolve_assets_def("physical_erasure")
+    assert {key.name for key in erasure.check_keys} == set()  # its check is standalone, per tenant
+    assert "erasures_on_time" in {k.name for k in definitions.resolve_asset_graph().asset_check_keys}
     alerts = definitions.resolve_sensor_def("deletions_on_track_sensor")
     assert alerts.default_status == dg.DefaultSensorStatus.RUNNING and alerts.minimum_interval_seconds == 300
     assert definitions.resolve_sensor_def("derived_stores_automation").default_status == dg.DefaultSensorStatus.RUNNING

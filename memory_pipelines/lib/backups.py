@@ -558,9 +558,10 @@ _FORGOTTEN: dict[str, tuple[str, str]] = {
     ),
     "destroyed_keys": (
         "",
-        "v.tenant_id = %s AND (v.key_id IN (SELECT j.key_id FROM control.journal j WHERE j.tenant_id = %s"
-        " AND j.kind = 'KEY_DESTROYED') OR NOT EXISTS (SELECT 1 FROM keystore.subject_keys k"
-        " WHERE k.key_id = v.key_id))",
+        # The key store is read at the tenant's partition only (a constant bound, not a correlation).
+        "v.tenant_id = %s AND (NOT EXISTS (SELECT 1 FROM keystore.subject_keys k WHERE k.tenant_id = %s"
+        " AND k.key_id = v.key_id) OR v.key_id IN (SELECT j.key_id FROM control.journal j"
+        " WHERE j.tenant_id = v.tenant_id AND j.kind = 'KEY_DESTROYED'))",
     ),
 }
 

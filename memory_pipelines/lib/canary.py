@@ -99,8 +99,14 @@ def run_canary_drill(
     service = DeletionService(derived)
     job = service.request(tenant_id=tenant, subject="canary-subject", basis="user-request")
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    # The drill waits for the physical erasure too: the rewrite, and its byte scan for the
+    # fingerprints of everything the cascade deleted.
+    erasure = _erase(derived, tenant)
     status = service.status(job_id=job["job_id"])
     leftovers = _leftovers(derived, tenant, written, secrets, home)
+    leftovers["erasure_scan_hits"] = int(erasure.get("byteScan", {}).get("hits", 0)) + int(
+        not str(status.get("targets", {}).get("physical", "")).startswith("ERASED:")
+    )
     result: dict[str, Any] = {}
     if backups is not None and backup is not None:
         report = backups.restore(tenant_id=tenant, backup_id=backup["backup_id"])
@@ -123,6 +129,12 @@ def run_canary_drill(
             for name, counts in materialized.items()
         },
         "leftovers": leftovers,
+        "physical_erasure": {
+            "state": str(status.get("targets", {}).get("physical", "")).partition(":")[0],
+            "bytes_rewritten": sum(erasure.get("bytesRewritten", {}).values()),
+            "files_scanned": erasure.get("byteScan", {}).get("files", 0),
+            "fingerprints": erasure.get("byteScan", {}).get("fingerprints", 0),
+        },
         **result,
         "witness_memories_kept": len(witness),
         "tenant_removed": removed,
@@ -139,7 +151,18 @@ def _remove_tenant(service: DeletionService, tenant: str) -> str:
     not even as a partition. Returns the deletion's final state."""
     job = service.request(tenant_id=tenant, all_tenant=True, confirm=tenant, basis="offboarding")
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    _erase(service.derived, tenant)
     return str(service.status(job_id=job["job_id"])["state"])
+
+
+def _erase(derived: DerivedStores, tenant: str) -> dict[str, Any]:
+    """The tenant's physical erasure, run now (a failed byte scan is reported, not raised)."""
+    from memory_pipelines.lib.erasure import ErasureIncomplete, ErasureService
+
+    try:
+        return ErasureService(derived).erase_tenant(tenant_id=tenant)
+    except ErasureIncomplete as exc:
+        return {"byteScan": {"hits": sum(exc.hits.values())}}
 
 
 def _leftovers(

@@ -20,17 +20,14 @@ from typing import Any, NoReturn
 import psycopg
 from psycopg.rows import dict_row
 
-from memory_pipelines.lib import crypto, gate, lineage, registry, validation
-from memory_pipelines.lib.analytics import STORE as ANALYTICS_STORE
+from memory_pipelines.lib import bytescan, crypto, gate, lineage, registry, validation
+from memory_pipelines.lib.adapters.base import Context
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ServiceError, ValidationError
-from memory_pipelines.lib.recall import CACHE_STORE
-from memory_pipelines.lib.store import MemoryStore, repair_heads
-from memory_pipelines.lib.summaries import SUBJECT_STORE, TEAM_STORE
-from memory_pipelines.lib.vectors import vacuum_sqlite
+from memory_pipelines.lib.settings import Settings
+from memory_pipelines.lib.store import MemoryStore
 
 SWEEP_PROBES = 2_000
-PRIMARY_BATCH = 5_000
 POLICY_VERSION = "deletion-policy-2026-11"
 # Days to complete by basis; a regulator's clock, not a target (we finish in seconds).
 DEADLINE_DAYS = {"gdpr-art17": 30, "ccpa": 45, "user-request": 30, "retention": 30, "offboarding": 30}
@@ -38,7 +35,6 @@ DEADLINE_DAYS = {"gdpr-art17": 30, "ccpa": 45, "user-request": 30, "retention": 
 NEAR_DEADLINE = timedelta(days=3)
 MAX_BACKOFF = timedelta(hours=1)
 OPEN_STATES = ("REQUESTED", "FROZEN", "DELETING", "VERIFYING", "BLOCKED")
-_SUMMARY_SCOPES = {SUBJECT_STORE: "subject", TEAM_STORE: "team"}
 Source = tuple[str, int]
 Hook = Callable[[str, list[str]], None]
 
@@ -67,7 +63,7 @@ class Batch:
     targets: dict[str, set[Source]] = field(default_factory=dict)
     found: dict[str, dict[str, int]] = field(default_factory=dict)
     probes: Probes = field(default_factory=lambda: Probes(texts=[], vectors=[]), repr=False)
-    erased_snapshots: set[str] = field(default_factory=set)
+    deleted: dict[str, set[str]] = field(default_factory=dict)  # store -> records this run deleted
     verification: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -322,10 +318,17 @@ class DeletionService(DeletionLedger):
     """Accepts deletion requests and runs them. `hooks` let fault-injection tests act between steps."""
 
     def __init__(
-        self, derived: DerivedStores, *, hooks: dict[str, Hook] | None = None, drain_timeout: float = 30.0
+        self,
+        derived: DerivedStores,
+        *,
+        hooks: dict[str, Hook] | None = None,
+        drain_timeout: float = 30.0,
+        erasure_hours: int | None = None,
     ) -> None:
         super().__init__(derived.store)
         self.derived = derived
+        # Read when the service is made (never at import): MEMORY_PIPELINES_ERASURE_HOURS.
+        self.erasure_hours = Settings.from_env().erasure_hours if erasure_hours is None else erasure_hours
         self.hooks = hooks or {}
         self.gate = gate.Gate(derived.store)
         self.drain_timeout = drain_timeout
@@ -447,9 +450,11 @@ class DeletionService(DeletionLedger):
                 )
             self._audit(conn, job["job_id"], tenant_id, "keys_shredded", job["state"], {"keys": len(destroyed)})
         try:
-            self._vacuum_full(list(_KEY_TABLES))
-        except psycopg.OperationalError:
-            pass  # the keys are gone already; the forget job's key step compacts the tables again
+            # Crypto-shredding now means now: the tenant's key partitions are rewritten at once (small,
+            # and no other tenant's), so no dead copy of a wrapped key waits for the erasure run.
+            registry.adapter("key_store").erase(self.derived, tenant_id)
+        except (MemoryPipelinesError, psycopg.Error):
+            pass  # the keys are gone already; the tenant's physical erasure compacts them again
         return {"tenant_id": tenant_id, "subject": subject, "destroyed_keys": destroyed, "forget_job": job}
 
     def _scope(self, conn: psycopg.Connection, tenant_id: str, parts: list[str]) -> tuple[bytes, dict[str, Any] | None]:
@@ -694,6 +699,7 @@ class DeletionService(DeletionLedger):
             batch.found = self._found(tenant_id, jobs, batch.targets)
             sweep = any(job["scope"]["type"] == "RETENTION" for job in jobs)
             batch.probes = self._probes(tenant_id, set().union(*batch.targets.values()), sweep=sweep)
+            self._fingerprint(batch)
             batch.timings["freeze"] = time.perf_counter() - started
             self._hook("frozen", jobs)
             self._set_state(jobs, "DELETING")
@@ -926,233 +932,71 @@ class DeletionService(DeletionLedger):
                 if row is not None and row[0] is not None:
                     out[job["job_id"]] = dict(row[0])
                     continue
-                sources = targets[job["job_id"]]
-                counts = {
-                    spec.name: len(self._linked(conn, tenant_id, _LINEAGE_STORE[spec.name], sources))
-                    for spec in registry.STORES
-                    if spec.name in _LINEAGE_STORE
-                }
-                counts["primary"] = len(sources)
-                scope = job["scope"]
-                if scope["type"] == "SUBJECT":
-                    counts["key_store"] = conn.execute(
-                        "SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s",
-                        (tenant_id, scope["subject"]),
-                    ).fetchone()[0]  # type: ignore[index]
-                elif scope["type"] == "TENANT":
-                    counts["key_store"] = sum(
-                        conn.execute(query, (tenant_id,)).fetchone()[0]  # type: ignore[index]
-                        for query in _COUNT_TENANT_KEYS
-                    )
-                else:
-                    counts["key_store"] = 0
+                ctx = Context(derived=self.derived, tenant_id=tenant_id, jobs=[job], everything=targets[job["job_id"]])
+                counts = {spec.name: len(registry.adapter(spec.name).find(conn, ctx)) for spec in registry.STORES}
                 conn.execute(
                     "UPDATE control.deletion_jobs SET found = %s WHERE job_id = %s", (json.dumps(counts), job["job_id"])
                 )
                 out[job["job_id"]] = counts
         return out
 
-    # -- store adapters -------------------------------------------------------------------------
+    # -- stores, through their adapters -------------------------------------------------------
 
-    def _linked(self, conn: psycopg.Connection, tenant_id: str, store: str, sources: set[Source]) -> set[str]:
-        if not sources:
-            return set()
-        wanted = sorted(sources)
-        return {
-            r[0]
-            for r in conn.execute(
-                "SELECT DISTINCT l.record_id FROM derived.lineage l"
-                " JOIN unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-                " ON l.source_memory_id = w.memory_id AND l.source_version = w.version"
-                " WHERE l.tenant_id = %s AND l.store = %s",
-                (*lineage.pair_arrays(wanted), tenant_id, store),
-            )
-        }
+    def _context(self, batch: Batch, store_name: str | None = None) -> Context:
+        return Context(
+            derived=self.derived,
+            tenant_id=batch.tenant_id,
+            jobs=batch.jobs,
+            everything=set().union(*batch.targets.values()),
+            records=batch.deleted.get(store_name, set()) if store_name else set(),
+        )
 
     def _delete_in(self, store_name: str, batch: Batch) -> None:
         """Delete every record of `store_name` derived from the targets (counts come from `_found`)."""
-        tenant_id, targets = batch.tenant_id, batch.targets
-        everything = set().union(*targets.values())
-        records: set[str] = set()
-        if store_name in _LINEAGE_STORE:
-            with self.store.transaction() as conn:
-                records = self._linked(conn, tenant_id, _LINEAGE_STORE[store_name], everything)
-        getattr(self, f"_delete_{store_name}")(tenant_id, batch.jobs, targets, everything, records)
-        if store_name == "prompt_snapshots":
-            batch.erased_snapshots |= records  # checked by this batch's verification
-
-    def _delete_recall_cache(
-        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
-    ) -> None:
+        adapter = registry.adapter(store_name)
+        ctx = self._context(batch)
         with self.store.transaction() as conn:
-            conn.execute(
-                "DELETE FROM derived.recall_cache WHERE tenant_id = %s AND encode(cache_key, 'hex') = ANY(%s)",
-                (tenant_id, sorted(records)),
-            )
-            conn.execute(
-                "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s AND record_id = ANY(%s)",
-                (tenant_id, CACHE_STORE, sorted(records)),
-            )
+            ctx.records = adapter.find(conn, ctx)
+        adapter.delete(ctx)
+        batch.deleted[store_name] = batch.deleted.get(store_name, set()) | ctx.records  # verified by this run
 
-    def _delete_prompt_snapshots(
-        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
-    ) -> None:
-        # A snapshot holding any forgotten version goes whole: it is one sealed prompt.
+    def _fingerprint(self, batch: Batch) -> None:
+        """Keyed fingerprints of what each store holds of the targets, for the physical erasure's
+        byte scan (the bytes themselves are never kept). Taken once per job and store, before that
+        store deletes; a store that is down now is fingerprinted at the next freeze (its own step
+        blocks the job meanwhile). Each store that had nothing leaves a 0 row (never scanned for)."""
         with self.store.transaction() as conn:
-            if _tenant_scope(jobs):
-                conn.execute("DELETE FROM derived.prompt_snapshots WHERE tenant_id = %s", (tenant_id,))
+            taken = set(
                 conn.execute(
-                    "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = 'prompt_snapshots'", (tenant_id,)
-                )
-                return
-            conn.execute(
-                "DELETE FROM derived.prompt_snapshots WHERE tenant_id = %s AND snapshot_id = ANY(%s)",
-                (tenant_id, sorted(records)),
+                    "SELECT DISTINCT job_id, store FROM control.erasure_fingerprints WHERE job_id = ANY(%s)",
+                    (batch.job_ids,),
+                ).fetchall()
             )
-            conn.execute(
-                "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = 'prompt_snapshots'"
-                " AND record_id = ANY(%s)",
-                (tenant_id, sorted(records)),
+            base = bytescan.base_from_key(self.store.keys.control_key(conn))
+        for job in batch.jobs:
+            ctx = Context(
+                derived=self.derived, tenant_id=batch.tenant_id, jobs=[job], everything=batch.targets[job["job_id"]]
             )
-
-    def _delete_chroma(
-        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
-    ) -> None:
-        vectors = self.derived.vectors
-        if _tenant_scope(jobs):
-            vectors.drop(tenant_id)
-            if vectors.path is not None:
-                vacuum_sqlite(vectors.path / "chroma.sqlite3")
-            return
-        ids = sorted(records | {f"{m}:{v}" for m, v in everything})
-        vectors.erase(tenant_id, ids)
-        with self.store.transaction() as conn:
-            conn.execute(
-                "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = 'chroma' AND record_id = ANY(%s)",
-                (tenant_id, ids),
-            )
-
-    def _delete_keyword_index(
-        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
-    ) -> None:
-        wanted = sorted(everything)
-        with self.store.transaction() as conn:
-            conn.execute(
-                "DELETE FROM derived.keyword_postings p USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-                " WHERE p.tenant_id = %s AND p.memory_id = w.memory_id AND p.version = w.version",
-                (*lineage.pair_arrays(wanted), tenant_id),
-            )
-            conn.execute(
-                "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = 'keyword_index' AND record_id = ANY(%s)",
-                (tenant_id, sorted(records)),
-            )
-
-    def _delete_summaries(self, scope: str, tenant_id: str, jobs: list[dict[str, Any]], records: set[str]) -> None:
-        if _tenant_scope(jobs):
+            rows: list[tuple[str, str, int]] = []
             with self.store.transaction() as conn:
-                conn.execute("DELETE FROM derived.summaries WHERE tenant_id = %s AND scope = %s", (tenant_id, scope))
-                conn.execute(
-                    "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s",
-                    (tenant_id, SUBJECT_STORE if scope == "subject" else TEAM_STORE),
-                )
-            return
-        # Hidden sources are already excluded from current versions: a sync of the summaries whose
-        # lineage reaches a target (records "subject:<id>" / "team:<id>") rebuilds them without it,
-        # and removes those left with no source.
-        touched = sorted(record.partition(":")[2] for record in records)
-        if touched:
-            self.derived.summaries.sync(tenant_id=tenant_id, scope=scope, scope_ids=touched)
-
-    def _delete_subject_summaries(
-        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
-    ) -> None:
-        self._delete_summaries("subject", tenant_id, jobs, records)
-
-    def _delete_team_summaries(
-        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
-    ) -> None:
-        self._delete_summaries("team", tenant_id, jobs, records)
-
-    def _delete_analytics(
-        self, tenant_id: str, jobs: Any, targets: Any, everything: set[Source], records: set[str]
-    ) -> None:
-        if _tenant_scope(jobs):
-            self.derived.analytics.drop(store=self.store, tenant_id=tenant_id)
-        elif any(job["scope"]["type"] == "MEMORY" for job in jobs):
-            # Deleting a current version makes an older one current: the partition must show it.
-            self.derived.analytics.rebuild(store=self.store, tenant_id=tenant_id)
-        else:
-            self.derived.analytics.remove(store=self.store, tenant_id=tenant_id, sources=everything)
-
-    def _delete_primary(
-        self,
-        tenant_id: str,
-        jobs: list[dict[str, Any]],
-        targets: dict[str, set[Source]],
-        everything: set[Source],
-        records: set[str],
-    ) -> None:
-        wanted = sorted(everything)
-        # Batches by key range (the pairs sorted by key), each in its own short transaction: a large
-        # sweep never holds one huge lock, and every batch is idempotent on a retry.
-        for start in range(0, len(wanted), PRIMARY_BATCH):
-            self._delete_primary_batch(tenant_id, wanted[start : start + PRIMARY_BATCH])
-        with self.store.transaction() as conn:
-            for job in jobs:
-                if job["scope"]["type"] == "SUBJECT":
-                    conn.execute(
-                        "DELETE FROM memory.team_members WHERE tenant_id = %s AND user_id = %s",
-                        (tenant_id, job["scope"]["subject"]),
-                    )
-                elif job["scope"]["type"] == "TENANT":
-                    for query in _TENANT_ROWS:
-                        conn.execute(query, (tenant_id,))
-        self._vacuum_full(_tables_to_compact(jobs))
-
-    def _delete_primary_batch(self, tenant_id: str, wanted: list[Source]) -> None:
-        with self.store.transaction() as conn:
-            conn.execute(
-                "DELETE FROM memory.memory_versions v USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-                " WHERE v.tenant_id = %s AND v.memory_id = w.memory_id AND v.version = w.version",
-                (*lineage.pair_arrays(wanted), tenant_id),
-            )
-            repair_heads(conn, tenant_id=tenant_id, memory_ids=sorted({m for m, _ in wanted}))
-            conn.execute(
-                "DELETE FROM derived.lineage l USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-                " WHERE l.tenant_id = %s AND l.source_memory_id = w.memory_id AND l.source_version = w.version",
-                (*lineage.pair_arrays(wanted), tenant_id),
-            )
-
-    def _delete_key_store(
-        self, tenant_id: str, jobs: list[dict[str, Any]], targets: Any, everything: set[Source], records: set[str]
-    ) -> None:
-        with self.store.transaction() as conn:
-            for job in jobs:
-                scope = job["scope"]
-                destroyed: list[str] = []
-                if scope["type"] == "SUBJECT":
-                    key_id = self.store.keys.destroy_subject_key(conn, tenant_id, scope["subject"])
-                    destroyed = [] if key_id is None else [key_id]
-                elif scope["type"] == "TENANT":
-                    destroyed = self.store.keys.destroy_tenant_keys(conn, tenant_id)
+                for spec in registry.STORES:
+                    done = str(job["targets"].get(spec.name, "")).startswith("DONE:")
+                    if (job["job_id"], spec.name) in taken or done:
+                        continue
+                    adapter = registry.adapter(spec.name)
+                    try:
+                        ctx.records = adapter.find(conn, ctx)
+                        windows = adapter.fingerprints(conn, ctx)
+                    except ServiceError:
+                        continue
+                    fingerprints = {bytescan.fingerprint(w, base) for w in windows} | {0}
+                    rows += [(job["job_id"], spec.name, fp) for fp in sorted(fingerprints)]
                 with conn.cursor() as cur:
                     cur.executemany(
-                        "INSERT INTO control.journal (tenant_id, kind, subject_id, key_id, job_id)"
-                        " VALUES (%s, 'KEY_DESTROYED', %s, %s, %s)",
-                        [(tenant_id, scope["subject"], key_id, job["job_id"]) for key_id in destroyed],
+                        "INSERT INTO control.erasure_fingerprints (job_id, store, fingerprint) VALUES (%s, %s, %s)"
+                        " ON CONFLICT DO NOTHING",
+                        rows,
                     )
-        self._vacuum_full(list(_KEY_TABLES))
-
-    def _vacuum_full(self, tables: list[str]) -> None:
-        from psycopg import sql
-
-        with psycopg.connect(self.store.conninfo, autocommit=True) as conn:
-            # VACUUM FULL queues for an ACCESS EXCLUSIVE lock, and every reader of the table queues
-            # behind it: a long reader elsewhere must block this job (retried later), not everyone.
-            conn.execute("SET lock_timeout = '10s'")
-            for table in tables:
-                schema, name = table.split(".")
-                conn.execute(sql.SQL("VACUUM FULL {}.{}").format(sql.Identifier(schema), sql.Identifier(name)))
 
     def _record_targets(self, jobs: list[dict[str, Any]], store_name: str, counts: dict[str, int]) -> None:
         with self.store.transaction() as conn:
@@ -1169,57 +1013,18 @@ class DeletionService(DeletionLedger):
 
     def _verify(self, batch: Batch) -> dict[str, Any]:
         """Exact-id queries on every store plus paraphrase probes; any hit blocks the job."""
-        tenant_id, jobs, targets, probes = batch.tenant_id, batch.jobs, batch.targets, batch.probes
-        everything = set().union(*targets.values())
-        wanted = sorted(everything)
-        ids = [f"{m}:{v}" for m, v in wanted]
+        probes = batch.probes
         leftovers: dict[str, int] = {}
+        probe_hits = 0
+        for spec in registry.STORES:
+            adapter = registry.adapter(spec.name)
+            ctx = self._context(batch, spec.name)
+            leftovers[spec.name] = adapter.count(ctx)
+            probe_hits += adapter.verify(ctx, probes)
+        ctx = self._context(batch)
         with self.store.transaction() as conn:
-            arrays = (*lineage.pair_arrays(wanted), tenant_id)
-            for store_name, query in _LEFTOVER_QUERIES.items():
-                leftovers[store_name] = conn.execute(query, arrays).fetchone()[0]  # type: ignore[index]
-            keys_left = 0
-            for job in jobs:
-                scope = job["scope"]
-                if scope["type"] == "SUBJECT":
-                    keys_left += conn.execute(
-                        "SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s",
-                        (tenant_id, scope["subject"]),
-                    ).fetchone()[0]  # type: ignore[index]
-                elif scope["type"] == "TENANT":
-                    keys_left += conn.execute(
-                        "SELECT (SELECT count(*) FROM keystore.tenant_keys WHERE tenant_id = %s)"
-                        " + (SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s)",
-                        (tenant_id, tenant_id),
-                    ).fetchone()[0]  # type: ignore[index]
-            leftovers["key_store"] = keys_left
-        col = self.derived.vectors.existing(tenant_id)
-        found = (
-            self.derived.vectors._call("verifying", lambda: col.get(ids=ids, include=[])["ids"])
-            if ids and col is not None
-            else []
-        )
-        leftovers["chroma"] = len(found)
-        with self.store.transaction() as conn:
-            leftovers["prompt_snapshots"] = conn.execute(
-                "SELECT count(*) FROM derived.prompt_snapshots WHERE tenant_id = %s AND snapshot_id = ANY(%s)",
-                (tenant_id, sorted(batch.erased_snapshots)),
-            ).fetchone()[0]  # type: ignore[index]
-        table = self.derived.analytics.read_partition(tenant_id)
-        if table is not None:
-            rows = {
-                f"{m}:{v}" for m, v in zip(table["memory_id"].to_pylist(), table["version"].to_pylist(), strict=True)
-            }
-            leftovers["analytics"] = len(rows & set(ids))
-        else:
-            leftovers["analytics"] = 0
-        probe_hits = sum(
-            1
-            for hits in self.derived.vectors.query_vectors(tenant_id=tenant_id, vectors=probes.vectors, limit=10)
-            for source in hits
-            if source in everything
-        )
-        probe_hits += self.derived.keywords.probe_hits(tenant_id=tenant_id, texts=probes.texts, sources=everything)
+            row = conn.execute(_LINEAGE_LEFT, (*lineage.pair_arrays(sorted(ctx.everything)), ctx.tenant_id)).fetchone()
+        leftovers["lineage"] = int(row[0]) if row else 0
         leftovers["paraphrase_probes"] = probe_hits
         bad = {store: n for store, n in leftovers.items() if n}
         if bad:
@@ -1244,7 +1049,13 @@ class DeletionService(DeletionLedger):
                     "SELECT subject_epoch, created_at FROM control.deletion_jobs WHERE job_id = %s", (job["job_id"],)
                 ).fetchone()
                 assert row is not None
-                job["targets"] = {**job["targets"], "backups": _backup_status(conn, tenant_id, job["scope"]["type"])}
+                erase_by = completed + timedelta(hours=self.erasure_hours)
+                job["targets"] = {
+                    **job["targets"],
+                    "backups": _backup_status(conn, tenant_id, job["scope"]["type"]),
+                    # Its own target: the bytes leave every file in the tenant's erasure run (erasure.py).
+                    "physical": f"PENDING:{erase_by.isoformat()}",
+                }
                 proof = {
                     "jobId": job["job_id"],
                     "scope": {"type": job["scope"]["type"], "tenant": tenant_id},
@@ -1267,8 +1078,8 @@ class DeletionService(DeletionLedger):
                 }
                 conn.execute(
                     "UPDATE control.deletion_jobs SET state = 'COMPLETE', proof = %s, completed_at = %s,"
-                    " updated_at = now() WHERE job_id = %s",
-                    (json.dumps(proof), completed, job["job_id"]),
+                    " targets = %s, erasure_deadline = %s, updated_at = now() WHERE job_id = %s",
+                    (json.dumps(proof), completed, json.dumps(job["targets"]), erase_by, job["job_id"]),
                 )
                 if job["scope"]["type"] == "SUBJECT":
                     # Everything of the subject is gone: new writes start afresh under a new key.
@@ -1288,31 +1099,11 @@ class DeletionService(DeletionLedger):
         return proofs
 
 
-_LINEAGE_STORE = {
-    "prompt_snapshots": "prompt_snapshots",
-    "chroma": "chroma",
-    "keyword_index": "keyword_index",
-    "analytics": ANALYTICS_STORE,
-    "recall_cache": CACHE_STORE,
-    "subject_summaries": SUBJECT_STORE,
-    "team_summaries": TEAM_STORE,
-}
-# Exact-id verification: rows of the target (memory_id, version) pairs left in each table.
-_LEFTOVER_QUERIES = {
-    "primary": "SELECT count(*) FROM memory.memory_versions x JOIN unnest(%s::text[], %s::int[])"
-    " AS w(memory_id, version) ON x.memory_id = w.memory_id AND x.version = w.version WHERE x.tenant_id = %s",
-    "keyword_index": "SELECT count(*) FROM derived.keyword_postings x JOIN unnest(%s::text[], %s::int[])"
-    " AS w(memory_id, version) ON x.memory_id = w.memory_id AND x.version = w.version WHERE x.tenant_id = %s",
-    "lineage": "SELECT count(*) FROM derived.lineage x JOIN unnest(%s::text[], %s::int[])"
+# Lineage edges of any store still reaching a target (every adapter drops its own; this checks all).
+_LINEAGE_LEFT = (
+    "SELECT count(*) FROM derived.lineage x JOIN unnest(%s::text[], %s::int[])"
     " AS w(memory_id, version) ON x.source_memory_id = w.memory_id AND x.source_version = w.version"
-    " WHERE x.tenant_id = %s",
-}
-# Compacted after every key destruction, so no wrapped copy lingers in their heap files.
-_KEY_TABLES = ("keystore.subject_keys", "keystore.team_keys", "keystore.tenant_keys")
-_COUNT_TENANT_KEYS = (
-    "SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s",
-    "SELECT count(*) FROM keystore.team_keys WHERE tenant_id = %s",
-    "SELECT count(*) FROM keystore.tenant_keys WHERE tenant_id = %s",
+    " WHERE x.tenant_id = %s"
 )
 
 
@@ -1320,8 +1111,10 @@ def _backup_status(conn: psycopg.Connection, tenant_id: str, scope: str) -> str:
     """What the tenant's live backups hold of this scope: shredded with its key, or until they expire.
 
     SUBJECT and TENANT scopes destroy the key their rows are sealed under, so every backup is
-    unreadable for them at once. A MEMORY or RETENTION scope leaves the key alive: the rows stay in
-    backups until they expire, and the restore gate's journal replay keeps them from coming back.
+    unreadable for them once the key's dead copies are erased from the key store's files
+    (PENDING_SHRED until the physical erasure, then SHREDDED). A MEMORY or RETENTION scope leaves
+    the key alive: the rows stay in backups until they expire, and the restore gate's journal
+    replay keeps them from coming back.
     """
     row = conn.execute(
         "SELECT count(*), max(expires_at) FROM control.backups WHERE tenant_id = %s AND expired_at IS NULL",
@@ -1329,39 +1122,7 @@ def _backup_status(conn: psycopg.Connection, tenant_id: str, scope: str) -> str:
     ).fetchone()
     count, until = (0, None) if row is None else row
     if scope in ("SUBJECT", "TENANT"):
-        return f"SHREDDED:{count}"
+        # SHREDDED only once no readable copy of the destroyed key is left: the physical erasure
+        # rewrites the key store's files and scans them, then claims it.
+        return f"PENDING_SHRED:{count}"
     return "DONE:0" if not count else f"PENDING_EXPIRY:{until.date().isoformat()}"
-
-
-def _tables_to_compact(jobs: list[dict[str, Any]]) -> list[str]:
-    """Tables whose dead tuples would still be readable after this batch, so VACUUM FULL must rewrite them.
-
-    Text and its MAC are sealed under the author's subject key, so SUBJECT and TENANT scopes shred
-    them with the key; a MEMORY scope leaves that key alive. Keyword MACs use a tenant subkey and team
-    summaries a team key, both alive unless the tenant goes. Ids-only tables (memories, lineage,
-    recall cache) hold no content. Compaction is the costly part of a cascade, so it is kept to these.
-    """
-    kinds = {job["scope"]["type"] for job in jobs}
-    tables = []
-    if kinds & {"MEMORY", "RETENTION"}:
-        tables.append("memory.memory_versions")
-    if kinds & {"MEMORY", "RETENTION", "SUBJECT"}:
-        tables += ["derived.keyword_postings", "derived.summaries", "derived.prompt_snapshots"]
-    return tables
-
-
-def _tenant_scope(jobs: list[dict[str, Any]]) -> bool:
-    return any(job["scope"]["type"] == "TENANT" for job in jobs)
-
-
-_TENANT_ROWS = (
-    "DELETE FROM memory.team_members WHERE tenant_id = %s",
-    "DELETE FROM memory.teams WHERE tenant_id = %s",
-    "DELETE FROM memory.subjects WHERE tenant_id = %s AND NOT EXISTS (SELECT 1 FROM memory.memories m"
-    " WHERE m.tenant_id = memory.subjects.tenant_id AND m.user_id = memory.subjects.user_id)",
-    "DELETE FROM derived.summaries WHERE tenant_id = %s",
-    "DELETE FROM derived.summary_modes WHERE tenant_id = %s",
-    "DELETE FROM derived.recall_cache WHERE tenant_id = %s",
-    "DELETE FROM derived.prompt_snapshots WHERE tenant_id = %s",
-    "DELETE FROM derived.lineage WHERE tenant_id = %s",
-)

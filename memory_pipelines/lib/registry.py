@@ -5,7 +5,10 @@ A store without an entry has no delete adapter, so nothing may be written to it 
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 from memory_pipelines.lib.errors import ServiceError
 
@@ -18,6 +21,7 @@ class StoreSpec:
     adapter_version: str
     max_completion_seconds: int
     verification: str
+    adapter: str  # "module:Class" of its deletion adapter (see adapters/base.py)
 
 
 # Deletion runs the adapters in this order: copies first, the primary and the keys last, so an
@@ -30,46 +34,52 @@ STORES: tuple[StoreSpec, ...] = (
         "recall-cache-v1",
         60,
         "no lineage edge of recall_cache to a target version",
+        "memory_pipelines.lib.adapters.recall_cache:RecallCacheAdapter",
     ),
     StoreSpec(
         "prompt_snapshots",
         "team:agent-runtime",
         "lineage(prompt_snapshots) -> snapshot_id",
-        "prompt-snapshots-v1",
+        "prompt-snapshots-v2",
         60,
         "no snapshot with a lineage edge to a target version",
+        "memory_pipelines.lib.adapters.prompt_snapshots:PromptSnapshotsAdapter",
     ),
     StoreSpec(
         "chroma",
         "team:memory-platform",
         "memory_id:version (collection per tenant)",
-        "chroma-v1",
+        "chroma-v2",
         600,
         "collection.get(ids=targets) is empty; paraphrase probes return no target",
+        "memory_pipelines.lib.adapters.chroma:ChromaAdapter",
     ),
     StoreSpec(
         "keyword_index",
         "team:memory-platform",
         "(tenant, memory_id, version)",
-        "keyword-index-v1",
+        "keyword-index-v2",
         300,
         "no posting for a target; keyword probes return no target",
+        "memory_pipelines.lib.adapters.keyword_index:KeywordIndexAdapter",
     ),
     StoreSpec(
         "subject_summaries",
         "team:memory-platform",
         "lineage(subject_summaries) -> subject:U",
-        "summaries-v1",
+        "summaries-v2",
         600,
         "no summary lineage to a target version",
+        "memory_pipelines.lib.adapters.summaries:SubjectSummariesAdapter",
     ),
     StoreSpec(
         "team_summaries",
         "team:memory-platform",
         "lineage(team_summaries) -> team:X",
-        "summaries-v1",
+        "summaries-v2",
         600,
         "no summary lineage to a target version",
+        "memory_pipelines.lib.adapters.summaries:TeamSummariesAdapter",
     ),
     StoreSpec(
         "analytics",
@@ -78,22 +88,25 @@ STORES: tuple[StoreSpec, ...] = (
         "analytics-v1",
         600,
         "no Parquet row of a target in the tenant partition",
+        "memory_pipelines.lib.adapters.analytics:AnalyticsAdapter",
     ),
     StoreSpec(
         "primary",
         "team:memory-platform",
         "(tenant, memory_id, version)",
-        "primary-v1",
+        "primary-v2",
         300,
         "no memory_versions row of a target",
+        "memory_pipelines.lib.adapters.primary:PrimaryAdapter",
     ),
     StoreSpec(
         "key_store",
         "team:security",
         "(tenant, subject) / tenant",
-        "keystore-v1",
+        "keystore-v2",
         60,
         "the subject (SUBJECT) or tenant (TENANT) key no longer exists",
+        "memory_pipelines.lib.adapters.key_store:KeyStoreAdapter",
     ),
 )
 BY_NAME = {spec.name: spec for spec in STORES}
@@ -107,6 +120,14 @@ DERIVED_STORES = (
     "recall_cache",
     "prompt_snapshots",
 )
+
+
+@cache
+def adapter(name: str) -> Any:
+    """The deletion adapter object of a registered store (imported on first use: adapters import
+    the store modules, which import this registry)."""
+    module, _, cls = BY_NAME[name].adapter.partition(":")
+    return getattr(importlib.import_module(module), cls)()
 
 
 def require_registered(store: str) -> None:

@@ -120,8 +120,8 @@ class AgentRuns:
                 " LEFT JOIN memory.memory_versions v ON v.tenant_id = f.tenant_id AND v.memory_id = f.memory_id"
                 "  AND v.version = f.version"
                 " LEFT JOIN memory.subjects s ON s.tenant_id = f.tenant_id AND s.user_id = f.author_id"
-                " WHERE f.lease_id = ANY(%s) ORDER BY 1, 2",
-                (leases,),
+                " WHERE f.lease_id = ANY(%s) AND f.tenant_id = %s ORDER BY 1, 2",  # one tenant's partition
+                (leases, tenant_id),
             ).fetchall()
             present = [(m, v) for m, v, _, _, ok in fences if ok]
             derived_records = conn.execute(

@@ -22,8 +22,15 @@ ENV_S3_BUCKET = "MEMORY_PIPELINES_S3_BUCKET"
 ENV_S3_PREFIX = "MEMORY_PIPELINES_S3_PREFIX"
 ENV_S3_ENDPOINT = "MEMORY_PIPELINES_S3_ENDPOINT_URL"
 ENV_BACKUP_DAYS = "MEMORY_PIPELINES_BACKUP_RETENTION_DAYS"
+ENV_ERASURE_HOURS = "MEMORY_PIPELINES_ERASURE_HOURS"
+ENV_ERASURE_BATCH_MINUTES = "MEMORY_PIPELINES_ERASURE_BATCH_MINUTES"
 DEFAULT_HOME = "./.memory_pipelines"
 DEFAULT_BACKUP_DAYS = 35
+# A COMPLETE deletion's bytes leave every file within this many hours (the physical erasure run).
+DEFAULT_ERASURE_HOURS = 24
+# The erasure sensor waits this long after a tenant's first pending deletion, so later ones share
+# its rewrite (never past the deadline's last quarter).
+DEFAULT_ERASURE_BATCH_MINUTES = 60
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,8 @@ class Settings:
     s3_prefix: str = "memory-pipelines/"
     s3_endpoint_url: str | None = None
     backup_days: int = DEFAULT_BACKUP_DAYS
+    erasure_hours: int = DEFAULT_ERASURE_HOURS
+    erasure_batch_minutes: int = DEFAULT_ERASURE_BATCH_MINUTES
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -59,6 +68,15 @@ class Settings:
             s3_prefix=env.get(ENV_S3_PREFIX) or "memory-pipelines/",
             s3_endpoint_url=env.get(ENV_S3_ENDPOINT) or None,
             backup_days=positive_int(ENV_BACKUP_DAYS, env.get(ENV_BACKUP_DAYS), DEFAULT_BACKUP_DAYS),
+            erasure_hours=positive_int(
+                ENV_ERASURE_HOURS, env.get(ENV_ERASURE_HOURS), DEFAULT_ERASURE_HOURS, unit="hours"
+            ),
+            erasure_batch_minutes=positive_int(
+                ENV_ERASURE_BATCH_MINUTES,
+                env.get(ENV_ERASURE_BATCH_MINUTES),
+                DEFAULT_ERASURE_BATCH_MINUTES,
+                unit="minutes",
+            ),
         )
 
     @property
@@ -86,8 +104,8 @@ class Settings:
         return self.home / "analytics"
 
 
-def positive_int(name: str, raw: str | None, default: int) -> int:
-    """A whole number of days >= 1 from an environment variable (named in the error), or `default`."""
+def positive_int(name: str, raw: str | None, default: int, *, unit: str = "days") -> int:
+    """A whole number >= 1 (of `unit`) from an environment variable (named in the error), or `default`."""
     if not raw:
         return default
     from memory_pipelines.lib.errors import ValidationError
@@ -95,7 +113,7 @@ def positive_int(name: str, raw: str | None, default: int) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise ValidationError(name, f"must be a whole number of days, got {raw!r}") from None
+        raise ValidationError(name, f"must be a whole number of {unit}, got {raw!r}") from None
     if value < 1:
         raise ValidationError(name, f"must be at least 1, got {value}")
     return value

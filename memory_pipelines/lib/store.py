@@ -222,7 +222,13 @@ class MemoryStore:
 
     def _connect(self) -> psycopg.Connection:
         try:
-            return psycopg.connect(self.conninfo, autocommit=True)
+            conn = psycopg.connect(self.conninfo, autocommit=True)
+            # Per-tenant partitions (lib/partitions.py): a custom plan prunes to one tenant's partition
+            # at plan time, while a generic plan (psycopg's prepared statements after 5 runs, and the
+            # foreign keys' and plpgsql's cached plans, which psycopg's prepare_threshold never reaches)
+            # locks every tenant's partition at executor start and so waits for any tenant's compaction.
+            conn.execute("SET plan_cache_mode = force_custom_plan")
+            return conn
         except psycopg.OperationalError as exc:
             raise ServiceError("postgres", f"cannot connect to the memory database: {exc}") from exc
 

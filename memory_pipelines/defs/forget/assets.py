@@ -46,6 +46,9 @@ def deletion_canary(
             "seconds": dg.MetadataValue.float(result["seconds"]),
             "restore_from_backup": dg.MetadataValue.text(restored),
             "tenant_removed": dg.MetadataValue.text(str(result.get("tenant_removed"))),
+            "physical_erasure": dg.MetadataValue.text(result["physical_erasure"]["state"]),
+            "erasure_files_scanned": dg.MetadataValue.int(int(result["physical_erasure"]["files_scanned"])),
+            "erasure_fingerprints": dg.MetadataValue.int(int(result["physical_erasure"]["fingerprints"])),
             **{f"leftover_{name}": value for name, value in figures.items()},
         },
         check_results=[

@@ -1,0 +1,51 @@
+import dagster as dg
+
+from memory_pipelines.defs.memories.partitions import tenants_partitions
+from memory_pipelines.lib.erasure import ErasureIncomplete, ErasureService
+from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
+from memory_pipelines.resources.derived import derived_stores
+
+
+@dg.asset(
+    partitions_def=tenants_partitions,
+    group_name="forget",
+    kinds={"postgres", "chroma"},
+    owners=["team:memory-platform"],
+    deps=["memory_deletions"],
+)
+def physical_erasure(
+    context: dg.AssetExecutionContext,
+    memory_store: MemoryStoreResource,
+    chroma: ChromaResource,
+    summarizer: SummarizerResource,
+    analytics: AnalyticsResource,
+) -> dg.MaterializeResult:
+    """Forgotten bytes gone from every file: the tenant's stores rewritten, then proven by a byte scan."""
+    tenant_id = context.partition_key
+    service = ErasureService(derived_stores(memory_store, chroma, summarizer, analytics))
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if phase == "rewrite" or done == total or done % 50 == 0:
+            context.log.info(f"physical erasure of {tenant_id}: {phase} {done}/{total}")
+
+    try:
+        report = service.erase_tenant(tenant_id=tenant_id, progress=progress)
+    except ErasureIncomplete as exc:
+        # The run fails (the sensor tries again); `erasures_on_time` fails once the deadline passes.
+        context.log.error(str(exc))
+        raise dg.Failure(description=str(exc), metadata={"files_with_hits": dg.MetadataValue.json(exc.hits)}) from exc
+    scan = report.get("byteScan", {})
+    return dg.MaterializeResult(
+        metadata={
+            "erased_jobs": dg.MetadataValue.int(report["erased"]),
+            "job_ids": dg.MetadataValue.json(report["jobs"][:20]),
+            "bytes_rewritten": dg.MetadataValue.int(sum(report.get("bytesRewritten", {}).values())),
+            "bytes_rewritten_by_store": dg.MetadataValue.json(report.get("bytesRewritten", {})),
+            "scanned_files": dg.MetadataValue.int(int(scan.get("files", 0))),
+            "scanned_bytes": dg.MetadataValue.int(int(scan.get("bytes", 0))),
+            "fingerprints": dg.MetadataValue.int(int(scan.get("fingerprints", 0))),
+            "scan_hits": dg.MetadataValue.int(int(scan.get("hits", 0))),
+            "not_scanned": dg.MetadataValue.json(scan.get("notScanned", [])),
+            "seconds": dg.MetadataValue.json(report.get("seconds", {})),
+        },
+    )

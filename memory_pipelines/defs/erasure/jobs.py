@@ -1,0 +1,12 @@
+import dagster as dg
+
+ERASURE_JOB = "erase"
+
+physical_erasure_job = dg.define_asset_job(
+    ERASURE_JOB,
+    selection=dg.AssetSelection.assets("physical_erasure"),
+    executor_def=dg.in_process_executor,
+    description="Physical erasure of one tenant: rewrite its files in every store, byte-scan them, mark the"
+    " COMPLETE deletions ERASED.",
+    tags={"domain": "forget"},
+)

@@ -1,0 +1,1 @@
+"""One deletion adapter per registered store (see `base.StoreAdapter` and `registry.STORES`)."""

@@ -1,0 +1,47 @@
+"""Deletion adapter of the analytics Parquet copy (no text; rows keyed by memory_id and version)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from memory_pipelines.lib.adapters.base import Context, Erasure, linked
+from memory_pipelines.lib.analytics import STORE
+from memory_pipelines.lib.derived import DerivedStores
+
+
+class AnalyticsAdapter:
+    name = STORE
+
+    def find(self, conn: psycopg.Connection, ctx: Context) -> set[str]:
+        return linked(conn, ctx.tenant_id, STORE, ctx.everything)
+
+    def delete(self, ctx: Context) -> None:
+        analytics = ctx.derived.analytics
+        if ctx.tenant_scope:
+            analytics.drop(store=ctx.store, tenant_id=ctx.tenant_id)
+        elif ctx.scopes("MEMORY"):
+            # Deleting a current version makes an older one current: the partition must show it.
+            analytics.rebuild(store=ctx.store, tenant_id=ctx.tenant_id)
+        else:
+            analytics.remove(store=ctx.store, tenant_id=ctx.tenant_id, sources=ctx.everything)
+
+    def count(self, ctx: Context) -> int:
+        table = ctx.derived.analytics.read_partition(ctx.tenant_id)
+        if table is None:
+            return 0
+        rows = {f"{m}:{v}" for m, v in zip(table["memory_id"].to_pylist(), table["version"].to_pylist(), strict=True)}
+        return len(rows & set(ctx.ids))
+
+    def verify(self, ctx: Context, probes: Any) -> int:
+        return 0
+
+    def fingerprints(self, conn: psycopg.Connection, ctx: Context) -> list[bytes]:
+        return []  # no text, no vector, no key: lengths, categories and pseudonyms
+
+    def erase(self, derived: DerivedStores, tenant_id: str) -> Erasure:
+        # Each deletion already replaced the files holding its rows (written aside, renamed over).
+        root = derived.analytics.data_dir / f"tenant_id={tenant_id}"
+        files = [f for f in root.rglob("*") if f.is_file()] if root.exists() else []
+        return Erasure(files=files, detail={"note": "files replaced at deletion"})

@@ -1,0 +1,39 @@
+"""Deletion adapter of the recall cache: cached answers (ids and scores only) that named a target."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from memory_pipelines.lib.adapters.base import Context, Erasure, drop_edges, edges_left, linked
+from memory_pipelines.lib.derived import DerivedStores
+from memory_pipelines.lib.recall import CACHE_STORE
+
+
+class RecallCacheAdapter:
+    name = "recall_cache"
+
+    def find(self, conn: psycopg.Connection, ctx: Context) -> set[str]:
+        return linked(conn, ctx.tenant_id, CACHE_STORE, ctx.everything)
+
+    def delete(self, ctx: Context) -> None:
+        with ctx.store.transaction() as conn:
+            conn.execute(
+                "DELETE FROM derived.recall_cache WHERE tenant_id = %s AND encode(cache_key, 'hex') = ANY(%s)",
+                (ctx.tenant_id, sorted(ctx.records)),
+            )
+            drop_edges(conn, ctx.tenant_id, CACHE_STORE, ctx.records)
+
+    def count(self, ctx: Context) -> int:
+        with ctx.store.transaction() as conn:
+            return edges_left(conn, ctx.tenant_id, CACHE_STORE, ctx.everything)
+
+    def verify(self, ctx: Context, probes: Any) -> int:
+        return 0
+
+    def fingerprints(self, conn: psycopg.Connection, ctx: Context) -> list[bytes]:
+        return []  # ids and scores only: nothing of the content to look for
+
+    def erase(self, derived: DerivedStores, tenant_id: str) -> Erasure:
+        return Erasure(detail={"note": "ids and scores only; nothing to rewrite"})

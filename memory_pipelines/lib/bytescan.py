@@ -1,0 +1,124 @@
+"""Byte-scan proofs of physical erasure without keeping the erased bytes.
+
+Before a cascade deletes a record, 16-byte windows of its stored bytes (the start and the tag of
+each ciphertext, the ends of each vector, each wrapped key) are reduced to 64-bit fingerprints: a
+polynomial hash whose base comes from the control key. The bytes themselves are never kept, and a
+fingerprint cannot be turned back into them (128 bits into 64) nor computed without the key. The
+physical erasure later hashes every 16-byte window of every file of the tenant's stores and looks
+the hashes up: a hit means a file still holds a window of forgotten data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from memory_pipelines.lib import crypto
+
+WINDOW = 16
+_CHUNK = 4 << 20  # bytes hashed per pass; bounds memory at about 16x this
+
+
+def base_from_key(key: bytes) -> int:
+    """The polynomial base (odd, so every power is a unit mod 2^64) derived from a secret key."""
+    return int.from_bytes(crypto.mac(key, b"bytescan-base-v1")[:8], "little") | 1
+
+
+def fingerprint(window: bytes, base: int) -> int:
+    """The fingerprint of one WINDOW-byte window, as a signed 64-bit integer (a PostgreSQL bigint)."""
+    if len(window) != WINDOW:
+        raise ValueError(f"a window is {WINDOW} bytes, got {len(window)}")
+    h = 0
+    for byte in window:
+        h = (h * base + byte) & 0xFFFF_FFFF_FFFF_FFFF
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def windows(blob: bytes | memoryview | None) -> list[bytes]:
+    """The windows that identify a stored blob: its first bytes after a 1-byte format tag, and its last.
+
+    Both ends: PostgreSQL may split a large value into TOAST chunks, and a window can only be found
+    whole inside one chunk; the first always is, the last nearly always.
+    """
+    if blob is None:
+        return []
+    data = bytes(blob)
+    if len(data) < WINDOW + 1:
+        return []
+    return list(dict.fromkeys([data[1 : 1 + WINDOW], data[-WINDOW:]]))
+
+
+def vector_windows(vector: Sequence[float] | np.ndarray) -> list[bytes]:
+    """Windows of a vector as a float32 index stores it (Chroma's HNSW files and its SQLite log)."""
+    return windows_of_raw(np.asarray(vector, dtype="<f4").tobytes())
+
+
+def windows_of_raw(data: bytes | None) -> list[bytes]:
+    """The first and last window of raw bytes (a float32 vector as a log stores it)."""
+    if data is None or len(data) < 2 * WINDOW:
+        return []
+    return [bytes(data[:WINDOW]), bytes(data[-WINDOW:])]
+
+
+def _hashes(data: np.ndarray, base: int) -> np.ndarray:
+    """Fingerprints of every window of `data` (uint8), as int64, by Horner's rule over the window."""
+    n = len(data) - WINDOW + 1
+    values = data.astype(np.uint64)
+    out = np.zeros(n, dtype=np.uint64)
+    b = np.uint64(base)
+    with np.errstate(over="ignore"):
+        for j in range(WINDOW):
+            out *= b
+            out += values[j : j + n]
+    return out.view(np.int64)
+
+
+@dataclass
+class ScanResult:
+    """What a scan read and where it found fingerprints (file -> number of distinct hits)."""
+
+    files: int = 0
+    bytes: int = 0
+    hits: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        return not self.hits
+
+
+def scan(
+    paths: Iterable[Path],
+    fingerprints: Iterable[int],
+    base: int,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> ScanResult:
+    """Hash every window of every file in `paths` and report files holding any of `fingerprints`."""
+    wanted = np.unique(np.fromiter(fingerprints, dtype=np.int64))
+    wanted = wanted[wanted != 0]  # 0 is the fingerprint of a window of zero bytes, in every file
+    result = ScanResult()
+    files = sorted({p for p in paths if p.is_file() and not p.is_symlink()})
+    for index, path in enumerate(files):
+        try:
+            size = path.stat().st_size
+            found: set[int] = set()
+            with path.open("rb") as handle:
+                tail = b""
+                while chunk := handle.read(_CHUNK):
+                    data = np.frombuffer(tail + chunk, dtype=np.uint8)
+                    if len(data) >= WINDOW and len(wanted):
+                        hashes = _hashes(data, base)
+                        found.update(int(h) for h in hashes[np.isin(hashes, wanted, assume_unique=False)])
+                    tail = bytes(data[-(WINDOW - 1) :]) if len(data) >= WINDOW - 1 else bytes(data)
+        except FileNotFoundError:
+            continue  # removed while we listed (a rewrite finished): nothing left to hold
+        result.files += 1
+        result.bytes += size
+        if found:
+            result.hits[str(path)] = len(found)
+        if progress is not None:
+            progress(index + 1, len(files))
+    return result

@@ -1,0 +1,220 @@
+"""Physical erasure out of the cascade: PENDING after COMPLETE, then a rewrite proven by a byte scan."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from memory_pipelines.lib import registry
+from memory_pipelines.lib.adapters.base import REQUIRED, postgres_files
+from memory_pipelines.lib.deletion import DeletionService
+from memory_pipelines.lib.erasure import ErasureIncomplete, ErasureLedger, ErasureService
+
+
+def seed(store, derived, tenant):
+    store.add_team_member(tenant_id=tenant, team_id="core", user_id="alice")
+    store.add_team_member(tenant_id=tenant, team_id="core", user_id="bob")
+    written = {
+        # Texts unique to the tenant: their vectors then exist nowhere else on the shared Chroma server.
+        "alice_personal": store.write(tenant_id=tenant, user_id="alice", text=f"Alice hides licorice in {tenant}"),
+        "alice_team": store.write(
+            tenant_id=tenant, user_id="alice", text=f"Core freeze of {tenant} starts Friday", team_id="core"
+        ),
+        "bob_keep": store.write(tenant_id=tenant, user_id="bob", text=f"Bob keeps a sourdough starter in {tenant}"),
+    }
+    derived.sync_all(tenant_id=tenant)
+    return written
+
+
+def tenant_files(derived, tenant):
+    with derived.store.transaction() as conn:
+        files = set(postgres_files(conn, tenant))
+    return files | set(derived.vectors.files(tenant))
+
+
+def test_every_registered_store_has_a_complete_adapter():
+    for spec in registry.STORES:
+        adapter = registry.adapter(spec.name)
+        assert adapter.name == spec.name
+        missing = [m for m in REQUIRED if not callable(getattr(adapter, m, None))]
+        assert missing == [], f"{spec.name} adapter lacks {missing}"
+
+
+def test_a_store_whose_adapter_lacks_a_method_is_caught(monkeypatch):
+    class Partial:
+        name = "chroma"
+
+        def find(self, conn, ctx):
+            return set()
+
+    assert [m for m in REQUIRED if not callable(getattr(Partial(), m, None))] == [
+        "delete",
+        "count",
+        "verify",
+        "fingerprints",
+        "erase",
+    ]
+
+
+def test_forget_completes_with_erasure_pending_then_the_erasure_run_proves_it(store, derived, tenant):
+    written = seed(store, derived, tenant)
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="alice")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    done = service.status(job_id=job["job_id"])
+    assert done["state"] == "COMPLETE"
+    physical = done["targets"]["physical"]
+    assert physical.startswith("PENDING:")
+    deadline = datetime.fromisoformat(physical.partition(":")[2])
+    assert timedelta(hours=23, minutes=59) < deadline - datetime.now(UTC) <= timedelta(hours=24)
+    assert service.proof(job_id=job["job_id"])["targets"]["physical"] == physical
+    ledger = ErasureLedger(store)
+    assert [j["job_id"] for j in ledger.pending(tenant_id=tenant)] == [job["job_id"]]
+
+    erasure = ErasureService(derived)
+    # The control: before the rewrite, the dead bytes of what was deleted are still in the files,
+    # and the scan finds them (so a clean scan afterwards means something).
+    fingerprints, before = erasure.scan(job_ids=[job["job_id"]], files=tenant_files(derived, tenant))
+    assert len(fingerprints) >= 4  # two ciphertexts, their vectors, the wrapped key: two windows each
+    # The control: the deleted rows' bytes are in PostgreSQL's files and the vectors in Chroma's.
+    assert any("/base/" in path for path in before.hits), before.hits
+    assert any("/chroma/" in path for path in before.hits), before.hits
+
+    report = erasure.erase_tenant(tenant_id=tenant)
+    assert report["erased"] == 1 and report["byteScan"]["hits"] == 0
+    assert report["byteScan"]["files"] > 0 and report["byteScan"]["fingerprints"] == len(fingerprints)
+    assert sum(report["bytesRewritten"].values()) > 0
+    erased = service.status(job_id=job["job_id"])
+    assert erased["targets"]["physical"].startswith("ERASED:")
+    assert service.proof(job_id=job["job_id"])["erasure"]["byteScan"]["hits"] == 0
+    assert ledger.pending(tenant_id=tenant) == []
+    with store.transaction() as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM control.erasure_fingerprints WHERE job_id = %s", (job["job_id"],)
+        ).fetchone()[0]
+    assert left == 0  # the fingerprints go once proven
+    # Bob's memories were rewritten along, not lost.
+    hits = derived.recaller.recall(tenant_id=tenant, user_id="bob", query="sourdough starter", k=3)
+    assert [h["memory_id"] for h in hits][:1] == [written["bob_keep"].memory_id]
+    # A second run has nothing to do.
+    assert erasure.erase_tenant(tenant_id=tenant)["erased"] == 0
+
+
+def test_a_file_still_holding_forgotten_bytes_fails_the_erasure_and_marks_nothing(store, derived, tenant):
+    seed(store, derived, tenant)
+    with store.transaction() as conn:
+        [blob] = conn.execute(
+            "SELECT v.text_ct FROM memory.memory_versions v JOIN memory.memories m USING (tenant_id, memory_id)"
+            " WHERE v.tenant_id = %s AND m.user_id = 'alice' AND m.team_id IS NULL",
+            (tenant,),
+        ).fetchone()
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="alice")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    # A stray copy in a file the erasure scans (the tenant's analytics directory), as a store
+    # that forgot a copy would leave it.
+    stray = derived.analytics.data_dir / f"tenant_id={tenant}" / "stray.bin"
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_bytes(b"header" + bytes(blob) + b"trailer")
+    try:
+        with pytest.raises(ErasureIncomplete) as err:
+            ErasureService(derived).erase_tenant(tenant_id=tenant)
+        assert any("stray.bin" in path for path in err.value.hits)
+        assert service.status(job_id=job["job_id"])["targets"]["physical"].startswith("PENDING:")
+    finally:
+        stray.unlink()
+    assert ErasureService(derived).erase_tenant(tenant_id=tenant)["erased"] == 1
+
+
+def test_an_overdue_erasure_fails_the_check_until_it_runs(store, derived, tenant):
+    from memory_pipelines.defs.erasure.checks import erasure_evaluation
+
+    seed(store, derived, tenant)
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="bob")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    ledger = ErasureLedger(store)
+    assert erasure_evaluation(ledger, tenant).passed
+    later = datetime.now(UTC) + timedelta(hours=25)
+    evaluation = erasure_evaluation(ledger, tenant, now=later)
+    assert not evaluation.passed
+    assert evaluation.metadata["overdue_erasures"].value == 1
+    assert evaluation.metadata["overdue_job_ids"].value == [job["job_id"]]
+    assert [j["job_id"] for j in ledger.overdue(now=later) if j["tenant_id"] == tenant] == [job["job_id"]]
+    ErasureService(derived).erase_tenant(tenant_id=tenant)
+    assert erasure_evaluation(ledger, tenant, now=later).passed
+
+
+def test_the_sensor_batches_a_tenants_deletions_until_the_window_or_the_deadline(store, derived, tenant):
+    seed(store, derived, tenant)
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="alice")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    ledger = ErasureLedger(store)
+    now = datetime.now(UTC)
+    assert tenant not in ledger.due_tenants(now=now)
+    assert tenant in ledger.due_tenants(now=now + timedelta(minutes=61))
+    ErasureService(derived).erase_tenant(tenant_id=tenant)
+    assert tenant not in ledger.due_tenants(now=now + timedelta(hours=30))
+
+
+def test_shredded_backups_are_claimed_only_after_the_erasure(store, derived, tenant, tmp_path):
+    from memory_pipelines.lib.backup_storage import LocalBackupStorage
+    from memory_pipelines.lib.backups import BackupService
+
+    seed(store, derived, tenant)
+    BackupService(store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s", days=35).backup(tenant_id=tenant)
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="alice")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    assert service.status(job_id=job["job_id"])["targets"]["backups"] == "PENDING_SHRED:1"
+    ErasureService(derived).erase_tenant(tenant_id=tenant)
+    status = service.status(job_id=job["job_id"])
+    assert status["targets"]["backups"] == "SHREDDED:1"
+    assert service.proof(job_id=job["job_id"])["targets"]["backups"] == "SHREDDED:1"
+
+
+def test_the_physical_erasure_asset_materializes_the_proof_and_its_check_passes(
+    store, derived, tenant, session_settings, monkeypatch
+):
+    import dagster as dg
+
+    from memory_pipelines.definitions import defs
+
+    monkeypatch.setenv("MEMORY_PIPELINES_HOME", str(session_settings.home))
+    seed(store, derived, tenant)
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="alice")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("tenants", [tenant])
+        result = defs().resolve_job_def("erase").execute_in_process(instance=instance, partition_key=tenant)
+        assert result.success
+        [materialization] = result.asset_materializations_for_node("physical_erasure")
+        metadata = {k: v.value for k, v in materialization.metadata.items()}
+        assert metadata["erased_jobs"] == 1 and metadata["job_ids"] == [job["job_id"]]
+        assert metadata["scan_hits"] == 0 and metadata["scanned_files"] > 0 and metadata["fingerprints"] > 0
+        assert metadata["bytes_rewritten"] > 0
+        [check] = result.get_asset_check_evaluations()
+        assert check.check_name == "erasures_on_time" and check.passed
+    assert service.status(job_id=job["job_id"])["targets"]["physical"].startswith("ERASED:")
+
+
+def test_an_offboarded_tenants_erasure_drops_its_partitions(store, derived, tenant):
+    from memory_pipelines.lib import partitions
+
+    seed(store, derived, tenant)
+    with store.transaction() as conn:
+        assert len(partitions.tenant_partitions(conn, tenant)) == len(partitions.PARTITIONED_TABLES)
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, all_tenant=True, confirm=tenant, basis="offboarding")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    assert service.status(job_id=job["job_id"])["targets"]["backups"] == "PENDING_SHRED:0"
+    report = ErasureService(derived).erase_tenant(tenant_id=tenant)
+    assert report["erased"] == 1 and report["byteScan"]["hits"] == 0
+    with store.transaction() as conn:
+        assert partitions.tenant_partitions(conn, tenant) == {}  # its files are unlinked, not rewritten
+    status = service.status(job_id=job["job_id"])
+    assert status["targets"]["physical"].startswith("ERASED:") and status["targets"]["backups"] == "SHREDDED:0"
+    assert [f.name for f in derived.vectors.files(tenant)] == ["chroma.sqlite3"]  # no segment of its own left
