@@ -1,13 +1,32 @@
-"""Analytics copy: Parquet hive-partitioned by tenant, read through DuckDB views.
+"""Analytics copy: Parquet hive-partitioned by tenant and by subject bucket, read through DuckDB views.
 
 No memory text (only its length), user and team ids pseudonymised with an HMAC under the tenant
-key, do-not-sell memories excluded. A tenant's partition is rewritten whole, atomically.
+key, do-not-sell memories excluded.
+
+Layout: `root/memories/tenant_id=T/bucket=NN/part.parquet`. A row's bucket is the first byte of its
+author's pseudonym (that same HMAC) modulo BUCKETS, so it says nothing the row does not already say
+and needs no key of its own. Team memories sit in their author's bucket, and a memory keeps its
+author for life, so each memory lives in exactly one bucket file. Forgetting a subject rewrites that
+subject's bucket alone; a rebuild writes every bucket file of the tenant aside, then renames them
+all in one pass. Each file is replaced whole by a rename, so a reader sees each memory's old row or
+its new one, never both and never half a file (across buckets, a reader listing files during the
+renames of a rebuild may see some already new and some still old).
 
 One writer at a time across processes: every write of a Parquet file and every change of the
 DuckDB file happens under an fcntl lock on `root/.analytics.lock` (held for a file write, never
 for a query). The DuckDB file is never opened read-write in place: a new one is written aside and
 renamed over it, so a reader (read_only=True, here or in a notebook) never meets DuckDB's own
 file lock, and a writer never fails because a reader holds the file open.
+
+A bucket left without rows is replaced by an empty file, unlinked once it has been empty for
+`empty_bucket_grace` seconds by a later write that looks at it (every rebuild does): the view globs
+its files and then opens them, and a file unlinked in between would fail a notebook's query.
+
+Installs written before the buckets hold one file per tenant (`tenant_id=T/memories.parquet`). It
+is read as before, and the first write after the upgrade converts every such tenant under the
+writer lock: buckets written, then the view switched, then the old files removed, so each reader
+(these methods prefer the old file while it exists; the old view globs only old files) sees one
+whole copy throughout.
 """
 
 from __future__ import annotations
@@ -15,9 +34,12 @@ from __future__ import annotations
 import fcntl
 import math
 import os
+import shutil
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time as clock
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from datetime import date, datetime, time
 from decimal import Decimal
 from pathlib import Path
@@ -50,26 +72,64 @@ SCHEMA = pa.schema(
         ("version_created_at", pa.timestamp("us", tz="UTC")),
     ]
 )
+# 64 buckets: 256 is a multiple of it, so the first HMAC byte spreads authors evenly; a tenant of
+# ~1,000 subjects has ~16 per bucket, so forgetting one rewrites ~1/64 of its rows, while a small
+# tenant holds at most 64 files (more buckets would mean more files and footers per full read).
+BUCKETS = 64
+BUCKET_FILE = "part.parquet"
+LEGACY_FILE = "memories.parquet"  # the one file per tenant of installs from before the buckets
+EMPTY_BUCKET_GRACE_SECONDS = 600.0
 # Only a plain SELECT (FROM-first, WITH, VALUES, DESCRIBE and SUMMARIZE parse as one too). Never
 # EXPLAIN: `EXPLAIN ANALYZE` executes its statement, `COPY ... TO` included.
 _READ_ONLY_STATEMENTS = {"SELECT"}
 MAX_QUERY_ROWS = 10_000
 LOCK_FILE = ".analytics.lock"
+_HEX_BYTES = pa.array([f"{i:02x}" for i in range(256)])
 
 
 def _lock_partition(conn: psycopg.Connection, tenant_id: str) -> None:
-    """One writer of a tenant's partition at a time, across processes, so its file and its lineage
+    """One writer of a tenant's partition at a time, across processes, so its files and its lineage
     always come from the same rebuild or removal."""
     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 3))", ("analytics\x1f" + tenant_id,))
 
 
-class AnalyticsStore:
-    """Parquet files under `root/memories/tenant_id=T/` and a DuckDB database with views over them."""
+def _pseudonym(key: bytes, value: str) -> str:
+    return crypto.mac(key, value.encode()).hex()[:32]
 
-    def __init__(self, root: Path) -> None:
+
+def bucket_of(user_pseudonym: str) -> int:
+    """The bucket of an author's rows: the first byte of its pseudonym (an HMAC) modulo BUCKETS."""
+    return int(user_pseudonym[:2], 16) % BUCKETS
+
+
+def _buckets(user_pseudonyms: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """bucket_of for a whole column (a pseudonym that is not hex, never written by us, goes to 0)."""
+    first_byte = pc.index_in(pc.utf8_slice_codeunits(user_pseudonyms, 0, 2), value_set=_HEX_BYTES)
+    return pc.cast(pc.bit_wise_and(pc.fill_null(first_byte, 0), BUCKETS - 1), pa.int32())
+
+
+def _record_ids(table: pa.Table) -> pa.ChunkedArray:
+    return pc.binary_join_element_wise(table["memory_id"], pc.cast(table["version"], pa.string()), ":")
+
+
+@dataclass
+class Rewrite:
+    """What one write did to a tenant's files: what callers (and benchmarks) can check."""
+
+    rows: int = 0
+    files_rewritten: list[str] = field(default_factory=list)  # relative to the analytics root
+    files_deleted: list[str] = field(default_factory=list)
+    bytes_written: int = 0
+
+
+class AnalyticsStore:
+    """Parquet files under `root/memories/tenant_id=T/bucket=NN/` and a DuckDB database with views over them."""
+
+    def __init__(self, root: Path, *, empty_bucket_grace: float = EMPTY_BUCKET_GRACE_SECONDS) -> None:
         self.root = root
         self.data_dir = root / "memories"
         self.database = root / "analytics.duckdb"
+        self.empty_bucket_grace = empty_bucket_grace
 
     @contextmanager
     def writer_lock(self) -> Iterator[None]:
@@ -85,8 +145,37 @@ class AnalyticsStore:
             finally:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
+    def partition_dir(self, tenant_id: str) -> Path:
+        return self.data_dir / f"tenant_id={tenant_id}"
+
     def partition_file(self, tenant_id: str) -> Path:
-        return self.data_dir / f"tenant_id={tenant_id}" / "memories.parquet"
+        """The tenant's partition: a directory of bucket files since the buckets (the name stays
+        for its callers, which show it or check that it exists)."""
+        return self.partition_dir(tenant_id)
+
+    def bucket_file(self, tenant_id: str, bucket: int) -> Path:
+        return self.partition_dir(tenant_id) / f"bucket={bucket:02d}" / BUCKET_FILE
+
+    def bucket_files(self, tenant_id: str) -> dict[int, Path]:
+        """bucket -> its file, for the buckets the tenant has now."""
+        found: dict[int, Path] = {}
+        for path in self.partition_dir(tenant_id).glob(f"bucket=*/{BUCKET_FILE}"):
+            number = path.parent.name.removeprefix("bucket=")
+            if number.isdigit() and int(number) < BUCKETS:
+                found[int(number)] = path
+        return dict(sorted(found.items()))
+
+    def _legacy_file(self, tenant_id: str) -> Path:
+        return self.partition_dir(tenant_id) / LEGACY_FILE
+
+    def subject_bucket(self, *, store: MemoryStore, tenant_id: str, user_id: str) -> int:
+        """The bucket holding `user_id`'s rows (it needs the tenant key, as the pseudonym does)."""
+        return bucket_of(_pseudonym(self._pseudonym_key(store, tenant_id), user_id))
+
+    @staticmethod
+    def _pseudonym_key(store: MemoryStore, tenant_id: str) -> bytes:
+        with store.transaction() as conn:
+            return store.keys.tenant_subkey(conn, tenant_id, "analytics-pseudonym", create=False)
 
     def rebuild(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
         """Rewrite the tenant's partition from the current versions (do-not-sell rows left out)."""
@@ -95,12 +184,11 @@ class AnalyticsStore:
         texts = store.open_texts(tenant_id=tenant_id, sources=[cv.source for cv in kept], skip_unreadable=True)
         kept = [cv for cv in kept if cv.source in texts]
         if not kept and not current:
-            return self._commit(store, tenant_id, [], pa.Table.from_pylist([], schema=SCHEMA), 0)
-        with store.transaction() as conn:
-            key = store.keys.tenant_subkey(conn, tenant_id, "analytics-pseudonym", create=False)
+            return self._commit(store, tenant_id, [], SCHEMA.empty_table(), 0)
+        key = self._pseudonym_key(store, tenant_id)
 
         def pseudonym(value: str | None) -> str | None:
-            return None if value is None else crypto.mac(key, value.encode()).hex()[:32]
+            return None if value is None else _pseudonym(key, value)
 
         table = pa.Table.from_pylist(
             [
@@ -138,7 +226,8 @@ class AnalyticsStore:
                 table = table.filter(keep_mask)
                 kept = [cv for cv in kept if cv.source not in hidden]
             with self.writer_lock():
-                self._write(tenant_id, table)
+                self._upgrade_locked()
+                self._replace_partition_locked(tenant_id, table)
             conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
             lineage.insert_edges(
                 conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in kept]
@@ -147,61 +236,175 @@ class AnalyticsStore:
         return {"rows": len(kept), "excluded_do_not_sell": do_not_sell}
 
     def remove(self, *, store: MemoryStore, tenant_id: str, sources: set[tuple[str, int]]) -> int:
-        """Rewrite the tenant's partition without the rows of `sources`; returns rows removed.
+        """Remove the rows of `sources` from the tenant's partition; returns rows removed."""
+        return self.remove_and_report(store=store, tenant_id=tenant_id, sources=sources).rows
 
-        Used by forgetting when no other version becomes current (SUBJECT scope): filtering the
-        file is proportional to its bytes, while a rebuild decrypts every text again.
+    def remove_and_report(self, *, store: MemoryStore, tenant_id: str, sources: set[tuple[str, int]]) -> Rewrite:
+        """`remove`, saying which files it rewrote or deleted and how many bytes it wrote.
+
+        Used by forgetting when no other version becomes current (SUBJECT scope): only the bucket
+        files holding those rows are read and rewritten (one for a single subject); a rebuild would
+        decrypt every text again.
         """
         if not sources:
-            return 0
+            return Rewrite()
+        gone = pa.array(sorted(f"{m}:{v}" for m, v in sources))
+        report = Rewrite()
         with store.transaction() as conn:
             _lock_partition(conn, tenant_id)
-            table = self.read_partition(tenant_id)
-            if table is None:
-                return 0
-            gone = pa.array(sorted(f"{m}:{v}" for m, v in sources))
-            record_ids = pc.binary_join_element_wise(table["memory_id"], pc.cast(table["version"], pa.string()), ":")
-            drop = pc.is_in(record_ids, value_set=gone)
-            removed = pc.sum(drop).as_py() or 0
-            if removed:
+            with self.writer_lock():
+                self._upgrade_locked()
+            # The partition lock keeps every other writer of this tenant's files out from here on.
+            wanted = self._buckets_holding(conn, store, tenant_id, sources)
+            tables: dict[int, pa.Table] = {}
+            empty: list[int] = []
+            for bucket, path in self.bucket_files(tenant_id).items():
+                if wanted is not None and bucket not in wanted:
+                    continue
+                try:
+                    fh = open(path, "rb")
+                except FileNotFoundError:
+                    continue
+                with fh:
+                    parquet = pq.ParquetFile(fh)
+                    if parquet.metadata.num_rows == 0:
+                        empty.append(bucket)
+                        continue
+                    drop = pc.is_in(_record_ids(parquet.read(columns=["memory_id", "version"])), value_set=gone)
+                    removed = pc.sum(drop).as_py() or 0
+                    if removed:
+                        tables[bucket] = parquet.read().filter(pc.invert(drop))
+                        report.rows += removed
+            if tables or empty:
                 with self.writer_lock():
-                    self._write(tenant_id, table.filter(pc.invert(drop)))
+                    self._install_locked(tenant_id, tables, report)
+                    self._reap_locked(tenant_id, empty + [b for b, t in tables.items() if not t.num_rows], report)
             lineage.remove_records(
                 conn, tenant_id=tenant_id, store=STORE, record_ids=[f"{m}:{v}" for m, v in sorted(sources)]
             )
-        return int(removed)
+        if report.files_deleted:
+            self.refresh_views()
+        return report
 
-    def _write(self, tenant_id: str, table: pa.Table) -> None:
-        # Under writer_lock. Written aside and renamed: readers see the old partition or the new
-        # one, never half of one.
-        target = self.partition_file(tenant_id)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".parquet.{os.getpid()}-{threading.get_ident()}.tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, target)
+    @staticmethod
+    def _buckets_holding(
+        conn: psycopg.Connection, store: MemoryStore, tenant_id: str, sources: set[tuple[str, int]]
+    ) -> set[int] | None:
+        """The buckets of the authors of `sources`, or None when that cannot be told (a memory gone
+        from the store already, as on a retried deletion, or no tenant key): every bucket is read."""
+        memory_ids = sorted({m for m, _ in sources})
+        authors: dict[str, str] = dict(
+            conn.execute(
+                "SELECT memory_id, user_id FROM memory.memories WHERE tenant_id = %s AND memory_id = ANY(%s)",
+                (tenant_id, memory_ids),
+            ).fetchall()
+        )
+        if len(authors) < len(memory_ids):
+            return None
+        try:
+            key = store.keys.tenant_subkey(conn, tenant_id, "analytics-pseudonym", create=False)
+        except NotFoundError:
+            return None
+        return {bucket_of(_pseudonym(key, user_id)) for user_id in set(authors.values())}
+
+    def _replace_partition_locked(self, tenant_id: str, table: pa.Table) -> Rewrite:
+        """Under writer_lock: the tenant's partition becomes `table`, one file per bucket of its rows.
+        Buckets it no longer needs are emptied (then reaped), stale temporary files removed."""
+        report = Rewrite(rows=table.num_rows)
+        directory = self.partition_dir(tenant_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        # Any temporary file seen under the writer lock was left by a writer that died.
+        for stale in directory.glob("**/*.tmp"):
+            stale.unlink(missing_ok=True)
+        buckets = _buckets(table["user_pseudonym"])
+        tables = {b: table.filter(pc.equal(buckets, b)) for b in sorted(pc.unique(buckets).to_pylist())}
+        unneeded = [b for b in self.bucket_files(tenant_id) if b not in tables]
+        for bucket in unneeded:
+            if _rows_in(self.bucket_file(tenant_id, bucket)):
+                tables[bucket] = SCHEMA.empty_table()
+        self._install_locked(tenant_id, tables, report)
+        self._reap_locked(tenant_id, unneeded, report)
+        return report
+
+    def _install_locked(self, tenant_id: str, tables: dict[int, pa.Table], report: Rewrite) -> None:
+        # Under writer_lock. Every file written aside first, then all renamed in one short pass:
+        # each rename replaces a bucket whole, and the renames of a rebuild follow one another.
+        staged: list[tuple[Path, Path]] = []
+        try:
+            for bucket, table in sorted(tables.items()):
+                target = self.bucket_file(tenant_id, bucket)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_name(f"{BUCKET_FILE}.{os.getpid()}-{threading.get_ident()}.tmp")
+                pq.write_table(table, tmp)
+                staged.append((tmp, target))
+                report.bytes_written += tmp.stat().st_size
+            for tmp, target in staged:
+                os.replace(tmp, target)
+                report.files_rewritten.append(str(target.relative_to(self.root)))
+        finally:
+            for tmp, _ in staged:
+                tmp.unlink(missing_ok=True)
+
+    def _reap_locked(self, tenant_id: str, buckets: Iterable[int], report: Rewrite) -> None:
+        # Under writer_lock. Only files that have held no rows for the grace period: a view
+        # query lists the files before it opens them.
+        now = clock.time()
+        for bucket in buckets:
+            path = self.bucket_file(tenant_id, bucket)
+            try:
+                if now - path.stat().st_mtime < self.empty_bucket_grace or _rows_in(path):
+                    continue
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            report.files_deleted.append(str(path.relative_to(self.root)))
+            try:
+                path.parent.rmdir()
+            except OSError:
+                pass  # not empty: left as it is
+
+    def _upgrade_locked(self) -> None:
+        """Under writer_lock: convert every tenant still in the one-file layout (see the module
+        docstring). A no-op, one directory listing, once they are all converted."""
+        legacy = sorted(self.data_dir.glob(f"*/{LEGACY_FILE}"))
+        if not legacy:
+            return
+        for path in legacy:
+            with open(path, "rb") as fh:
+                table = pq.ParquetFile(fh).read()
+            self._replace_partition_locked(path.parent.name.removeprefix("tenant_id="), table)
+        self._write_view(self._has_data())
+        for path in legacy:
+            path.unlink(missing_ok=True)
 
     def drop(self, *, store: MemoryStore, tenant_id: str) -> int:
         """Remove the tenant's partition and its lineage (tenant offboarding); returns rows removed."""
-        table = self.read_partition(tenant_id)
-        path = self.partition_file(tenant_id)
-        with self.writer_lock():
-            if path.exists():
-                path.unlink()
-                path.parent.rmdir()
         with store.transaction() as conn:
+            _lock_partition(conn, tenant_id)
+            table = self.read_partition(tenant_id)
+            with self.writer_lock(), suppress(FileNotFoundError):
+                shutil.rmtree(self.partition_dir(tenant_id))
             conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
         self.refresh_views()
         return 0 if table is None else table.num_rows
 
-    def refresh_views(self) -> None:
-        """Create the `memories` view over every tenant's partition (or drop it when there is none).
+    def _has_data(self) -> bool:
+        return any(self.data_dir.glob("*/*/*.parquet"))
 
-        The view is a glob, so it stays right as partitions come and go: the file changes only
-        when the view must appear or go, under the writer lock, by replacing the file whole.
+    def _view_pattern(self) -> str:
+        return str(self.data_dir / "*" / "*" / "*.parquet")
+
+    def refresh_views(self) -> None:
+        """Create the `memories` view over every tenant's buckets (or drop it when there is none).
+
+        The view is a glob, so it stays right as files come and go: the database changes only when
+        the view must appear, go, or read another glob (an install from before the buckets, or a
+        moved root), under the writer lock, by replacing the file whole.
         """
         with self.writer_lock():
-            has_data = any(self.data_dir.glob("*/*.parquet"))
-            if self.database.exists() and self._has_view() == has_data:
+            self._upgrade_locked()
+            has_data = self._has_data()
+            if self.database.exists() and self._view_is(has_data):
                 return
             self._write_view(has_data)
 
@@ -209,13 +412,16 @@ class AnalyticsStore:
         """A read-only DuckDB connection to the views (readers never open the file read-write)."""
         return duckdb.connect(str(self.database), read_only=True)
 
-    def _has_view(self) -> bool | None:
+    def _view_is(self, has_data: bool) -> bool:
+        """Whether the database holds the view wanted: over our glob when there is data, none otherwise."""
         try:
             with self.connect() as con:
-                row = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'memories'").fetchone()
+                row = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'memories'").fetchone()
         except duckdb.Error:
-            return None  # unreadable, or someone else holds it read-write: written afresh
-        return bool(row and row[0])
+            return False  # unreadable, or someone else holds it read-write: written afresh
+        if not has_data:
+            return row is None
+        return row is not None and _literal(self._view_pattern()) in str(row[0])
 
     def _write_view(self, has_data: bool) -> None:
         # Under writer_lock. A fresh file renamed over the old one: an open reader keeps the old.
@@ -224,13 +430,12 @@ class AnalyticsStore:
         try:
             with duckdb.connect(str(tmp)) as con:
                 if has_data:
-                    pattern = str(self.data_dir / "*" / "*.parquet")
                     # DDL takes no bound parameters; the path is ours (under HOME), quoted as a literal.
-                    literal = "'" + pattern.replace("'", "''") + "'"
+                    # Types given: left to guess, a tenant named "0042" would read as the number 42.
                     con.execute(
                         "CREATE VIEW memories AS SELECT * FROM read_parquet("  # noqa: S608
-                        + literal
-                        + ", hive_partitioning = true)"
+                        + _literal(self._view_pattern())
+                        + ", hive_partitioning = true, hive_types = {'tenant_id': 'VARCHAR', 'bucket': 'INTEGER'})"
                     )
             os.replace(tmp, self.database)
         finally:
@@ -253,7 +458,8 @@ class AnalyticsStore:
             raise NotFoundError(
                 "tenant", f"no analytics data for tenant {tenant_id!r}: unknown, or analytics_memories not materialized"
             )
-        # The hive partition column is in the path, not the file; added back so queries can name it.
+        # The hive partition columns are in the path, not the file; added back, as the view has them.
+        table = table.append_column("bucket", _buckets(table["user_pseudonym"]))
         table = table.append_column("tenant_id", pa.array([tenant_id] * table.num_rows, pa.string()))
         try:
             with _sandbox(table) as con:
@@ -269,15 +475,31 @@ class AnalyticsStore:
         }
 
     def read_partition(self, tenant_id: str) -> pa.Table | None:
-        """The tenant's rows, or None when it has no partition. No writer lock: the file is opened
-        once and read through that handle (pyarrow given a path may open it again, and would then
-        read a partition renamed over it meanwhile with the old one's footer)."""
+        """The tenant's rows (every bucket's, in bucket order), or None when it has no partition.
+
+        No writer lock: each file is opened once and read through that handle (pyarrow given a
+        path may open it again, and would then read a file renamed over it meanwhile with the old
+        one's footer); a bucket file gone between the listing and the open held no rows. A
+        one-file partition not yet converted is read alone: its conversion ends by removing it.
+        """
         try:
-            fh = open(self.partition_file(tenant_id), "rb")
-        except FileNotFoundError:
+            fh = open(self._legacy_file(tenant_id), "rb")
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        else:
+            with fh:
+                return pq.ParquetFile(fh).read()
+        if not self.partition_dir(tenant_id).is_dir():
             return None
-        with fh:
-            return pq.ParquetFile(fh).read()
+        tables = [SCHEMA.empty_table()]
+        for path in self.bucket_files(tenant_id).values():
+            try:
+                fh = open(path, "rb")
+            except FileNotFoundError:
+                continue
+            with fh:
+                tables.append(pq.ParquetFile(fh).read())
+        return pa.concat_tables(tables)
 
     def check(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
         """Counts that must be zero: text columns, do-not-sell rows, rows without lineage or not current."""
@@ -296,6 +518,21 @@ class AnalyticsStore:
             "without_lineage": sum(1 for i in ids if i not in edges),
             "not_current": sum(1 for i in ids if i not in current),
         }
+
+
+def _rows_in(path: Path) -> int:
+    """Rows of a bucket file; an unreadable one counts as holding rows, so a rebuild replaces it."""
+    try:
+        with open(path, "rb") as fh:
+            return int(pq.ParquetFile(fh).metadata.num_rows)
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowException):
+        return 1
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def parse_select(sql: object) -> duckdb.Statement:

@@ -4,7 +4,6 @@ do-not-sell exclusion, and asset checks that fail when a store is corrupted on p
 from __future__ import annotations
 
 import dagster as dg
-import pyarrow.parquet as pq
 import pytest
 
 from memory_pipelines.defs.derived import assets as derived_assets
@@ -135,7 +134,7 @@ def test_do_not_sell_memories_never_reach_analytics(derived, store, tenant):
     store.set_do_not_sell(tenant_id=tenant, user_id="bob", subject="bob")
     counts = derived.analytics.rebuild(store=store, tenant_id=tenant)
     assert counts == {"rows": 1, "excluded_do_not_sell": 2}
-    table = pq.read_table(derived.analytics.partition_file(tenant))
+    table = derived.analytics.read_partition(tenant)
     assert flagged.memory_id not in table["memory_id"].to_pylist()
     assert "text" not in table.column_names and "user_id" not in table.column_names
     assert table["user_pseudonym"].to_pylist()[0] != "alice" and len(table["user_pseudonym"][0].as_py()) == 32

@@ -53,7 +53,9 @@ def test_sweep_removes_by_category_through_the_cascade_once(store, derived, tena
     proof = service.proof(job_id=job["job_id"])
     assert proof["scope"]["type"] == "RETENTION" and proof["sweepDate"] == DAY.isoformat()
     assert proof["categories"] == {"general": 1, "medical": 1}
-    assert all(str(v).startswith("DONE:") for v in proof["targets"].values())
+    stores = {k: v for k, v in proof["targets"].items() if k not in ("backups", "physical")}
+    assert stores and all(str(v).startswith("DONE:") for v in stores.values())
+    assert proof["targets"]["physical"].startswith("PENDING:")  # the tenant's erasure run rewrites later
     left = {m["memory_id"] for m in store.list_visible(tenant_id=tenant, user_id="ann")}
     assert left == {ids["financial_later"], ids["food_forever"], ids["general_new"]}
     assert {r.split(":")[0] for r in derived.vectors.ids(tenant)} == left

@@ -47,7 +47,7 @@ def _rows(n: int, prefix: str) -> pa.Table:
 def analytics(tmp_path: Path) -> AnalyticsStore:
     store = AnalyticsStore(tmp_path / "analytics")
     for tenant, n in (("acme", 3), ("globex", 5)):
-        path = store.partition_file(tenant)
+        path = store.bucket_file(tenant, 0)
         path.parent.mkdir(parents=True)
         pq.write_table(_rows(n, "a" if tenant == "acme" else "b"), path)
     store.refresh_views()  # the shared views exist, as after a real rebuild; queries must not use them
@@ -70,7 +70,7 @@ def test_explain_analyze_copy_cannot_write_a_file(analytics, tmp_path):
 def test_no_file_is_readable_from_sql(analytics, tmp_path):
     key = tmp_path / "keys" / "master.key"
     crypto.LocalMasterKey(key)
-    other = analytics.partition_file("globex")
+    other = analytics.bucket_file("globex", 0)
     for sql in (
         "SELECT * FROM read_text('/etc/hostname')",
         f"SELECT * FROM read_blob('{key}')",
@@ -78,6 +78,7 @@ def test_no_file_is_readable_from_sql(analytics, tmp_path):
         "SELECT * FROM read_json_auto('/etc/hostname')",
         f"SELECT * FROM read_parquet('{other}')",
         f"SELECT * FROM read_parquet('{analytics.data_dir}/*/*.parquet')",
+        f"SELECT * FROM read_parquet('{analytics.data_dir}/*/*/*.parquet', hive_partitioning = true)",
         "SELECT * FROM glob('/etc/*')",
         "SELECT getenv('HOME')",
         f"SELECT * FROM '{other}'",
