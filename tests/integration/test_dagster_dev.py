@@ -74,7 +74,15 @@ def test_dev_shows_memories_partitioned_by_tenant(tmp_path):
                 pass
             time.sleep(2)
         by_key = {"/".join(n["assetKey"]["path"]): n for n in nodes or []}
-        expected = {"memories", "memory_deletions", "deletion_canary", "tenant_backups", "memory_eval", "memory_drift"}
+        expected = {
+            "memories",
+            "memory_deletions",
+            "physical_erasure",
+            "deletion_canary",
+            "tenant_backups",
+            "memory_eval",
+            "memory_drift",
+        }
         assert set(by_key) == expected | DERIVED
         assert by_key["memories"]["groupName"] == "memory_store"
         assert by_key["memory_embeddings"]["groupName"] == "derived_stores"
