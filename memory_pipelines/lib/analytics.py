@@ -474,8 +474,11 @@ class AnalyticsStore:
             "truncated": len(fetched) > max_rows,
         }
 
-    def read_partition(self, tenant_id: str) -> pa.Table | None:
-        """The tenant's rows (every bucket's, in bucket order), or None when it has no partition.
+    def read_partition(
+        self, tenant_id: str, *, buckets: set[int] | None = None, columns: list[str] | None = None
+    ) -> pa.Table | None:
+        """The tenant's rows (every bucket's, in bucket order, or those of `buckets`; all columns or
+        `columns`), or None when it has no partition.
 
         No writer lock: each file is opened once and read through that handle (pyarrow given a
         path may open it again, and would then read a file renamed over it meanwhile with the old
@@ -488,17 +491,20 @@ class AnalyticsStore:
             pass
         else:
             with fh:
-                return pq.ParquetFile(fh).read()
+                return pq.ParquetFile(fh).read(columns=columns)
         if not self.partition_dir(tenant_id).is_dir():
             return None
-        tables = [SCHEMA.empty_table()]
-        for path in self.bucket_files(tenant_id).values():
+        empty = SCHEMA.empty_table()
+        tables = [empty.select(columns) if columns else empty]
+        for bucket, path in self.bucket_files(tenant_id).items():
+            if buckets is not None and bucket not in buckets:
+                continue
             try:
                 fh = open(path, "rb")
             except FileNotFoundError:
                 continue
             with fh:
-                tables.append(pq.ParquetFile(fh).read())
+                tables.append(pq.ParquetFile(fh).read(columns=columns))
         return pa.concat_tables(tables)
 
     def check(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:

@@ -31,9 +31,10 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from memory_pipelines.lib import crypto, ordering, validation
+from memory_pipelines.lib import crypto, ordering, partitions, validation
 from memory_pipelines.lib.backup_storage import BackupStorage, LocalBackupStorage, S3BackupStorage
 from memory_pipelines.lib.errors import ConflictError, MemoryPipelinesError, NotFoundError, ValidationError
+from memory_pipelines.lib.progress import Progress, no_progress
 from memory_pipelines.lib.store import MemoryStore, repair_heads
 
 FORMAT = 1
@@ -142,8 +143,9 @@ class BackupService:
 
     # -- backup --------------------------------------------------------------------------------
 
-    def backup(self, *, tenant_id: str) -> dict[str, Any]:
-        """Snapshot, encrypt and store one tenant; returns the manifest (ids and counts only)."""
+    def backup(self, *, tenant_id: str, progress: Progress = no_progress) -> dict[str, Any]:
+        """Snapshot, encrypt and store one tenant; returns the manifest (ids and counts only).
+        `progress` hears of each chunk of rows dumped ("backup rows") and each table ("backup tables")."""
         validation.check_id("tenant", tenant_id)
         self.storage.ensure_expiry(self.days)
         started = time.perf_counter()
@@ -157,7 +159,10 @@ class BackupService:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 self.store._tenant_mode(conn, tenant_id)
                 tenant_key_id, tenant_key = self.store.keys.tenant_key(conn, tenant_id)
-                rows = {name: self._dump(conn, tenant_id, name, snapshot) for name in _LOAD_ORDER}
+                rows: dict[str, int] = {}
+                for name in _LOAD_ORDER:
+                    rows[name] = self._dump(conn, tenant_id, name, snapshot, progress, sum(rows.values()))
+                    progress(len(rows), len(_LOAD_ORDER), "backup tables")
                 key_ids = sorted(
                     {
                         str(r[0])
@@ -212,7 +217,9 @@ class BackupService:
             )
         return {**_public(manifest), "seconds": round(time.perf_counter() - started, 3)}
 
-    def _dump(self, conn: psycopg.Connection, tenant_id: str, name: str, folder: Path) -> int:
+    def _dump(
+        self, conn: psycopg.Connection, tenant_id: str, name: str, folder: Path, progress: Progress, before: int
+    ) -> int:
         table, columns = TABLES[name]
         schema = pa.schema(columns)
         count = 0
@@ -225,6 +232,7 @@ class BackupService:
                 arrays = [pa.array([_plain(r[i]) for r in rows], type=dtype) for i, (_, dtype) in enumerate(columns)]
                 writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
                 count += len(rows)
+                progress(before + count, None, "backup rows")
         return count
 
     # -- listing and expiry --------------------------------------------------------------------
@@ -288,9 +296,16 @@ class BackupService:
         return {"restore_id": restore_id, "tenant_id": tenant_id, "backup_id": backup_id, "state": "REQUESTED"}
 
     def restore(
-        self, *, tenant_id: str, backup_id: str, restore_id: str | None = None, lock_timeout: float = 60.0
+        self,
+        *,
+        tenant_id: str,
+        backup_id: str,
+        restore_id: str | None = None,
+        lock_timeout: float = 60.0,
+        progress: Progress = no_progress,
     ) -> dict[str, Any]:
-        """Load a backup into the tenant behind the restore gate, replay the journal, verify, reopen.
+        """Load a backup into the tenant behind the restore gate, replay the journal, verify, reopen;
+        `progress` hears of each chunk of rows loaded ("restore rows") and each replay step ("restore replay").
 
         Load, replay and verification are one transaction: a restore that fails verification (or
         fails at all) rolls back to the tenant's rows as they were, is reported BLOCKED, and keeps
@@ -316,11 +331,13 @@ class BackupService:
             try:
                 with self.store.transaction() as conn:
                     started = time.perf_counter()
-                    report["loaded"] = self._load(conn, tenant_id, tables)
+                    report["loaded"] = self._load(conn, tenant_id, tables, progress)
+                    # The replay and every query after it plan on the loaded rows, not an empty tenant.
+                    partitions.analyze_tenant(conn, tenant_id)
                     report["load_seconds"] = round(time.perf_counter() - started, 3)
                     self._hook("loaded")
                     started = time.perf_counter()
-                    report["replayed"] = self._replay(conn, tenant_id)
+                    report["replayed"] = self._replay(conn, tenant_id, progress)
                     report["replay_seconds"] = round(time.perf_counter() - started, 3)
                     self._hook("replayed")
                     report["verification"] = self._verify(conn, tenant_id)
@@ -443,8 +460,13 @@ class BackupService:
             ) from exc
         return archive
 
-    def _load(self, conn: psycopg.Connection, tenant_id: str, tables: dict[str, pa.Table]) -> dict[str, int]:
+    def _load(
+        self, conn: psycopg.Connection, tenant_id: str, tables: dict[str, pa.Table], progress: Progress
+    ) -> dict[str, int]:
         from psycopg import sql
+
+        total = sum(tables[name].num_rows for name in _LOAD_ORDER if name != "lineage")
+        done = 0
 
         for name in _REPLACED:
             schema, table = TABLES[name][0].split(".")
@@ -475,6 +497,8 @@ class BackupService:
                     ),
                 )
                 loaded[name] = data.num_rows
+                done += data.num_rows
+                progress(done, total, "restore rows")
                 continue
             if name == "lineage":
                 # Edges describe derived copies that exist now, not at backup time: the tenant's
@@ -491,22 +515,28 @@ class BackupService:
                     cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
                     for row in zip(*cols, strict=True):
                         writer.write_row((tenant_id, *row))
+                    done += batch.num_rows
+                    progress(done, total, "restore rows")
             loaded[name] = data.num_rows
         return loaded
 
-    def _replay(self, conn: psycopg.Connection, tenant_id: str) -> dict[str, Any]:
-        """Apply every journal entry of the tenant to the loaded rows; returns entries and rows removed."""
+    def _replay(self, conn: psycopg.Connection, tenant_id: str, progress: Progress = no_progress) -> dict[str, Any]:
+        """Apply every journal entry of the tenant to the loaded rows; returns entries and rows removed.
+        Each kind of entry is applied to all rows at once (set-based SQL), so `progress` hears of
+        replay steps ("restore replay"), not of single entries."""
         entries: dict[str, int] = dict(
             conn.execute(
                 "SELECT kind, count(*) FROM control.journal WHERE tenant_id = %s GROUP BY kind", (tenant_id,)
             ).fetchall()
         )
-        removed = {
-            reason: conn.execute(_forgotten_query(reason, delete=True), (tenant_id, tenant_id)).rowcount
-            for reason in _FORGOTTEN
-        }
+        steps = len(_FORGOTTEN) + 3
+        removed: dict[str, int] = {}
+        for reason in _FORGOTTEN:
+            removed[reason] = conn.execute(_forgotten_query(reason, delete=True), (tenant_id, tenant_id)).rowcount
+            progress(len(removed), steps, "restore replay")
         removed["empty_memories"] = repair_heads(conn, tenant_id=tenant_id)
         removed.update(_drop_copies_of_dropped_versions(conn, tenant_id))
+        progress(len(_FORGOTTEN) + 2, steps, "restore replay")
         # Edges to versions the restored rows no longer hold that are left describe copies outside
         # PostgreSQL (vectors, the analytics file); they stay, so the rebuild after this restore, or a
         # forget before it, finds and removes those copies.
@@ -524,6 +554,7 @@ class BackupService:
             " AND j.kind = 'SUBJECT_EPOCH' AND j.subject_id = tm.user_id)",
             (tenant_id,),
         ).rowcount
+        progress(steps, steps, "restore replay")
         return {"journal_entries": {k: int(v) for k, v in entries.items()}, "rows_removed": removed}
 
     @staticmethod

@@ -27,7 +27,9 @@ from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, Ser
 from memory_pipelines.lib.settings import Settings
 from memory_pipelines.lib.store import MemoryStore
 
-SWEEP_PROBES = 2_000
+# Paraphrase probes per run: every target up to this many, a random sample above (exact-id checks
+# stay exhaustive). Each probe is a nearest-neighbour query; a batch of 100 subjects has 10,000.
+MAX_PROBES = 2_000
 POLICY_VERSION = "deletion-policy-2026-11"
 # Days to complete by basis; a regulator's clock, not a target (we finish in seconds).
 DEADLINE_DAYS = {"gdpr-art17": 30, "ccpa": 45, "user-request": 30, "retention": 30, "offboarding": 30}
@@ -45,6 +47,8 @@ class Probes:
 
     texts: list[str]
     vectors: list[Any]
+    stored: dict[str, Any] = field(default_factory=dict)  # the index's own vectors read for them, by record id
+    targets: int = 0  # versions the probes were drawn from (more than the probes when sampled)
 
 
 @dataclass
@@ -697,8 +701,7 @@ class DeletionService(DeletionLedger):
             # looked up at every run, and are not targets of the proof (no row, no key of theirs).
             batch.targets = self._with_orphans(tenant_id, jobs, batch.fixed)
             batch.found = self._found(tenant_id, jobs, batch.targets)
-            sweep = any(job["scope"]["type"] == "RETENTION" for job in jobs)
-            batch.probes = self._probes(tenant_id, set().union(*batch.targets.values()), sweep=sweep)
+            batch.probes = self._probes(tenant_id, set().union(*batch.targets.values()))
             self._fingerprint(batch)
             batch.timings["freeze"] = time.perf_counter() - started
             self._hook("frozen", jobs)
@@ -800,7 +803,7 @@ class DeletionService(DeletionLedger):
             **({"seconds": {name: round(value, 4) for name, value in batch.timings.items()}} if batch.jobs else {}),
         }
 
-    def _probes(self, tenant_id: str, sources: set[Source], *, sweep: bool = False) -> Probes:
+    def _probes(self, tenant_id: str, sources: set[Source]) -> Probes:
         """Paraphrase probes, built in memory from each target before deletion and discarded after.
 
         The texts feed the keyword probes; the semantic probes reuse each target's stored vector
@@ -808,14 +811,15 @@ class DeletionService(DeletionLedger):
         superseded versions.
         """
         chosen = sorted(sources)
-        if sweep and len(chosen) > SWEEP_PROBES:
-            # A retention sweep can remove a large share of a tenant: exact-id checks stay
-            # exhaustive, paraphrase probes are a random sample (the proof says how many).
-            chosen = sorted(random.sample(chosen, SWEEP_PROBES))
+        if len(chosen) > MAX_PROBES:
+            # A retention sweep or a large batch: exact-id checks stay exhaustive, paraphrase probes
+            # are a random sample (the proof says how many, of how many).
+            chosen = sorted(random.sample(chosen, MAX_PROBES))
         texts = self.store.open_texts(tenant_id=tenant_id, sources=chosen, skip_unreadable=True)
         try:
             if self.derived.vectors.existing(tenant_id) is None:
-                return Probes(texts=list(texts.values()), vectors=[])  # no index: nothing a vector could find
+                # No index: nothing a vector could find.
+                return Probes(texts=list(texts.values()), vectors=[], targets=len(sources))
             stored = self.derived.vectors.vectors_of(tenant_id, [f"{m}:{v}" for m, v in sorted(texts)])
         except ServiceError:
             stored = {}  # Chroma down: embed every probe; the Chroma step itself will block the job
@@ -823,7 +827,7 @@ class DeletionService(DeletionLedger):
         vectors = list(stored.values())
         if missing:
             vectors += list(self.derived.vectors.embedder.embed([texts[source] for source in missing]))
-        return Probes(texts=list(texts.values()), vectors=vectors)
+        return Probes(texts=list(texts.values()), vectors=vectors, stored=stored, targets=len(sources))
 
     def _block(self, jobs: list[dict[str, Any]], step: str, code: str) -> None:
         try:
@@ -889,35 +893,50 @@ class DeletionService(DeletionLedger):
         self, tenant_id: str, jobs: list[dict[str, Any]], fixed: dict[str, set[Source]]
     ) -> dict[str, set[Source]]:
         with self.store.transaction() as conn:
-            return {
-                job["job_id"]: fixed[job["job_id"]]
-                | self._orphans(conn, tenant_id, job["scope"], {m for m, _ in fixed[job["job_id"]]})
-                for job in jobs
-            }
+            orphans = self._orphans(conn, tenant_id)
+        return {
+            job["job_id"]: fixed[job["job_id"]]
+            | self._covered(orphans, job["scope"], {m for m, _ in fixed[job["job_id"]]})
+            for job in jobs
+        }
 
     @staticmethod
-    def _orphans(conn: psycopg.Connection, tenant_id: str, scope: dict[str, Any], memory_ids: set[str]) -> set[Source]:
+    def _orphans(conn: psycopg.Connection, tenant_id: str) -> list[tuple[str, int, str | None]]:
         """Versions with derived records but no primary row any more (a restore removed them after
-        they were indexed, summarised or cached) that this scope covers: their copies go too.
+        they were indexed, summarised or cached), each with its memory's author (None: memory gone).
 
-        A subject's (or the tenant's) forget takes those whose memory is theirs or gone with an
-        unknown author; a memory's or a sweep's, those of its memories.
-        """
+        Only a restore makes them, so a tenant never restored skips the scan of its lineage; one scan
+        a batch otherwise. The anti-join runs first and each orphan's memory is one primary-key probe,
+        so a plan built on a new tenant's stale statistics stays linear (a join of lineage to the
+        tenant's memories by tenant alone took minutes at 10,000 memories)."""
+        restored = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM control.restores WHERE tenant_id = %s)", (tenant_id,)
+        ).fetchone()
+        if not restored or not restored[0]:
+            return []
         rows = conn.execute(
-            "SELECT DISTINCT l.source_memory_id, l.source_version FROM derived.lineage l"
-            " LEFT JOIN memory.memories m ON m.tenant_id = l.tenant_id AND m.memory_id = l.source_memory_id"
+            "WITH o AS MATERIALIZED (SELECT DISTINCT l.source_memory_id, l.source_version FROM derived.lineage l"
             " WHERE l.tenant_id = %(t)s AND NOT EXISTS (SELECT 1 FROM memory.memory_versions v"
-            "  WHERE v.tenant_id = l.tenant_id AND v.memory_id = l.source_memory_id AND v.version = l.source_version)"
-            " AND (%(all)s OR l.source_memory_id = ANY(%(ids)s)"
-            "  OR (%(subject)s::text IS NOT NULL AND (m.memory_id IS NULL OR m.user_id = %(subject)s)))",
-            {
-                "t": tenant_id,
-                "all": scope["type"] == "TENANT",
-                "ids": sorted(memory_ids),
-                "subject": scope["subject"] if scope["type"] == "SUBJECT" else None,
-            },
+            "  WHERE v.tenant_id = %(t)s AND v.memory_id = l.source_memory_id AND v.version = l.source_version))"
+            " SELECT o.source_memory_id, o.source_version, m.user_id FROM o LEFT JOIN LATERAL"
+            " (SELECT m.user_id FROM memory.memories m WHERE m.tenant_id = %(t)s AND m.memory_id = o.source_memory_id"
+            "  OFFSET 0) m ON true",
+            {"t": tenant_id},
         ).fetchall()
-        return {(m, v) for m, v in rows}
+        return [(str(m), int(v), user) for m, v, user in rows]
+
+    @staticmethod
+    def _covered(
+        orphans: list[tuple[str, int, str | None]], scope: dict[str, Any], memory_ids: set[str]
+    ) -> set[Source]:
+        """The orphans a scope covers: a subject's (or the tenant's) forget takes those whose memory is
+        theirs or gone with an unknown author; a memory's or a sweep's, those of its memories."""
+        subject = scope["subject"] if scope["type"] == "SUBJECT" else None
+        return {
+            (m, v)
+            for m, v, author in orphans
+            if scope["type"] == "TENANT" or m in memory_ids or (subject is not None and author in (None, subject))
+        }
 
     def _found(
         self, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]]
@@ -973,30 +992,50 @@ class DeletionService(DeletionLedger):
                 ).fetchall()
             )
             base = bytescan.base_from_key(self.store.keys.control_key(conn))
-        for job in batch.jobs:
-            ctx = Context(
-                derived=self.derived, tenant_id=batch.tenant_id, jobs=[job], everything=batch.targets[job["job_id"]]
-            )
-            rows: list[tuple[str, str, int]] = []
-            with self.store.transaction() as conn:
-                for spec in registry.STORES:
-                    done = str(job["targets"].get(spec.name, "")).startswith("DONE:")
-                    if (job["job_id"], spec.name) in taken or done:
-                        continue
-                    adapter = registry.adapter(spec.name)
-                    try:
-                        ctx.records = adapter.find(conn, ctx)
-                        windows = adapter.fingerprints(conn, ctx)
-                    except ServiceError:
-                        continue
-                    fingerprints = {bytescan.fingerprint(w, base) for w in windows} | {0}
-                    rows += [(job["job_id"], spec.name, fp) for fp in sorted(fingerprints)]
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO control.erasure_fingerprints (job_id, store, fingerprint) VALUES (%s, %s, %s)"
-                        " ON CONFLICT DO NOTHING",
-                        rows,
+        rows: list[tuple[str, str, int]] = []
+        with self.store.transaction() as conn:
+            for spec in registry.STORES:
+                adapter = registry.adapter(spec.name)
+                jobs = [
+                    job
+                    for job in batch.jobs
+                    if (job["job_id"], spec.name) not in taken
+                    and not str(job["targets"].get(spec.name, "")).startswith("DONE:")
+                ]
+                ctxs = [
+                    Context(
+                        derived=self.derived,
+                        tenant_id=batch.tenant_id,
+                        jobs=[job],
+                        everything=batch.targets[job["job_id"]],
+                        vectors=batch.probes.stored,
                     )
+                    for job in jobs
+                ]
+                try:
+                    for ctx in ctxs:
+                        ctx.records = adapter.find(conn, ctx)
+                    # One read of the store for the whole batch where the adapter can (Chroma: a
+                    # get per job was most of a 100-subject freeze), else one per job.
+                    many = getattr(adapter, "fingerprints_many", None)
+                    windows = many(conn, ctxs) if many else [adapter.fingerprints(conn, ctx) for ctx in ctxs]
+                except ServiceError:
+                    continue
+                for job, found in zip(jobs, windows, strict=True):
+                    fingerprints = set(bytescan.fingerprints(found, base)) | {0}
+                    rows += [(job["job_id"], spec.name, fp) for fp in sorted(fingerprints)]
+            # COPY: a batch of 100 subjects has about 100,000 rows, and row-by-row inserts took seconds.
+            conn.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS erasure_fingerprints_in"
+                " (job_id text, store text, fingerprint bigint) ON COMMIT DELETE ROWS"
+            )
+            with conn.cursor() as cur, cur.copy("COPY erasure_fingerprints_in FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            conn.execute(
+                "INSERT INTO control.erasure_fingerprints (job_id, store, fingerprint)"
+                " SELECT job_id, store, fingerprint FROM erasure_fingerprints_in ON CONFLICT DO NOTHING"
+            )
 
     def _record_targets(self, jobs: list[dict[str, Any]], store_name: str, counts: dict[str, int]) -> None:
         with self.store.transaction() as conn:
@@ -1032,7 +1071,7 @@ class DeletionService(DeletionLedger):
             raise DeletionBlocked(store, f"VERIFICATION_{store.upper()}", f"{count} record(s) of forgotten data found")
         return {
             "exact_id_queries": {store: 0 for store in leftovers if store != "paraphrase_probes"},
-            "paraphrase_probes": {"probes": len(probes.texts), "hits": 0},
+            "paraphrase_probes": {"probes": len(probes.texts), "of": probes.targets, "hits": 0},
         }
 
     def _complete(

@@ -25,10 +25,9 @@ from memory_pipelines.lib import bytescan, registry, validation
 from memory_pipelines.lib.adapters.base import Erasure
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import MemoryPipelinesError
+from memory_pipelines.lib.progress import Progress, no_progress
 from memory_pipelines.lib.settings import Settings
 from memory_pipelines.lib.store import MemoryStore
-
-Progress = Callable[[str, int, int], None]
 
 
 class ErasureIncomplete(MemoryPipelinesError):
@@ -91,8 +90,9 @@ class ErasureService(ErasureLedger):
         super().__init__(derived.store, settings=settings)
         self.derived = derived
 
-    def erase_tenant(self, *, tenant_id: str, progress: Progress | None = None) -> dict[str, Any]:
-        """Rewrite the tenant's files in every registered store, scan them, and mark the jobs ERASED.
+    def erase_tenant(self, *, tenant_id: str, progress: Progress = no_progress) -> dict[str, Any]:
+        """Rewrite the tenant's files in every registered store, scan them, and mark the jobs ERASED;
+        `progress` hears of each store rewritten ("erasure rewrite") and each file scanned ("erasure scan").
 
         Runs under the tenant's forget run lock, so no cascade of the tenant interleaves. Raises
         ErasureIncomplete (nothing marked) when any file still holds a fingerprint.
@@ -107,7 +107,7 @@ class ErasureService(ErasureLedger):
             finally:
                 lock_conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 2))", (lock_key,))
 
-    def _erase(self, tenant_id: str, started: float, progress: Progress | None) -> dict[str, Any]:
+    def _erase(self, tenant_id: str, started: float, progress: Progress) -> dict[str, Any]:
         jobs = self.pending(tenant_id=tenant_id)
         if not jobs:
             return {"tenant_id": tenant_id, "jobs": [], "erased": 0}
@@ -115,8 +115,7 @@ class ErasureService(ErasureLedger):
         erasures: dict[str, Erasure] = {}
         for index, spec in enumerate(registry.STORES):
             erasures[spec.name] = registry.adapter(spec.name).erase(self.derived, tenant_id)
-            if progress is not None:
-                progress("rewrite", index + 1, len(registry.STORES))
+            progress(index + 1, len(registry.STORES), "erasure rewrite")
         rewritten = time.perf_counter()
         files: set[Path] = {f for e in erasures.values() for f in e.files}
         with self.store.transaction() as conn:
@@ -126,7 +125,7 @@ class ErasureService(ErasureLedger):
             job_ids=job_ids,
             files=files,
             exclude=live,
-            progress=(lambda done, total: progress("scan", done, total)) if progress is not None else None,
+            progress=lambda done, total: progress(done, total, "erasure scan"),
         )
         leftovers = {name: e.leftovers for name, e in erasures.items() if e.leftovers}
         report: dict[str, Any] = {

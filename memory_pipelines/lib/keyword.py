@@ -10,11 +10,63 @@ import re
 import unicodedata
 from typing import Any
 
-from memory_pipelines.lib import crypto, lineage, ordering
+import psycopg
+from psycopg.rows import dict_row
+
+from memory_pipelines.lib import crypto, lineage, ordering, validation
 from memory_pipelines.lib.errors import NotFoundError
-from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.store import MemoryStore, visible_candidates_sql
 
 STORE = "keyword_index"
+# Matching postings counted per version; ties go to the smaller memory_id. Constant text, values bound.
+_HITS = (
+    "SELECT p.memory_id, p.version, count(*) AS hits FROM derived.keyword_postings p"
+    " WHERE p.tenant_id = %(tenant)s AND p.token_mac = ANY(%(macs)s) GROUP BY p.memory_id, p.version"
+)
+_SEARCH = _HITS + " ORDER BY hits DESC, p.memory_id LIMIT %(limit)s"
+# The best `depth` candidates (a bounded top-N sort, not a sort of the 10,000 that a common token
+# has at 100,000 memories), each checked against the store's visibility rules in that order until
+# LIMIT visible ones are found: the best visible, not the best of all. Ids (m_ and hex) sort alike
+# in every collation; "C" compares bytes.
+_SEARCH_VISIBLE = {
+    scope: visible_candidates_sql(
+        "(" + _HITS + ' ORDER BY hits DESC, p.memory_id COLLATE "C" LIMIT %(depth)s) AS c', scope
+    )
+    + ' ORDER BY c.hits DESC, c.memory_id COLLATE "C" LIMIT %(limit)s'
+    for scope in (None, *validation.SHARING_MODES)
+}
+# The first answers when enough versions hold every token of the query: walk the rarest token's
+# postings in memory_id order (its index order), keep those holding all the others (a probe each),
+# check visibility in that order, stop at LIMIT; nothing is counted for the whole posting lists.
+# Top answers, exactly: a full match outranks any other and ties go to the smaller memory_id.
+_RARITY = (
+    "SELECT w.mac, (SELECT count(*) FROM (SELECT 1 FROM derived.keyword_postings p WHERE p.tenant_id = %(tenant)s"
+    " AND p.token_mac = w.mac LIMIT %(scan)s) x) AS seen FROM unnest(%(macs)s::bytea[]) AS w(mac)"
+)
+_ALL_TOKENS = (
+    "(SELECT d.memory_id, d.version, %(n)s::bigint AS hits FROM (SELECT p.memory_id, p.version"
+    " FROM derived.keyword_postings p WHERE p.tenant_id = %(tenant)s AND p.token_mac = %(driver)s"
+    " ORDER BY p.memory_id, p.version LIMIT %(scan)s) d WHERE (SELECT count(*) FROM derived.keyword_postings q"
+    " WHERE q.tenant_id = %(tenant)s AND q.token_mac = ANY(%(macs)s) AND q.memory_id = d.memory_id"
+    " AND q.version = d.version) = %(n)s) AS c"
+)
+_SEARCH_ALL_TOKENS = {
+    scope: visible_candidates_sql(_ALL_TOKENS, scope) + " ORDER BY c.memory_id, c.version LIMIT %(limit)s"
+    for scope in (None, *validation.SHARING_MODES)
+}
+_ALL_TOKENS_UP_TO = 50  # hybrid's 1,000 deep list is never all full matches: it counts at once
+# A small scope (MemoryStore.small_scope): the postings of its versions are counted, a few index
+# entries each, rather than the query tokens' posting lists across the whole tenant.
+_AMONG = (
+    "(SELECT p.memory_id, p.version, count(*) AS hits FROM unnest(%(m)s::text[], %(v)s::int[]) AS u(memory_id, version)"
+    " JOIN derived.keyword_postings p ON p.tenant_id = %(tenant)s AND p.memory_id = u.memory_id"
+    " AND p.version = u.version WHERE p.token_mac = ANY(%(macs)s) GROUP BY p.memory_id, p.version"
+    ' ORDER BY hits DESC, p.memory_id COLLATE "C") AS c'
+)
+_SEARCH_AMONG = {
+    scope: visible_candidates_sql(_AMONG, scope) + ' ORDER BY c.hits DESC, c.memory_id COLLATE "C" LIMIT %(limit)s'
+    for scope in (None, *validation.SHARING_MODES)
+}
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 _STOPWORDS = frozenset(
     "a an and are as at be but by for from has have he her his i in is it its me my of on or our she so "
@@ -113,24 +165,75 @@ class KeywordIndex:
                 )
         return {"records": len(current), "indexed": indexed, "removed": len(stale), "postings_written": postings}
 
-    def search(self, *, tenant_id: str, query: str, limit: int) -> list[tuple[tuple[str, int], float]]:
-        """(memory_id, version) with the share of the query's tokens they contain, best first."""
+    def _query_macs(self, conn: psycopg.Connection, tenant_id: str, query: str) -> list[bytes]:
+        """MACs of the query's tokens ([] when it has none, or the tenant has no key: nothing matches)."""
         wanted = tokens(query)
         if not wanted:
             return []
         try:
-            key = self._key(tenant_id, create=False)
+            key = self.store.keys.tenant_subkey(conn, tenant_id, "keyword-index", create=False)
         except NotFoundError:
-            return []  # no tenant key (never indexed, or shredded): nothing can match
-        macs = [crypto.mac(key, token.encode()) for token in sorted(wanted)]
+            return []  # no tenant key (never indexed, or shredded)
+        return [crypto.mac(key, token.encode()) for token in sorted(wanted)]
+
+    def search(self, *, tenant_id: str, query: str, limit: int) -> list[tuple[tuple[str, int], float]]:
+        """(memory_id, version) with the share of the query's tokens they contain, best first (every
+        indexed version, visible or not: `search_visible` is what recall uses)."""
         with self.store.transaction() as conn:
-            rows = conn.execute(
-                "SELECT memory_id, version, count(*) FROM derived.keyword_postings"
-                " WHERE tenant_id = %s AND token_mac = ANY(%s) GROUP BY memory_id, version"
-                " ORDER BY count(*) DESC, memory_id LIMIT %s",
-                (tenant_id, macs, limit),
-            ).fetchall()
-        return [((memory_id, version), count / len(wanted)) for memory_id, version, count in rows]
+            macs = self._query_macs(conn, tenant_id, query)
+            if not macs:
+                return []
+            rows = conn.execute(_SEARCH, {"tenant": tenant_id, "macs": macs, "limit": limit}).fetchall()
+        return [((memory_id, version), hits / len(macs)) for memory_id, version, hits in rows]
+
+    def search_visible(
+        self,
+        *,
+        tenant_id: str,
+        user_id: str,
+        team_id: str | None,
+        query: str,
+        limit: int,
+        small_scope: int = 0,
+    ) -> list[tuple[tuple[str, int], float, dict[str, Any]]]:
+        """Like `search`, among the versions the user sees only (current, not hidden, in scope: the
+        store's rules, in the same SQL), so LIMIT counts visible answers. Each hit carries its row
+        (user_id, team_id, category, subject_epoch), as `MemoryStore.confirm_visible` gives it.
+        A scope of at most `small_scope` memories is searched among its own versions alone (few of
+        the tenant's best candidates would be in it)."""
+        with self.store.transaction() as conn:
+            scope = self.store.check_scope(conn, tenant_id, user_id, team_id)
+            macs = self._query_macs(conn, tenant_id, query)
+            if not macs:
+                return []
+            among = None
+            if small_scope:
+                among = self.store.scope_versions(conn, scope, tenant_id, user_id, team_id, cap=small_scope)
+            if among == []:
+                return []
+            params = {"tenant": tenant_id, "user": user_id, "team": team_id, "macs": macs, "limit": limit}
+            with conn.cursor(row_factory=dict_row) as cur:
+                if among is not None:
+                    versions = {"m": [m for m, _ in among], "v": [v for _, v in among]}
+                    rows = cur.execute(_SEARCH_AMONG[scope], {**params, **versions}).fetchall()
+                    return [((r["memory_id"], r["version"]), r["hits"] / len(macs), r) for r in rows]
+                rows = self._full_matches(cur, scope, params) if limit <= _ALL_TOKENS_UP_TO else []
+                if len(rows) < limit:
+                    rows = cur.execute(_SEARCH_VISIBLE[scope], {**params, "depth": 4 * limit + 50}).fetchall()
+                if len(rows) < limit:  # too few visible among the best: every candidate, then (LIMIT NULL)
+                    rows = cur.execute(_SEARCH_VISIBLE[scope], {**params, "depth": None}).fetchall()
+        return [((r["memory_id"], r["version"]), r["hits"] / len(macs), r) for r in rows]
+
+    @staticmethod
+    def _full_matches(cur: psycopg.Cursor[Any], scope: str | None, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """The first LIMIT visible versions holding every token, if the rarest token's first postings
+        (20 x LIMIT + 100 of them) hold that many; else fewer, and the caller counts every posting."""
+        params = {**params, "n": len(params["macs"]), "scan": 20 * params["limit"] + 100}
+        seen = {bytes(r["mac"]): r["seen"] for r in cur.execute(_RARITY, params).fetchall()}
+        driver = min(params["macs"], key=lambda mac: seen.get(mac, 0))
+        if not seen.get(driver):
+            return []  # a token no version holds: no full match
+        return cur.execute(_SEARCH_ALL_TOKENS[scope], {**params, "driver": driver}).fetchall()
 
     def probe_hits(self, *, tenant_id: str, texts: list[str], sources: set[tuple[str, int]]) -> int:
         """Postings of `sources` reachable from any token of `texts` (one query for every probe)."""

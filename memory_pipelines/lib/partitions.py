@@ -109,6 +109,26 @@ def tenant_partitions(conn: psycopg.Connection, tenant_id: str) -> dict[str, str
     return {parent: part.qualified for parent, part in _partitions(conn, tenant_id).items()}
 
 
+# Shared tables with a row per memory or subject of every tenant: a tenant they were last analyzed
+# without is planned as a tenant of one row.
+_SHARED_TABLES = ("memory.memories", "memory.subjects")
+
+
+def analyze_tenant(conn: psycopg.Connection, tenant_id: str) -> list[str]:
+    """ANALYZE the tenant's partitions and the shared tables holding its memories' heads; returns
+    what was analyzed. Autovacuum reaches a new partition late, and a shared table only after 10% of
+    it changed; until then the planner takes a bulk-loaded tenant for an empty one. Measured: a fresh
+    10,000-memory tenant's forget spent 1.9 s of 2.9 s in the primary step, each statement walking
+    the tenant's memories through the owner index (planned for one row) instead of probing ids.
+    Costs about 0.4 s beside a million memories."""
+    parts = _partitions(conn, tenant_id)
+    for part in parts.values():
+        conn.execute(sql.SQL("ANALYZE {}").format(part.ident))
+    for table in _SHARED_TABLES:
+        conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(*table.split("."))))
+    return [part.qualified for part in parts.values()] + list(_SHARED_TABLES)
+
+
 def compact_tenant(
     conninfo: str,
     tenant_id: str,

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from memory_pipelines.lib import lineage, ordering
 from memory_pipelines.lib.embedding import Embedder
 from memory_pipelines.lib.errors import MemoryPipelinesError, ServiceError
+from memory_pipelines.lib.progress import Progress, no_progress
 from memory_pipelines.lib.store import CurrentVersion, MemoryStore
 
 STORE = "chroma"
@@ -39,6 +40,8 @@ _EMBEDDED_LOCK = threading.RLock()
 # erasure sees the count change and reloads from disk (see VectorStore._fresh).
 ERASURES = "erasures"
 _SEEN: dict[tuple[str, str], int] = {}
+_REBUILD_PAGE = 5000  # vectors a get() and add() of a rebuild carry
+_QUERY_BATCH = 256  # query vectors in one Chroma call (a server refuses ~10,000: "Payload too large")
 # Tenant collection locks this thread holds (see VectorStore._tenant_lock): taken once per thread.
 _HELD = threading.local()
 
@@ -92,6 +95,28 @@ def _reopen_embedded() -> None:
 def collection_name(tenant_id: str) -> str:
     # Chroma names allow fewer characters than tenant ids; a digest is always valid and stable.
     return "mem-" + hashlib.sha256(tenant_id.encode()).hexdigest()[:32]
+
+
+def read_pages(col: Any, *, include: list[str], ids: Sequence[str] | None = None) -> dict[str, list[Any]]:
+    """`col.get` in pages of _REBUILD_PAGE: one get() past ~32,000 vectors (or ids) fails in Chroma
+    with "too many SQL variables". Returns ids and the included fields, concatenated."""
+    out: dict[str, list[Any]] = {"ids": [], **{field: [] for field in include}}
+    offset = 0
+    while True:
+        if ids is not None:
+            part = list(ids[offset : offset + _REBUILD_PAGE])
+            if not part:
+                break
+            page = col.get(ids=part, include=include)
+        else:
+            page = col.get(include=include, limit=_REBUILD_PAGE, offset=offset)
+            if not page["ids"]:
+                break
+        out["ids"] += list(page["ids"])
+        for field in include:
+            out[field] += list(page[field] if page[field] is not None else [])
+        offset += _REBUILD_PAGE
+    return out
 
 
 def _source(record_id: str) -> tuple[str, int]:
@@ -250,13 +275,16 @@ class VectorStore:
         name = collection_name(tenant_id)
 
         def open_it() -> Any:
+            from chromadb.errors import NotFoundError as CollectionMissing
+
             client = self.client()
-            names = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
-            return (
-                self._call("opening the collection", lambda: client.get_collection(name=name))
-                if name in names
-                else None
-            )
+            # One call: listing collections first cost 0.1 s a read on a server holding many tenants.
+            try:
+                return self._call("opening the collection", lambda: client.get_collection(name=name))
+            except ServiceError as exc:
+                if isinstance(exc.__cause__, CollectionMissing):
+                    return None
+                raise
 
         return self._fresh(open_it)
 
@@ -281,30 +309,40 @@ class VectorStore:
             return self._rebuild(tenant_id)
 
     def _rebuild(self, tenant_id: str) -> int:
+        """Copy the live vectors, a page at a time, into a new collection that then takes the name.
+
+        Pages keep memory flat and each get() under SQLite's variable limit (one get() of a tenant
+        past ~32,000 vectors fails with "too many SQL variables"). A run that dies midway leaves the
+        old collection whole and a partial copy, which the next rebuild drops first."""
         client = self.client()
+        name = collection_name(tenant_id)
+        staging = name + "-rebuild"
         col = self.collection(tenant_id)
-        kept = self._call("reading vectors", lambda: col.get(include=["embeddings", "metadatas"]))
         metadata = dict(col.metadata or {})
         metadata[ERASURES] = int(metadata.get(ERASURES, 0)) + 1  # other embedded clients reload
-        self.drop(tenant_id)
+        names = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+        if staging in names:
+            self._call("deleting a partial rebuild", lambda: client.delete_collection(name=staging))
         fresh = self._call(
-            "recreating the collection",
-            lambda: client.get_or_create_collection(
-                name=collection_name(tenant_id), metadata=metadata, embedding_function=None
-            ),
+            "creating the rebuilt collection",
+            lambda: client.create_collection(name=staging, metadata=metadata, embedding_function=None),
         )
-        ids = list(kept["ids"])
-        for start in range(0, len(ids), 1000):
-            end = start + 1000
+        copied = 0
+        while True:
+            page = self._call(
+                "reading vectors",
+                lambda: col.get(include=["embeddings", "metadatas"], limit=_REBUILD_PAGE, offset=copied),  # noqa: B023
+            )
+            if not page["ids"]:
+                break
             self._call(
                 "restoring vectors",
-                lambda start=start, end=end: fresh.add(  # type: ignore[misc]
-                    ids=ids[start:end],
-                    embeddings=kept["embeddings"][start:end],
-                    metadatas=kept["metadatas"][start:end],
-                ),
+                lambda: fresh.add(ids=page["ids"], embeddings=page["embeddings"], metadatas=page["metadatas"]),  # noqa: B023
             )
-        return len(ids)
+            copied += len(page["ids"])
+        self._call("deleting the old collection", lambda: client.delete_collection(name=name))
+        self._call("renaming the rebuilt collection", lambda: fresh.modify(name=name))
+        return copied
 
     @_serialized
     def vectors_of(self, tenant_id: str, record_ids: Sequence[str]) -> dict[str, Any]:
@@ -313,7 +351,7 @@ class VectorStore:
             col = self.existing(tenant_id)
             if col is None or not record_ids:
                 return {}
-            got = self._call("reading vectors", lambda: col.get(ids=list(record_ids), include=["embeddings"]))
+            got = self._call("reading vectors", lambda: read_pages(col, ids=list(record_ids), include=["embeddings"]))
         return dict(zip(got["ids"], got["embeddings"], strict=True))
 
     @_serialized
@@ -364,7 +402,7 @@ class VectorStore:
         with self._tenant_lock(tenant_id, exclusive=False):
             col = self.existing(tenant_id)
             if col is not None:
-                got = self._call("reading vectors", lambda: col.get(include=["embeddings"]))
+                got = self._call("reading vectors", lambda: read_pages(col, include=["embeddings"]))
                 live = {w for vector in got["embeddings"] for w in vector_windows(vector)}
         orphans = 0
         if self.path is not None and (self.path / "chroma.sqlite3").exists():
@@ -400,17 +438,18 @@ class VectorStore:
         col: Any = self.existing(tenant_id)
         if col is None or not record_ids:
             return col, []
-        return col, list(self._call("reading ids", lambda: col.get(ids=list(record_ids), include=[])["ids"]))
+        return col, list(self._call("reading ids", lambda: read_pages(col, ids=list(record_ids), include=[])["ids"]))
 
     @_serialized
     def ids(self, tenant_id: str) -> set[str]:
         with self._tenant_lock(tenant_id, exclusive=False):
             col = self.collection(tenant_id)
-            return set(self._call("listing ids", lambda: col.get(include=[])["ids"]))
+            return set(self._call("listing ids", lambda: read_pages(col, include=[])["ids"]))
 
     @_serialized
-    def sync(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
-        """Embed current versions that are missing, remove vectors of versions no longer current."""
+    def sync(self, *, store: MemoryStore, tenant_id: str, progress: Progress = no_progress) -> dict[str, int]:
+        """Embed current versions that are missing, remove vectors of versions no longer current;
+        `progress` hears of every embedded batch (versions done of those to embed)."""
         current = {cv.record_id: cv for cv in store.current_versions(tenant_id=tenant_id)}
         col = self.collection(tenant_id)
         if (col.metadata or {}).get("embedding_model") != self.embedder.name:
@@ -435,6 +474,7 @@ class VectorStore:
             vectors = self.embedder.embed([texts[cv.source] for cv in chunk])
             del texts
             self._write_chunk(store, tenant_id, col, chunk, vectors)
+            progress(min(start + EMBED_CHUNK, len(new)), len(new), "embeddings")
         removed = 0
         if stale:
             with store.transaction() as conn:
@@ -523,19 +563,15 @@ class VectorStore:
         self, *, tenant_id: str, vector: Any, limit: int, where: dict[str, Any] | None = None
     ) -> list[tuple[tuple[str, int], float]]:
         """Like `query`, for a query vector embedded already (recall may ask twice: it embeds once);
-        ids and distances only, every hit is confirmed by the memory store anyway."""
+        ids and distances only, every hit is confirmed by the memory store anyway. No count first:
+        Chroma 1.x answers a limit above it with what there is, and counting 100,000 took 18 ms."""
         with self._tenant_lock(tenant_id, exclusive=False):
             col = self.existing(tenant_id)
             if col is None:
                 return []
-            count = self._call("counting", col.count)
-            if count == 0:
-                return []
             result = self._call(
                 "querying",
-                lambda: col.query(
-                    query_embeddings=[vector], n_results=min(limit, count), where=where, include=["distances"]
-                ),
+                lambda: col.query(query_embeddings=[vector], n_results=limit, where=where, include=["distances"]),
             )
         return [(_source(i), 1.0 - float(d)) for i, d in zip(result["ids"][0], result["distances"][0], strict=True)]
 
@@ -548,7 +584,7 @@ class VectorStore:
 
     @_serialized
     def query_vectors(self, *, tenant_id: str, vectors: list[Any], limit: int) -> list[list[tuple[str, int]]]:
-        """Nearest (memory_id, version) for query vectors already computed, in one Chroma call."""
+        """Nearest (memory_id, version) for query vectors already computed, a few hundred a Chroma call."""
         with self._tenant_lock(tenant_id, exclusive=False):
             col = self.existing(tenant_id)
             if col is None or not vectors:
@@ -556,17 +592,22 @@ class VectorStore:
             count = self._call("counting", col.count)
             if count == 0:
                 return [[] for _ in vectors]
-            result = self._call(
-                "querying", lambda: col.query(query_embeddings=vectors, n_results=min(limit, count), include=[])
-            )
-        return [[_source(record_id) for record_id in ids] for ids in result["ids"]]
+            found: list[list[tuple[str, int]]] = []
+            for start in range(0, len(vectors), _QUERY_BATCH):
+                part = vectors[start : start + _QUERY_BATCH]
+                result = self._call(
+                    "querying",
+                    lambda: col.query(query_embeddings=part, n_results=min(limit, count), include=[]),  # noqa: B023
+                )
+                found += [[_source(record_id) for record_id in ids] for ids in result["ids"]]
+        return found
 
     @_serialized
     def check(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
         """Counts that must be zero: documents stored, vectors without lineage, vectors not current."""
         with self._tenant_lock(tenant_id, exclusive=False):
             col = self.collection(tenant_id)
-            got = self._call("reading", lambda: col.get(include=["documents"]))
+            got = self._call("reading", lambda: read_pages(col, include=["documents"]))
         ids = set(got["ids"])
         documents = sum(1 for doc in (got.get("documents") or []) if doc)
         current = {cv.record_id for cv in store.current_versions(tenant_id=tenant_id)}

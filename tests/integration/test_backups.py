@@ -386,3 +386,41 @@ def test_restores_completing_out_of_start_order_are_each_backfilled_once(store, 
         backfills = instance.get_backfills()
         assert sorted(b.tags["memory_pipelines/tenant"] for b in backfills) == sorted([first, second])
         assert all(b.is_asset_backfill for b in backfills)
+
+
+def test_a_forget_after_a_restore_removes_copies_of_versions_the_restore_dropped(store, derived, tenant, tmp_path):
+    """A version written after the backup is indexed, then the restore drops its primary row: its
+    vector, postings and lineage are orphans, and the author's forget must take them too."""
+    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    seed(store, derived, tenant)
+    manifest = backups.backup(tenant_id=tenant)
+    late = store.write(tenant_id=tenant, user_id="alice", text="Alice moved the licorice to the attic")
+    derived.sync_all(tenant_id=tenant)
+    assert f"{late.memory_id}:1" in derived.vectors.ids(tenant)
+    assert backups.restore(tenant_id=tenant, backup_id=manifest["backup_id"])["state"] == "COMPLETE"
+    with store.transaction() as conn:
+        orphans = DeletionService._orphans(conn, tenant)
+    assert (late.memory_id, 1, None) in orphans  # no primary row, no memory row: author unknown
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="alice")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    assert service.status(job_id=job["job_id"])["state"] == "COMPLETE"
+    assert not {r for r in derived.vectors.ids(tenant) if r.startswith(late.memory_id)}
+    with store.transaction() as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM derived.lineage WHERE tenant_id = %s AND source_memory_id = %s",
+            (tenant, late.memory_id),
+        ).fetchone()[0]
+    assert left == 0
+
+
+def test_a_tenant_never_restored_skips_the_orphan_scan(store, derived, tenant):
+    seed(store, derived, tenant)
+    with store.transaction() as conn:
+        # Lineage of a version with no primary row, planted: without a restore it is not looked for.
+        conn.execute(
+            "INSERT INTO derived.lineage (tenant_id, store, record_id, source_memory_id, source_version)"
+            " VALUES (%s, 'chroma', 'm_planted:1', 'm_planted', 1)",
+            (tenant,),
+        )
+        assert DeletionService._orphans(conn, tenant) == []

@@ -42,6 +42,20 @@ def test_chroma_server_sync_query_and_down(store, tenant, tmp_path):
         VectorStore(embedder=HashingEmbedder(), url=f"http://127.0.0.1:{free_port()}").ids(tenant)
 
 
+def test_ten_thousand_probe_vectors_reach_a_chroma_server_in_pages(store, tenant, tmp_path):
+    """A run_batch of 100 subjects verifies with about 10,000 paraphrase probes; sent in one query
+    the server refused them ("Payload too large") and the batch blocked."""
+    import numpy as np
+
+    store.write(tenant_id=tenant, user_id="alice", text="Plays the cello in an orchestra")
+    with chroma_server(tmp_path / "chroma-server") as (url, _proc):
+        vectors = VectorStore(embedder=HashingEmbedder(), url=url)
+        vectors.sync(store=store, tenant_id=tenant)
+        probes = list(np.random.default_rng(3).random((10_000, 384), dtype=np.float32))
+        found = vectors.query_vectors(tenant_id=tenant, vectors=probes, limit=10)
+    assert len(found) == 10_000 and all(len(hits) == 1 for hits in found)
+
+
 def test_openai_compatible_summarizer_and_its_failures(store, tenant):
     store.write(tenant_id=tenant, user_id="alice", text="Prefers window seats")
     store.write(tenant_id=tenant, user_id="alice", text="Is allergic to peanuts", category="medical")

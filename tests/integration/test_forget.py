@@ -321,6 +321,26 @@ def test_postgres_connection_dropped_mid_run(store, derived, world, endpoints):
     assert leftovers(store, tenant, [world["alice_personal"].memory_id, world["alice_team"].memory_id]) == 0
 
 
+def test_verification_reads_the_subjects_analytics_bucket_and_finds_a_stale_copy(store, derived, world):
+    """The analytics check reads only the subject's bucket: one that still holds the subject's rows
+    (its file put back after the delete) must block the job."""
+    tenant = world["tenant"]
+    bucket = derived.analytics.subject_bucket(store=store, tenant_id=tenant, user_id="alice")
+    path = derived.analytics.bucket_file(tenant, bucket)
+    saved: dict[str, bytes] = {}
+    hooks = {
+        "frozen": lambda step, job_ids: saved.update(data=path.read_bytes()),
+        "deleted:analytics": lambda step, job_ids: path.write_bytes(saved["data"]),
+    }
+    service = DeletionService(derived, hooks=hooks)
+    job = service.request(tenant_id=tenant, subject="alice")
+    with pytest.raises(DeletionBlocked) as err:
+        service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    assert err.value.code == "VERIFICATION_ANALYTICS"
+    DeletionService(derived).run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    assert service.status(job_id=job["job_id"])["state"] == "COMPLETE"
+
+
 def test_verification_finds_a_planted_leftover(store, derived, world):
     tenant = world["tenant"]
     planted = f"{world['alice_personal'].memory_id}:2"

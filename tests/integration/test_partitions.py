@@ -488,3 +488,28 @@ def test_migration_moves_rows_of_the_old_layout_into_partitions(
             assert set(partitions.tenant_partitions(conn, "initech")) == set(PARTITIONED_TABLES)
     finally:
         upgraded.close()
+
+
+def test_a_bulk_write_refreshes_the_planner_statistics_of_the_tenants_partitions(store, tenant):
+    """Until autovacuum reaches a new partition the planner takes a bulk-loaded tenant for an empty
+    one; `write_many` of ANALYZE_AFTER memories or more analyzes the tenant's partitions itself."""
+    from memory_pipelines.lib.store import ANALYZE_AFTER
+
+    items = [{"user_id": f"u{i % 7}", "text": f"note {i} of {tenant}"} for i in range(ANALYZE_AFTER)]
+    store.write_many(tenant_id=tenant, items=items)
+    with store.transaction() as conn:
+        part = partitions.tenant_partitions(conn, tenant)["memory.memory_versions"]
+        analyzed, tuples = conn.execute(
+            "SELECT s.last_analyze IS NOT NULL OR s.last_autoanalyze IS NOT NULL, c.reltuples"
+            " FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid WHERE s.relid = %s::regclass",
+            (part,),
+        ).fetchone()
+    assert analyzed and tuples == ANALYZE_AFTER
+    with store.transaction() as conn:
+        # The shared heads table too: the tenant's rows are in its statistics now.
+        seen = conn.execute(
+            "SELECT %s = ANY(most_common_vals::text::text[]) OR n_distinct < 0 FROM pg_stats"
+            " WHERE schemaname = 'memory' AND tablename = 'memories' AND attname = 'tenant_id'",
+            (tenant,),
+        ).fetchone()
+    assert seen is not None

@@ -1,9 +1,8 @@
-import warnings
 from datetime import UTC, datetime
 
 import dagster as dg
 
-from memory_pipelines.defs.memories.partitions import tenants_partitions
+from memory_pipelines.defs.memories.partitions import check_result, tenant_asset_check
 from memory_pipelines.lib.erasure import ErasureLedger
 from memory_pipelines.resources import MemoryStoreResource
 
@@ -39,22 +38,6 @@ def erasure_evaluation(ledger: ErasureLedger, tenant_id: str, now: datetime | No
     )
 
 
-def _erasures_on_time(context: dg.AssetCheckExecutionContext, memory_store: MemoryStoreResource) -> dg.AssetCheckResult:
-    evaluation = erasure_evaluation(ErasureLedger(memory_store.store()), context.partition_key)
-    return dg.AssetCheckResult(
-        passed=evaluation.passed,
-        severity=evaluation.severity,
-        description=evaluation.description,
-        metadata=evaluation.metadata,
-    )
-
-
-# Per-tenant checks need the tenants partitions, a preview feature in this release (see forget/checks.py).
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", category=dg.PreviewWarning)
-    erasures_on_time = dg.asset_check(
-        asset="physical_erasure",
-        name=CHECK,
-        description=DESCRIPTION,
-        partitions_def=tenants_partitions,
-    )(_erasures_on_time)
+@tenant_asset_check(asset="physical_erasure", name=CHECK, description=DESCRIPTION)
+def erasures_on_time(context: dg.AssetCheckExecutionContext, memory_store: MemoryStoreResource) -> dg.AssetCheckResult:
+    return check_result(erasure_evaluation(ErasureLedger(memory_store.store()), context.partition_key))

@@ -1,8 +1,6 @@
-import warnings
-
 import dagster as dg
 
-from memory_pipelines.defs.memories.partitions import tenants_partitions
+from memory_pipelines.defs.memories.partitions import check_result, tenant_asset_check
 from memory_pipelines.lib.deletion import NEAR_DEADLINE, DeletionLedger
 from memory_pipelines.resources import MemoryStoreResource
 
@@ -40,25 +38,8 @@ def check_evaluation(ledger: DeletionLedger, tenant_id: str) -> dg.AssetCheckEva
     )
 
 
-def _deletions_on_track(
+@tenant_asset_check(asset="memory_deletions", name=CHECK, description=DESCRIPTION)
+def deletions_on_track(
     context: dg.AssetCheckExecutionContext, memory_store: MemoryStoreResource
 ) -> dg.AssetCheckResult:
-    evaluation = check_evaluation(DeletionLedger(memory_store.store()), context.partition_key)
-    return dg.AssetCheckResult(
-        passed=evaluation.passed,
-        severity=evaluation.severity,
-        description=evaluation.description,
-        metadata=evaluation.metadata,
-    )
-
-
-# A per-tenant check needs the tenants partitions; in this release that is a preview feature and
-# warns at every definitions load, which would drown real warnings: silenced here only.
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", category=dg.PreviewWarning)
-    deletions_on_track = dg.asset_check(
-        asset="memory_deletions",
-        name=CHECK,
-        description=DESCRIPTION,
-        partitions_def=tenants_partitions,
-    )(_deletions_on_track)
+    return check_result(check_evaluation(DeletionLedger(memory_store.store()), context.partition_key))

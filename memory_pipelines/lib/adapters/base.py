@@ -34,6 +34,8 @@ class Context:
     jobs: list[dict[str, Any]]
     everything: set[Source]
     records: set[str] = field(default_factory=set)
+    # Vectors the run already read from the index (its paraphrase probes), by record id: not read twice.
+    vectors: dict[str, Any] = field(default_factory=dict)
 
     @property
     def store(self) -> MemoryStore:

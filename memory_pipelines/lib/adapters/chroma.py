@@ -9,7 +9,7 @@ import psycopg
 from memory_pipelines.lib import bytescan
 from memory_pipelines.lib.adapters.base import Context, Erasure, drop_edges, linked
 from memory_pipelines.lib.derived import DerivedStores
-from memory_pipelines.lib.vectors import STORE
+from memory_pipelines.lib.vectors import STORE, read_pages
 
 
 class ChromaAdapter:
@@ -37,7 +37,7 @@ class ChromaAdapter:
         ids = ctx.ids
         if col is None or not ids:
             return 0
-        return len(vectors._call("verifying", lambda: col.get(ids=ids, include=[])["ids"]))
+        return len(vectors._call("verifying", lambda: read_pages(col, ids=ids, include=[])["ids"]))
 
     def verify(self, ctx: Context, probes: Any) -> int:
         return sum(
@@ -54,6 +54,21 @@ class ChromaAdapter:
         ids = sorted(ctx.records | set(ctx.ids)) if not ctx.tenant_scope else sorted(vectors.ids(ctx.tenant_id))
         stored = vectors.vectors_of(ctx.tenant_id, ids)
         return [w for vector in stored.values() for w in bytescan.vector_windows(vector)]
+
+    def fingerprints_many(self, conn: psycopg.Connection, ctxs: list[Context]) -> list[list[bytes]]:
+        """`fingerprints` of each job of a batch from one read of the collection."""
+        if not ctxs:
+            return []
+        vectors = ctxs[0].derived.vectors
+        if any(ctx.tenant_scope for ctx in ctxs) or vectors.existing(ctxs[0].tenant_id) is None:
+            return [self.fingerprints(conn, ctx) for ctx in ctxs]
+        wanted = [sorted(ctx.records | set(ctx.ids)) for ctx in ctxs]
+        known = ctxs[0].vectors
+        needed = set().union(*wanted)
+        stored = {i: known[i] for i in needed if i in known}
+        if needed - stored.keys():
+            stored |= vectors.vectors_of(ctxs[0].tenant_id, sorted(needed - stored.keys()))
+        return [[w for i in ids if i in stored for w in bytescan.vector_windows(stored[i])] for ids in wanted]
 
     def erase(self, derived: DerivedStores, tenant_id: str) -> Erasure:
         written, files = derived.vectors.erase_physically(tenant_id)
