@@ -11,20 +11,23 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from memory_pipelines.lib import validation
 from memory_pipelines.lib.crypto import DecryptionError
-from memory_pipelines.lib.errors import MemoryPipelinesError, ValidationError
+from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.paths import PROJECT_ROOT
+from memory_pipelines.lib.progress import ENV_VERBOSE
 from memory_pipelines.lib.settings import ENV_HOME, Settings
 from memory_pipelines.lib.store import MemoryStore
 
 if TYPE_CHECKING:
     from memory_pipelines.lib.deletion import DeletionLedger, DeletionService
     from memory_pipelines.lib.derived import DerivedStores
+    from memory_pipelines.platform import MemoryPlatform
 
 PROG = "memory-pipelines"
 # Set to 1 to get the traceback of an unexpected error (never of a refused input).
@@ -43,10 +46,19 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings.from_env()
 
 
-def _store(args: argparse.Namespace) -> MemoryStore:
-    from memory_pipelines.lib.runtime import open_store
+def _platform(args: argparse.Namespace) -> MemoryPlatform:
+    """The command's MemoryPlatform, made once: the services start (or are found) once per command."""
+    platform: MemoryPlatform | None = getattr(args, "_platform", None)
+    if platform is None:
+        from memory_pipelines.platform import MemoryPlatform
 
-    return open_store(_settings(args))
+        _settings(args)  # --home first: from_env reads it
+        platform = args._platform = MemoryPlatform.from_env()
+    return platform
+
+
+def _store(args: argparse.Namespace) -> MemoryStore:
+    return _platform(args).store
 
 
 def _text_arg(value: str, field: str) -> str:
@@ -81,7 +93,7 @@ def _text_arg(value: str, field: str) -> str:
 
 def cmd_write(args: argparse.Namespace) -> None:
     text = _text_arg(args.text, "text")  # before any service starts: bad stdin changes nothing
-    result = _store(args).write(
+    result = _platform(args).write(
         tenant_id=args.tenant,
         user_id=args.user,
         text=text,
@@ -93,23 +105,23 @@ def cmd_write(args: argparse.Namespace) -> None:
         original_query=args.original_query,
         do_not_sell=True if args.do_not_sell else None,
     )
-    _emit(result.as_dict())
+    _emit(result)
 
 
 def cmd_history(args: argparse.Namespace) -> None:
-    _emit(_store(args).history(tenant_id=args.tenant, memory_id=args.memory_id))
+    _emit(_platform(args).history(tenant_id=args.tenant, memory_id=args.memory_id))
 
 
 def cmd_rollback(args: argparse.Namespace) -> None:
-    _emit(_store(args).rollback(tenant_id=args.tenant, memory_id=args.memory_id, user_id=args.user))
+    _emit(_platform(args).rollback(tenant_id=args.tenant, memory_id=args.memory_id, user_id=args.user))
 
 
 def cmd_list(args: argparse.Namespace) -> None:
-    _emit(_store(args).list_visible(tenant_id=args.tenant, user_id=args.user, team_id=args.team))
+    _emit(_platform(args).list(tenant_id=args.tenant, user_id=args.user, team_id=args.team))
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    chunks = _store(args).export_json(tenant_id=args.tenant, subject=args.subject)
+    chunks = _platform(args).export_json(tenant_id=args.tenant, subject=args.subject)
     first = next(chunks)  # errors surface before anything reaches stdout
     sys.stdout.write(first)
     for chunk in chunks:
@@ -146,25 +158,61 @@ def cmd_do_not_sell(args: argparse.Namespace) -> None:
 
 
 def _derived(args: argparse.Namespace) -> DerivedStores:
-    from memory_pipelines.lib.derived import open_derived
-    from memory_pipelines.lib.runtime import open_store
+    return _platform(args).derived
 
-    settings = _settings(args)
-    return open_derived(settings, open_store(settings))
+
+def _document(args: argparse.Namespace, content: str | bytes) -> None:
+    """A rendered document (certificate, picture) to `--output` (then `{"written": path}` on stdout),
+    or as is on stdout."""
+    if args.output:
+        path = os.path.abspath(args.output)
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        try:
+            with open(path, "wb") as out:
+                out.write(data)
+        except OSError as exc:
+            raise ValidationError("output", f"cannot write {args.output!r}: {exc.strerror}") from exc
+        _emit({"written": path})
+    else:
+        sys.stdout.write(content if isinstance(content, str) else content.decode("utf-8"))
+        sys.stdout.flush()
 
 
 def cmd_lineage(args: argparse.Namespace) -> None:
+    if args.format != "json" and not args.memory_id:
+        raise ValidationError("format", f"{args.format} draws one memory's lineage: give --memory-id")
+    if args.format == "png" and not args.output:
+        raise ValidationError("output", "is required with --format png (a binary file)")
     derived = _derived(args)
-    if args.memory_id:
+    if args.format != "json":
+        from memory_pipelines.lib.certificate import lineage_graph
+
+        records = derived.lineage_of_memory(tenant_id=args.tenant, memory_id=args.memory_id)
+        _document(args, lineage_graph(records, title=f"lineage of {args.memory_id}", fmt=args.format))
+    elif args.output:
+        document = (
+            derived.lineage_of_memory(tenant_id=args.tenant, memory_id=args.memory_id)
+            if args.memory_id
+            else derived.sources_of_record(tenant_id=args.tenant, record=args.record)
+        )
+        _document(args, json.dumps(document, indent=2) + "\n")
+    elif args.memory_id:
         _emit(derived.lineage_of_memory(tenant_id=args.tenant, memory_id=args.memory_id))
     else:
         _emit(derived.sources_of_record(tenant_id=args.tenant, record=args.record))
 
 
 def cmd_recall(args: argparse.Namespace) -> None:
+    # As the Dagster assets built the indexes (`materialize`, or automation in `dev`): no sync here.
     _emit(
-        _derived(args).recaller.recall(
-            tenant_id=args.tenant, user_id=args.user, team_id=args.team, query=args.query, k=args.k, mode=args.mode
+        _platform(args).recall(
+            tenant_id=args.tenant,
+            user_id=args.user,
+            team_id=args.team,
+            query=args.query,
+            k=args.k,
+            mode=args.mode,
+            sync=False,
         )
     )
 
@@ -186,7 +234,9 @@ def cmd_materialize(args: argparse.Namespace) -> None:
     result = materialize(_settings(args), args.tenant, select)
     _emit(result)
     if not result["success"]:
-        raise MemoryPipelinesError("run", f"run {result['run_id']} failed: {result['failures']}")
+        from memory_pipelines.materialize import failure_message
+
+        raise MemoryPipelinesError("run", f"run {result['run_id']} failed: {failure_message(result['failures'])}")
 
 
 def cmd_summary(args: argparse.Namespace) -> None:
@@ -202,9 +252,7 @@ def cmd_summary_mode(args: argparse.Namespace) -> None:
 
 
 def _deletions(args: argparse.Namespace) -> DeletionService:
-    from memory_pipelines.lib.deletion import DeletionService
-
-    return DeletionService(_derived(args))
+    return _platform(args).deletions
 
 
 def _wait_for(args: argparse.Namespace, service: DeletionLedger, job: dict[str, Any]) -> dict[str, Any]:
@@ -231,23 +279,30 @@ def cmd_forget(args: argparse.Namespace) -> None:
 
 
 def cmd_deletion(args: argparse.Namespace) -> None:
-    from memory_pipelines.lib.deletion import DeletionLedger
-    from memory_pipelines.lib.runtime import open_store
-
     if args.deletion_command == "erase":
         from memory_pipelines.materialize import run_erasure
 
         result = run_erasure(_settings(args), args.tenant)
         _emit(result)
         if not result["success"]:
-            raise SystemExit(1)
+            from memory_pipelines.materialize import failure_message
+
+            raise MemoryPipelinesError("physical_erasure", failure_message(result["failures"]))
         return
     # Reading jobs needs only the control plane, not Chroma or the embedding model.
-    service = DeletionLedger(open_store(_settings(args)))
+    service = _platform(args).ledger
     if args.deletion_command == "status":
         _emit(service.status(job_id=args.job_id))
     elif args.deletion_command == "proof":
-        _emit(service.proof(job_id=args.job_id))
+        proof = service.proof(job_id=args.job_id)
+        if args.format == "json" and not args.output:
+            _emit(proof)
+        elif args.format == "json":
+            _document(args, json.dumps(proof, indent=2) + "\n")
+        else:
+            from memory_pipelines.lib.certificate import render
+
+            _document(args, render(proof, service.status(job_id=args.job_id), args.format))
     elif args.deletion_command == "list":
         _emit(service.list_jobs(state=args.state, tenant_id=args.tenant))
     else:
@@ -256,9 +311,7 @@ def cmd_deletion(args: argparse.Namespace) -> None:
 
 
 def _backups(args: argparse.Namespace) -> Any:
-    from memory_pipelines.lib.runtime import open_backups
-
-    return open_backups(_settings(args), _store(args))
+    return _platform(args).backups
 
 
 def cmd_backup(args: argparse.Namespace) -> None:
@@ -357,7 +410,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> None:
-    _emit(_runs(args).explain(tenant_id=args.tenant, run_id=args.run))
+    _emit(_platform(args).explain(tenant_id=args.tenant, run_id=args.run))
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -376,7 +429,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     eval_set = evaluation.load_eval_set()
     rows = evaluation.trend(_store(args), tenant_id=eval_set.tenant, mode=args.mode)
     if not rows:
-        raise MemoryPipelinesError("eval", "no evaluation yet: run `eval run --month YYYY-MM` first")
+        raise NotFoundError("eval", "no evaluation yet: run `eval run --month YYYY-MM` first")
     print(f"memory quality of tenant {eval_set.tenant!r}, recall mode {args.mode}, K={eval_set.k}")
     print(evaluation.trend_markdown(rows))
 
@@ -464,6 +517,12 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Long-term memory lifecycle on Dagster.")
     parser.add_argument("--home", help=f"data folder (default: ${ENV_HOME} or ./.memory_pipelines)")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Dagster's event log and library warnings on stderr (default: a progress bar on a terminal,"
+        " else errors only; runs' output goes to HOME/logs/cli-runs.log)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, handler: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
@@ -535,6 +594,10 @@ def build_parser() -> argparse.ArgumentParser:
     which = lineage.add_mutually_exclusive_group(required=True)
     which.add_argument("--memory-id")
     which.add_argument("--record", help="STORE:ID, e.g. chroma:m_...:2 or subject_summaries:subject:alice")
+    lineage.add_argument(
+        "--format", default="json", choices=("json", "png", "svg"), help="json (default), or a picture of --memory-id"
+    )
+    lineage.add_argument("--output", metavar="FILE", help='write to FILE (required for png); prints {"written": FILE}')
 
     recall = add("recall", cmd_recall, "memories visible to a user that best match QUERY")
     recall.add_argument("--tenant", required=True)
@@ -581,6 +644,14 @@ def build_parser() -> argparse.ArgumentParser:
     for action in ("status", "proof", "retry"):
         one = deletion_sub.add_parser(action)
         one.add_argument("job_id", metavar="JOB")
+        if action == "proof":
+            one.add_argument(
+                "--format",
+                default="json",
+                choices=("json", "md", "html"),
+                help="json (default: the proof), md or html (a deletion certificate for a privacy officer)",
+            )
+            one.add_argument("--output", metavar="FILE", help='write the document to FILE; prints {"written": FILE}')
     listing_jobs = deletion_sub.add_parser("list")
     listing_jobs.add_argument("--state")
     listing_jobs.add_argument("--tenant")
@@ -684,7 +755,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         _check_arguments(args)
-        args.handler(args)
+        # Runs launched by this command read it too (memory_pipelines.materialize).
+        if args.verbose:
+            os.environ[ENV_VERBOSE] = "1"
+        else:
+            os.environ.pop(ENV_VERBOSE, None)
+        with warnings.catch_warnings():
+            if not args.verbose:  # Dagster's Beta/Preview/Deprecation warnings are not the user's to act on
+                warnings.simplefilter("ignore")
+            args.handler(args)
     except MemoryPipelinesError as exc:
         _error(exc.field, exc.message)
         return exc.exit_code

@@ -1,22 +1,33 @@
 """The `demo` command: seeds a demo tenant from assets/demo, walks through versions and sharing
 modes, materializes every asset of the tenant through the Dagster instance, shows a recall, a
-lineage lookup and an analytics query, then forgets bob (GDPR Art. 17) and prints the proof."""
+lineage lookup and an analytics query, then forgets bob (GDPR Art. 17) and prints the proof. Last,
+it evaluates the month that ended and runs a canary drill, as runs of the code location, so that
+every asset in the UI has a materialization to show."""
 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+import multiprocessing
+import os
+import warnings
+from concurrent.futures import Future, ProcessPoolExecutor
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+from memory_pipelines.lib.canary import CANARY_PREFIX
 from memory_pipelines.lib.deletion import DeletionService
 from memory_pipelines.lib.derived import DerivedStores, open_derived
 from memory_pipelines.lib.paths import ASSETS_DIR
+from memory_pipelines.lib.progress import ENV_VERBOSE
 from memory_pipelines.lib.runtime import open_store
-from memory_pipelines.lib.services import ensure_services
+from memory_pipelines.lib.services import Endpoints, ensure_services
 from memory_pipelines.lib.settings import Settings
 from memory_pipelines.lib.store import MemoryStore
 from memory_pipelines.lib.validation import SHARING_MODES
 from memory_pipelines.materialize import (
+    IN_PROCESS,
+    Launch,
+    launch_and_wait,
     materialize,
     run_backup,
     run_erasure,
@@ -26,6 +37,58 @@ from memory_pipelines.materialize import (
 )
 
 CORPUS = ASSETS_DIR / "demo" / "corpus.json"
+# The first month partition of `memory_eval` (defs/evaluation/assets.py `months`).
+FIRST_EVAL_MONTH = date(2026, 1, 1)
+
+
+def last_completed_month(today: date) -> date | None:
+    """The first day of the month before `today`'s, if the evaluation has a partition for it."""
+    month = (today.replace(day=1) - timedelta(days=1)).replace(day=1)
+    return month if month >= FIRST_EVAL_MONTH else None
+
+
+def populate_ui(settings: Settings) -> dict[str, Any]:
+    """The month that ended evaluated (`memory_eval`, `memory_drift`) and a canary drill
+    (`deletion_canary`), submitted together as runs of the code location so the UI shows them.
+
+    The evaluation reads its own tenant (assets/eval, written on first use), not the demo's; the
+    drill writes, forgets and offboards a `canary-...` tenant of its own. Neither reads what the
+    rest of the demo writes, so the demo runs this in a child process alongside the rest.
+    """
+    month = last_completed_month(datetime.now(UTC).date())
+    launches = [Launch("canary_drill", "", IN_PROCESS)]  # unpartitioned: no partition tag
+    if month is not None:
+        launches.insert(0, Launch("memory_evaluation", month.isoformat(), IN_PROCESS))
+    # The trend is Markdown with an embedded PNG: too big for a JSON answer.
+    *evaluated, drill = launch_and_wait(settings, launches, leave_out=("trend",))
+    evaluation: dict[str, Any] = {"month": None, "success": None, "skipped": "no completed month to evaluate yet"}
+    if evaluated:
+        run = evaluated[0]
+        quality, drift = run.assets.get("memory_eval", {}), run.assets.get("memory_drift", {})
+        evaluation = {
+            "month": month.isoformat()[:7] if month else None,
+            "run_id": run.run_id,
+            "success": run.success,
+            "precision_hybrid": quality.get("precision_hybrid"),
+            "recall_hybrid": quality.get("recall_hybrid"),
+            "drift": drift.get("drift"),
+            "checks": run.checks,
+            "failures": run.failures,
+        }
+    canary = drill.assets.get("deletion_canary", {})
+    return {
+        "evaluation": evaluation,
+        "canary_drill": {
+            "run_id": drill.run_id,
+            "success": drill.success,
+            "passed": canary.get("passed"),
+            "canaries": canary.get("canaries"),
+            "restore_from_backup": canary.get("restore_from_backup"),
+            "tenant_removed": canary.get("tenant_removed"),
+            "checks": drill.checks,
+            "failures": drill.failures,
+        },
+    }
 
 
 def seed(store: MemoryStore, corpus: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +145,34 @@ def show_sharing_modes(store: MemoryStore, corpus: dict[str, Any]) -> dict[str, 
     return views
 
 
+def _populate_ui_quietly(settings: Settings) -> dict[str, Any]:
+    """`populate_ui` in the child process: its output goes nowhere unless --verbose (the parent's
+    progress display is the only one on a terminal, and warnings stay filtered), and an error comes
+    back as a value (our errors do not unpickle)."""
+    if os.environ.get(ENV_VERBOSE) != "1":
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        warnings.simplefilter("ignore")
+    os.dup2(2, 1)  # the parent's stdout is the demo's one JSON document
+    try:
+        return populate_ui(settings)
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _ui_outcome(background: Future[dict[str, Any]]) -> dict[str, Any]:
+    """The child's result, or its error as failed evaluation and drill entries."""
+    try:
+        ui = background.result()
+    except Exception as exc:  # the child died (killed, out of memory): say so, keep the demo's result
+        ui = {"error": f"{type(exc).__name__}: {exc}"}
+    if "error" in ui:
+        failed = {"success": False, "failures": [{"step": None, "error": ui["error"]}]}
+        return {"evaluation": failed, "canary_drill": dict(failed)}
+    return ui
+
+
 def store_rows(derived: DerivedStores, tenant: str, user: str) -> list[str]:
     return [m["text"] for m in derived.store.list_visible(tenant_id=tenant, user_id=user)]
 
@@ -89,6 +180,28 @@ def store_rows(derived: DerivedStores, tenant: str, user: str) -> list[str]:
 def run_demo(settings: Settings) -> dict[str, Any]:
     corpus = json.loads(CORPUS.read_text(encoding="utf-8"))
     endpoints = ensure_services(settings)
+    # The evaluation and the canary drill run alongside the rest (their own tenants, their own runs):
+    # the evaluation takes about as long as everything else.
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        background = pool.submit(_populate_ui_quietly, settings)
+        result = _walk_through(settings, endpoints, corpus)
+    finally:
+        pool.shutdown(wait=True)
+    ui = _ui_outcome(background)
+    store = open_store(settings, endpoints)
+    try:
+        # The drill offboards its tenant: none is left for `memory-pipelines tenants` to list.
+        left = [t["tenant_id"] for t in store.tenants() if t["tenant_id"].startswith(CANARY_PREFIX)]
+    finally:
+        store.close()
+    ui["canary_drill"]["canary_tenants_left"] = left
+    next_steps = result.pop("next")
+    return {**result, **ui, "next": next_steps}
+
+
+def _walk_through(settings: Settings, endpoints: Endpoints, corpus: dict[str, Any]) -> dict[str, Any]:
+    """The demo's own steps on its tenant, from the seed to the retention run."""
     store = open_store(settings, endpoints)
     try:
         seeded = seed(store, corpus)
@@ -185,9 +298,13 @@ def run_demo(settings: Settings) -> dict[str, Any]:
         "next": {
             "ui": f"memory-pipelines --home {settings.home} dev   # then open http://127.0.0.1:3000/assets/memories",
             "what_to_look_at": "Assets: `memories` and the derived_stores group, partition `demo`: counts per "
-            "materialization and the asset checks; Runs: the `tenant_refresh`, `forget`, `backup` and `restore` "
-            "runs above, launched from the code location (re-executable); sensor `tenant_partitions_sensor` keeps "
-            "tenants as partitions; after a restore, `restored_tenants_backfill_sensor` starts a backfill",
+            "materialization and the asset checks; `memory_eval` and `memory_drift` for the month evaluated "
+            "(the trend, precision_target and drift_target); `deletion_canary` and its nothing_left_behind check; "
+            "`tenant_backups` lists the tenant's backups (the `backups` table) for a restore from the launchpad of "
+            "the `restore` job; Runs: the `tenant_refresh`, `forget`, `backup`, `restore`, `memory_evaluation` and "
+            "`canary_drill` runs above, launched from the code location (re-executable); sensor "
+            "`tenant_partitions_sensor` keeps tenants as partitions; after a restore, "
+            "`restored_tenants_backfill_sensor` starts a backfill",
             "stop": f"memory-pipelines --home {settings.home} stop",
         },
     }

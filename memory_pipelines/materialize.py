@@ -7,6 +7,11 @@ With a QueuedRunCoordinator the run waits in the queue under the instance's tag 
 CLI use) this process runs the daemon's own dequeue iteration while it waits, one process at a
 time, so the limits hold across CLI processes too. Results are read back from the instance's event
 log: materialization metadata per asset, asset check evaluations, and the failed steps' root causes.
+
+Output: the code server and run workers print Dagster's event log. With --verbose (ENV_VERBOSE) it
+goes to stderr; otherwise to HOME/logs/cli-runs.log, and when stderr is a terminal this process
+draws a progress bar per run from the run's event log (steps done, and the library's `progress:`
+lines of the step running).
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 import psycopg
 
+from memory_pipelines.lib import progress
 from memory_pipelines.lib.errors import ServiceError, ValidationError
 from memory_pipelines.lib.paths import PROJECT_ROOT
 from memory_pipelines.lib.runtime import open_store
@@ -72,7 +79,8 @@ class RunOutcome:
 
 @dataclass(frozen=True)
 class Launch:
-    """One run to submit: job, partition, run config, and optionally a subset of its assets."""
+    """One run to submit: job, partition ("" for an unpartitioned job), run config, and optionally a
+    subset of its assets."""
 
     job_name: str
     partition: str
@@ -85,24 +93,66 @@ class Launch:
 # -- the workspace and the run queue -----------------------------------------------------------
 
 
+# Where the children's output goes without --verbose (under HOME); failure messages name it.
+RUN_LOG = Path("logs") / "cli-runs.log"
+RUN_LOG_MAX_BYTES = 20_000_000  # then it becomes cli-runs.log.1 (replacing the one before)
+_run_log: Path | None = None
+
+
+def verbose() -> bool:
+    """--verbose: Dagster's event log and library warnings on stderr, no progress bar."""
+    return os.environ.get(progress.ENV_VERBOSE) == "1"
+
+
 @contextmanager
-def _children_write_to_stderr() -> Iterator[None]:
-    """The code server and run workers inherit fd 1 and log to it; the CLI's stdout is one JSON
-    document, so for as long as they may start, fd 1 is the process's stderr."""
+def _children_output(settings: Settings) -> Iterator[TextIO | None]:
+    """The code server and run workers inherit fds 1 and 2 and log to them; the CLI's stdout is one
+    JSON document. For as long as they may start, fd 1 is stderr (--verbose) or both are the run log
+    under HOME. Yields the terminal to draw progress on (a copy of the real stderr), or None."""
+    global _run_log
     sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
+    sys.stderr.flush()
+    if verbose():
+        saved = os.dup(1)
+        os.dup2(2, 1)
+        try:
+            yield None
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        return
+    log = settings.home / RUN_LOG
+    log.parent.mkdir(parents=True, exist_ok=True)
+    if log.exists() and log.stat().st_size > RUN_LOG_MAX_BYTES:
+        log.replace(log.with_name(log.name + ".1"))
+    terminal = os.isatty(2)
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    _run_log = log
+    stream = os.fdopen(os.dup(saved_err), "w", encoding="utf-8", errors="replace") if terminal else None
     try:
-        yield
+        yield stream
     finally:
+        if stream is not None:
+            stream.close()
         sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+        sys.stderr.flush()
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        os.close(saved_out)
+        os.close(saved_err)
 
 
 @contextmanager
-def _workspace(settings: Settings) -> Iterator[tuple[DagsterInstance, WorkspaceProcessContext, str]]:
-    """The instance and the project's code location loaded from workspace.yaml (a code server)."""
+def _workspace(
+    settings: Settings,
+) -> Iterator[tuple[DagsterInstance, WorkspaceProcessContext, str, TextIO | None]]:
+    """The instance, the project's code location loaded from workspace.yaml (a code server), the
+    store's conninfo, and the terminal to draw progress on (None: draw nothing)."""
     import dagster as dg
     from dagster._core.workspace.context import WorkspaceProcessContext
     from dagster._core.workspace.load_target import WorkspaceFileTarget
@@ -115,7 +165,7 @@ def _workspace(settings: Settings) -> Iterator[tuple[DagsterInstance, WorkspaceP
     os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
     os.environ[ENV_HOME] = str(settings.home)
     with (
-        _children_write_to_stderr(),
+        _children_output(settings) as terminal,
         dg.DagsterInstance.get() as instance,
         WorkspaceProcessContext(
             instance=instance,
@@ -125,7 +175,7 @@ def _workspace(settings: Settings) -> Iterator[tuple[DagsterInstance, WorkspaceP
             code_server_log_level="WARNING",
         ) as context,
     ):
-        yield instance, context, endpoints.store_conninfo
+        yield instance, context, endpoints.store_conninfo, terminal
 
 
 def _create_run(instance: DagsterInstance, context: WorkspaceProcessContext, launch: Launch) -> str:
@@ -153,7 +203,9 @@ def _create_run(instance: DagsterInstance, context: WorkspaceProcessContext, lau
     plan = location.get_execution_plan(
         remote_job, launch.run_config, step_keys_to_execute=None, known_state=None, instance=instance
     ).execution_plan_snapshot
-    tags = {**remote_job.tags, **dict(launch.tags), PARTITION_TAG: launch.partition}
+    tags = {**remote_job.tags, **dict(launch.tags)}
+    if launch.partition:  # an unpartitioned job (the canary drill) gets no partition tag at all
+        tags[PARTITION_TAG] = launch.partition
     if launch.tenant is not None:
         tags[TENANT_TAG] = launch.tenant
     run = instance.create_run(
@@ -219,13 +271,92 @@ class _Dequeuer:
             self.daemon.__exit__(None, None, None)
 
 
-def _wait(instance: DagsterInstance, dequeuer: _Dequeuer, run_ids: Sequence[str]) -> None:
-    """Until every run has finished; the runs' subprocesses outlive nothing they depend on."""
+# DagsterEventType member names (their values are older names: RUN_SUCCESS is "PIPELINE_SUCCESS").
+_STEP_ENDS = {"STEP_SUCCESS", "STEP_FAILURE", "STEP_SKIPPED", "STEP_UP_FOR_RETRY"}
+_RUN_ENDS = {"RUN_SUCCESS": "done", "RUN_FAILURE": "failed", "RUN_CANCELED": "canceled"}
+
+
+class _RunBars:
+    """One progress bar per run on the terminal, read from the runs' event logs: steps finished of
+    the run's steps, and the step running, or its latest library `progress:` line."""
+
+    def __init__(self, instance: DagsterInstance, run_ids: Sequence[str], terminal: TextIO) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.table import Column
+
+        self.instance = instance
+        self.bars = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=20),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            # The step running (a check's step key is long): cut on a narrow terminal, never wrapped.
+            TextColumn("{task.fields[doing]}", table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
+            console=Console(file=terminal, stderr=False),
+            expand=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self.cursors: dict[str, str | None] = {}
+        self.tasks: dict[str, Any] = {}
+        for run_id in run_ids:
+            run = instance.get_run_by_id(run_id)
+            if run is None:
+                continue
+            name = f"{run.job_name} {run.tags.get(PARTITION_TAG, '')}".strip()
+            steps = len(run.step_keys_to_execute or []) or None
+            self.tasks[run_id] = self.bars.add_task(name, total=steps, doing="queued")
+            self.cursors[run_id] = None
+        self.bars.start()
+
+    def update(self) -> None:
+        for run_id, task in self.tasks.items():
+            page = self.instance.get_records_for_run(run_id, cursor=self.cursors[run_id], limit=500)
+            self.cursors[run_id] = page.cursor
+            for record in page.records:
+                self._apply(task, record.event_log_entry)
+
+    def _apply(self, task: Any, entry: Any) -> None:
+        event = entry.dagster_event
+        if event is None:  # a log line: the library's progress of the step running
+            said = progress.parse(entry.user_message or "")
+            if said is not None:
+                what, done, total = said
+                self.bars.update(task, doing=f"{what} {done}/{'?' if total is None else total}")
+            return
+        kind = event.event_type.name
+        if kind == "STEP_START":
+            self.bars.update(task, doing=str(event.step_key))
+        elif kind in _STEP_ENDS:
+            self.bars.advance(task)
+        elif kind in _RUN_ENDS:
+            total = self.bars.tasks[task].total
+            done = kind == "RUN_SUCCESS" and total is not None
+            self.bars.update(task, doing=_RUN_ENDS[kind], **({"completed": total} if done else {}))
+        elif kind == "RUN_START":
+            self.bars.update(task, doing="starting")
+
+    def close(self) -> None:
+        try:
+            self.update()  # the last events, so every bar ends on its run's outcome
+        finally:
+            self.bars.stop()
+
+
+def _wait(
+    instance: DagsterInstance, dequeuer: _Dequeuer, run_ids: Sequence[str], terminal: TextIO | None = None
+) -> None:
+    """Until every run has finished; the runs' subprocesses outlive nothing they depend on. With a
+    terminal, a progress bar per run is drawn on it meanwhile."""
     from dagster import DagsterRunStatus
 
     pending = set(run_ids)
+    bars = _RunBars(instance, run_ids, terminal) if terminal is not None else None
     try:
         while pending:
+            if bars is not None:
+                bars.update()
             queued = False
             for run_id in sorted(pending):
                 run = instance.get_run_by_id(run_id)
@@ -241,6 +372,9 @@ def _wait(instance: DagsterInstance, dequeuer: _Dequeuer, run_ids: Sequence[str]
         for run_id in pending:  # an interrupted CLI leaves no run behind in the queue or running
             instance.run_coordinator.cancel_run(run_id)
         raise
+    finally:
+        if bars is not None:
+            bars.close()
 
 
 def _root_cause(error: Any) -> str:
@@ -263,7 +397,16 @@ def _message_line(error: Any) -> tuple[str, str]:
 
 
 def _values(metadata: Any, leave_out: Sequence[str] = ()) -> dict[str, Any]:
-    return {name: getattr(value, "value", None) for name, value in metadata.items() if name not in leave_out}
+    return {name: _plain(value) for name, value in metadata.items() if name not in leave_out}
+
+
+def _plain(value: Any) -> Any:
+    """A metadata value as JSON can hold it: a table's rows as dicts (a table's `.value` is itself)."""
+    import dagster as dg
+
+    if isinstance(value, dg.TableMetadataValue):
+        return [dict(record.data) for record in value.records]
+    return getattr(value, "value", None)
 
 
 def read_run(instance: DagsterInstance, run_id: str, leave_out: Sequence[str] = ()) -> RunOutcome:
@@ -308,14 +451,14 @@ def read_run(instance: DagsterInstance, run_id: str, leave_out: Sequence[str] = 
 
 def launch_and_wait(settings: Settings, launches: Sequence[Launch], leave_out: Sequence[str] = ()) -> list[RunOutcome]:
     """Submit every run, wait for all of them, read their results; one workspace for the lot."""
-    with _workspace(settings) as (instance, context, conninfo):
+    with _workspace(settings) as (instance, context, conninfo, terminal):
         for launch in launches:
             if launch.job_name in _TENANT_JOBS and not instance.has_dynamic_partition("tenants", launch.partition):
                 instance.add_dynamic_partitions("tenants", [launch.partition])
         run_ids = [_create_run(instance, context, launch) for launch in launches]
         dequeuer = _Dequeuer(context, conninfo)
         try:
-            _wait(instance, dequeuer, run_ids)
+            _wait(instance, dequeuer, run_ids, terminal)
         finally:
             dequeuer.close()
         return [read_run(instance, run_id, leave_out) for run_id in run_ids]
@@ -330,8 +473,10 @@ def _one(settings: Settings, launch: Launch, leave_out: Sequence[str] = ()) -> R
 
 
 def failure_message(failures: list[dict[str, Any]]) -> str:
-    """The failed steps' root causes (our errors name their field), for a CLI error line."""
-    return "; ".join(f["error"] for f in failures) or "run failed"
+    """The failed steps' root causes (our errors name their field), for a CLI error line, and where
+    the runs' full output went when it was not shown."""
+    message = "; ".join(f["error"] for f in failures) or "run failed"
+    return f"{message} (run output: {_run_log})" if _run_log is not None and not verbose() else message
 
 
 def _job_name(job: Any) -> str:

@@ -191,3 +191,33 @@ def test_definitions_load_without_preview_warnings():
         warnings.simplefilter("always")
         load()
     assert not [w for w in caught if issubclass(w.category, dg.PreviewWarning)]
+
+
+def test_every_asset_and_job_has_a_domain_and_every_check_a_description(definitions):
+    specs = list(definitions.resolve_all_asset_specs())
+    assert [s.key.to_user_string() for s in specs if not s.tags.get("domain")] == []
+    assert {s.tags["domain"] for s in specs} == {"memories", "derived", "forget", "backups", "evaluation"}
+    jobs = [job for job in definitions.resolve_all_job_defs() if not job.name.startswith("__")]
+    assert len(jobs) == 9
+    assert [job.name for job in jobs if not job.tags.get("domain")] == []
+    graph = definitions.resolve_asset_graph()
+    assert len(graph.asset_check_keys) == 12
+    undescribed = [key.name for key in graph.asset_check_keys if not (graph.get_check_spec(key).description or "")]
+    assert undescribed == []
+
+
+def test_evaluation_checks_are_per_month_and_name_the_mode_and_warn_band(definitions):
+    from memory_pipelines.lib.evaluation import severity
+
+    graph = definitions.resolve_asset_graph()
+    precision = graph.get_check_spec(dg.AssetCheckKey(dg.AssetKey("memory_eval"), "precision_target"))
+    drift = graph.get_check_spec(dg.AssetCheckKey(dg.AssetKey("memory_drift"), "drift_target"))
+    for spec in (precision, drift):
+        assert isinstance(spec.partitions_def, dg.MonthlyPartitionsDefinition)
+        assert "hybrid recall mode" in spec.description and spec.metadata["mode"] == "hybrid"
+    assert "WARN band 0.8 <= precision < 0.84" in precision.description
+    assert precision.metadata["warn_band"] == "0.8 <= precision < 0.84"
+    assert "WARN band 0.08 <= drift <= 0.1" in drift.description
+    # The bands named are those the checks grade by.
+    assert [severity("precision", v) for v in (0.799, 0.8, 0.839, 0.84)] == ["ERROR", "WARN", "WARN", "PASS"]
+    assert [severity("drift", v) for v in (0.079, 0.08, 0.1, 0.101)] == ["PASS", "WARN", "WARN", "ERROR"]

@@ -12,6 +12,7 @@ from memory_pipelines.lib.analytics import AnalyticsStore
 from memory_pipelines.lib.embedding import Embedder, MiniLMEmbedder
 from memory_pipelines.lib.errors import ValidationError
 from memory_pipelines.lib.keyword import KeywordIndex
+from memory_pipelines.lib.progress import Progress, no_progress
 from memory_pipelines.lib.recall import Recaller, drop_cache
 from memory_pipelines.lib.services import Endpoints, chroma_heartbeat, ensure_chroma
 from memory_pipelines.lib.settings import Settings
@@ -48,9 +49,12 @@ def summarizer_from(settings: Settings) -> Summarizer:
     return ExtractiveSummarizer()
 
 
-def sync_embeddings(store: MemoryStore, vectors: VectorStore, *, tenant_id: str) -> dict[str, int]:
-    """Sync the tenant's vectors; cached recalls are dropped when the index changed."""
-    counts = vectors.sync(store=store, tenant_id=tenant_id)
+def sync_embeddings(
+    store: MemoryStore, vectors: VectorStore, *, tenant_id: str, progress: Progress = no_progress
+) -> dict[str, int]:
+    """Sync the tenant's vectors (`progress` hears of each embedded batch); cached recalls are
+    dropped when the index changed."""
+    counts = vectors.sync(store=store, tenant_id=tenant_id, progress=progress)
     if counts["embedded"] or counts["removed"]:
         counts["recall_cache_dropped"] = drop_cache(store, tenant_id=tenant_id)
     return counts

@@ -29,6 +29,7 @@ import psycopg
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import ServiceError, ValidationError
 from memory_pipelines.lib.paths import ASSETS_DIR
+from memory_pipelines.lib.progress import Progress, no_progress
 from memory_pipelines.lib.recall import MODES
 from memory_pipelines.lib.store import MemoryStore
 
@@ -80,7 +81,8 @@ def recall_at_k(retrieved: list[str], useful: set[str], k: int) -> float:
 
 def drift(still_recalled: list[bool]) -> float | None:
     """1 - share still recalled; None when nothing was old enough to sample."""
-    return None if not still_recalled else 1.0 - sum(still_recalled) / len(still_recalled)
+    # (n - kept) / n, not 1 - kept / n: 8 of 100 lost is exactly 0.08, on the WARN band's edge.
+    return None if not still_recalled else (len(still_recalled) - sum(still_recalled)) / len(still_recalled)
 
 
 # -- judges -----------------------------------------------------------------------------------
@@ -234,16 +236,21 @@ def evaluate(
     judge: Judge | None = None,
     modes: tuple[str, ...] = MODES,
     k: int | None = None,
+    progress: Progress = no_progress,
 ) -> dict[str, dict[str, Any]]:
-    """mode -> precision, recall (means over queries), query count; per-kind means too."""
+    """mode -> precision, recall (means over queries), query count; per-kind means too. `progress`
+    hears of each query asked ("evaluation queries", over every mode)."""
     judge = judge or LabelJudge()
     k = k or eval_set.k
     out: dict[str, dict[str, Any]] = {}
+    total, asked = len(modes) * len(eval_set.queries), 0
     for mode in modes:
         precisions: list[float] = []
         recalls: list[float] = []
         kinds: dict[str, list[tuple[float, float]]] = {}
         for query in eval_set.queries:
+            asked += 1
+            progress(asked, total, "evaluation queries")
             # A forgotten memory has no id any more, so it can be neither useful nor recalled.
             useful = {ids[key][0] for key in query["useful"] if key in ids}
             if not useful:
@@ -285,10 +292,17 @@ def evaluate(
 
 
 def measure_drift(
-    derived: DerivedStores, tenant_id: str, *, month: date, k: int, mode: str = "hybrid", seed: int = 0
+    derived: DerivedStores,
+    tenant_id: str,
+    *,
+    month: date,
+    k: int,
+    mode: str = "hybrid",
+    seed: int = 0,
+    progress: Progress = no_progress,
 ) -> dict[str, Any]:
     """Drift of `month`: sample memories written 30+ days before it starts; do their original queries
-    still recall them in the author's top K?"""
+    still recall them in the author's top K? `progress` hears of each sampled memory ("drift sample")."""
     cutoff = datetime.combine(month, datetime.min.time(), tzinfo=UTC) - timedelta(days=30)
     store = derived.store
     with store.transaction() as conn:
@@ -304,7 +318,8 @@ def measure_drift(
     sample = random.Random(seed).sample(rows, min(DRIFT_SAMPLE, len(rows)))
     queries = store.original_queries(tenant_id=tenant_id, memory_ids=[r[0] for r in sample])
     still: list[bool] = []
-    for memory_id, user_id, team_id in sample:
+    for index, (memory_id, user_id, team_id) in enumerate(sample):
+        progress(index + 1, len(sample), "drift sample")
         query = queries.get(memory_id)
         if not query:
             continue

@@ -105,3 +105,14 @@ def sources_of_record(conn: psycopg.Connection, *, tenant_id: str, store: str, r
             (tenant_id, store, record_id),
         )
     ]
+
+
+def record_counts(conn: psycopg.Connection, *, tenant_id: str) -> dict[str, int]:
+    """store -> number of derived records of one tenant that have lineage (the tenant's data map)."""
+    return {
+        store: int(n)
+        for store, n in conn.execute(
+            "SELECT store, count(DISTINCT record_id) FROM derived.lineage WHERE tenant_id = %s GROUP BY store",
+            (tenant_id,),
+        )
+    }

@@ -27,6 +27,9 @@ def test_drift_is_one_minus_the_share_still_recalled():
     assert ev.drift([True] * 9 + [False]) == pytest.approx(0.1)
     assert ev.drift([True, True]) == 0.0
     assert ev.drift([]) is None
+    # Exact on a band's edge: 8 of 100 lost is 0.08 (WARN), where 1 - 92/100 is 0.07999999999999996.
+    assert ev.drift([True] * 92 + [False] * 8) == 0.08
+    assert ev.severity("drift", ev.drift([True] * 92 + [False] * 8)) == "WARN"
 
 
 @pytest.mark.parametrize(

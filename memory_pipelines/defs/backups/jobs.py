@@ -1,18 +1,62 @@
 import dagster as dg
+from pydantic import Field
 
 from memory_pipelines.defs.memories.partitions import tenants_partitions
+from memory_pipelines.lib.backup_catalog import catalog, check_backup_id
+from memory_pipelines.lib.backups import BackupService
+from memory_pipelines.lib.errors import ValidationError
+from memory_pipelines.lib.progress import throttled
 from memory_pipelines.resources import BackupResource, MemoryStoreResource
 
 tenant_backups_job = dg.define_asset_job(
     "backup",
     selection=["tenant_backups"],
     description="Back one tenant up: an encrypted snapshot of its primary rows and lineage.",
+    tags={"domain": "backups"},
 )
+# Backup ids a failed restore lists (newest first); the asset's `backups` table shows them all.
+SHOWN_IDS = 20
 
 
 class RestoreConfig(dg.Config):
-    backup_id: str
-    restore_id: str | None = None
+    """Which backup to restore; the tenant is the run's partition."""
+
+    backup_id: str = Field(
+        default="",
+        description="The backup to restore, e.g. b_20260101T013000_1a2b3c4d. The tenant's ids are in the"
+        " `backups` table of its latest `tenant_backups` materialization (Assets > tenant_backups > this"
+        " partition), or from `memory-pipelines backup list --tenant T`.",
+    )
+    restore_id: str | None = Field(
+        default=None, description="Optional id for the restore report; empty: a new r_... id"
+    )
+
+
+def require_restorable(service: BackupService, tenant_id: str, backup_id: str) -> None:
+    """Fail the run before anything is touched unless `backup_id` is one of the tenant's restorable
+    backups; the failure names the field and lists the ids that would work."""
+    rows = catalog(service, tenant_id=tenant_id)
+    available = [r["backup_id"] for r in reversed(rows) if r["restorable"]]
+    status = {r["backup_id"]: r["status"] for r in rows}
+    try:
+        check_backup_id(backup_id)
+    except ValidationError as exc:
+        problem = exc.message
+    else:
+        if backup_id in available:
+            return
+        problem = (
+            f"backup {backup_id} of tenant {tenant_id!r} is {status[backup_id]}, not restorable"
+            if backup_id in status
+            else f"unknown backup id {backup_id!r} for tenant {tenant_id!r}"
+        )
+    shown = ", ".join(available[:SHOWN_IDS]) if available else "none (run the `backup` job first)"
+    raise dg.Failure(
+        description=f"backup_id: {problem}. Restorable backups of {tenant_id} (newest first): {shown}."
+        " They are listed in the `backups` table of the tenant_backups asset's latest materialization.",
+        metadata={"field": "backup_id", "available_backup_ids": dg.MetadataValue.json(available[:SHOWN_IDS])},
+        allow_retries=False,
+    )
 
 
 @dg.op(tags={"domain": "backups"})
@@ -21,7 +65,13 @@ def restore_tenant(
 ) -> dg.Output[dict]:
     """Load a backup behind the restore gate, replay the deletion journal, verify, reopen reads."""
     service = backups.service(store=memory_store.store())
-    report = service.restore(tenant_id=context.partition_key, backup_id=config.backup_id, restore_id=config.restore_id)
+    require_restorable(service, context.partition_key, config.backup_id)
+    report = service.restore(
+        tenant_id=context.partition_key,
+        backup_id=config.backup_id,
+        restore_id=config.restore_id,
+        progress=throttled(context.log.info),
+    )
     removed = report.get("replayed", {}).get("rows_removed", {})
     metadata = {
         "state": dg.MetadataValue.text(report["state"]),

@@ -4,6 +4,7 @@ import dagster as dg
 
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.derived import sync_embeddings, sync_keywords
+from memory_pipelines.lib.progress import throttled
 from memory_pipelines.lib.summaries import SummaryStore
 from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
 
@@ -17,6 +18,7 @@ DERIVED: dict[str, Any] = {
     "partitions_def": tenants_partitions,
     "group_name": GROUP,
     "owners": OWNERS,
+    "tags": {"domain": "derived"},
     "automation_condition": dg.AutomationCondition.eager(),
 }
 
@@ -31,7 +33,9 @@ def memory_embeddings(
 ) -> dg.MaterializeResult:
     """Vectors of every current memory for semantic recall (Chroma, ids and scope only, no text)."""
     vectors = chroma.vector_store()
-    counts = sync_embeddings(memory_store.store(), vectors, tenant_id=context.partition_key)
+    counts = sync_embeddings(
+        memory_store.store(), vectors, tenant_id=context.partition_key, progress=throttled(context.log.info)
+    )
     metadata = _counts(counts)
     metadata["embedding_model"] = dg.MetadataValue.text(vectors.embedder.name)
     return dg.MaterializeResult(metadata=metadata)

@@ -2,6 +2,8 @@ import dagster as dg
 
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.erasure import ErasureIncomplete, ErasureService
+from memory_pipelines.lib.progress import throttled
+from memory_pipelines.lib.settings import Settings, lower_priority
 from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
 from memory_pipelines.resources.derived import derived_stores
 
@@ -12,6 +14,7 @@ from memory_pipelines.resources.derived import derived_stores
     kinds={"postgres", "chroma"},
     owners=["team:memory-platform"],
     deps=["memory_deletions"],
+    tags={"domain": "forget"},
 )
 def physical_erasure(
     context: dg.AssetExecutionContext,
@@ -22,14 +25,11 @@ def physical_erasure(
 ) -> dg.MaterializeResult:
     """Forgotten bytes gone from every file: the tenant's stores rewritten, then proven by a byte scan."""
     tenant_id = context.partition_key
+    context.log.info(f"niceness {lower_priority(Settings.from_env())}")  # background: recalls come first
     service = ErasureService(derived_stores(memory_store, chroma, summarizer, analytics))
 
-    def progress(phase: str, done: int, total: int) -> None:
-        if phase == "rewrite" or done == total or done % 50 == 0:
-            context.log.info(f"physical erasure of {tenant_id}: {phase} {done}/{total}")
-
     try:
-        report = service.erase_tenant(tenant_id=tenant_id, progress=progress)
+        report = service.erase_tenant(tenant_id=tenant_id, progress=throttled(context.log.info))
     except ErasureIncomplete as exc:
         # The run fails (the sensor tries again); `erasures_on_time` fails once the deadline passes.
         context.log.error(str(exc))

@@ -18,7 +18,16 @@ from memory_pipelines.resources import (
     group_name="forget",
     kinds={"python"},
     owners=["team:memory-platform"],
-    check_specs=[dg.AssetCheckSpec("nothing_left_behind", asset="deletion_canary")],
+    tags={"domain": "forget"},
+    check_specs=[
+        dg.AssetCheckSpec(
+            "nothing_left_behind",
+            asset="deletion_canary",
+            description="After the drill (forget, physical erasure, restore from the pre-forget backup, rebuild),"
+            " no canary is left: zero hits in recall, lineage, the primary store, vectors, files under HOME and"
+            " the erasure byte scan; the witness memory stays; the drill's tenant is offboarded.",
+        )
+    ],
 )
 def deletion_canary(
     context: dg.AssetExecutionContext,

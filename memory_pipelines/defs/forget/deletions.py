@@ -9,6 +9,7 @@ from memory_pipelines.defs.memories.partitions import tenants_partitions
     group_name="forget",
     kinds={"postgres"},
     owners=["team:memory-platform"],
+    tags={"domain": "forget"},
 )
 def memory_deletions() -> None:
     """What the tenant has forgotten: its deletion jobs and their proofs."""

@@ -16,9 +16,10 @@ from pydantic import Field
 
 from memory_pipelines.defs.derived.jobs import DERIVED_ASSETS
 from memory_pipelines.defs.forget.checks import check_evaluation
-from memory_pipelines.lib import registry
+from memory_pipelines.lib import certificate, registry
 from memory_pipelines.lib.deletion import Batch, DeletionBlocked, DeletionLedger, DeletionService
 from memory_pipelines.lib.errors import MemoryPipelinesError, ValidationError
+from memory_pipelines.lib.settings import Settings, lower_priority
 from memory_pipelines.resources import (
     AnalyticsResource,
     ChromaResource,
@@ -33,6 +34,8 @@ TAGS = {"domain": "forget"}
 
 T = TypeVar("T")
 _BATCHES: dict[str, tuple[DeletionService, Batch]] = {}
+# run id -> the tenant's data map at freeze, for the before/after picture the prove step attaches.
+_DATA_MAPS: dict[str, dict[str, int]] = {}
 _LOCK = threading.Lock()
 
 
@@ -130,6 +133,7 @@ def _blocked(
 def _drop(run_id: str) -> None:
     with _LOCK:
         entry = _BATCHES.pop(run_id, None)
+        _DATA_MAPS.pop(run_id, None)
     if entry is not None:
         entry[0].release(entry[1])
 
@@ -194,6 +198,8 @@ def freeze(
 ) -> list[str]:
     """Accept or pick the tenant's deletion jobs, freeze them, wait for permits to drain, fix targets."""
     tenant_id = context.partition_key
+    # Background work (the run's steps share this process): recalls of every tenant come first.
+    context.log.info(f"niceness {lower_priority(Settings.from_env())}")
     resources = (memory_store, chroma, summarizer, analytics)
     service = deletion_service(*resources)
     try:
@@ -203,6 +209,12 @@ def freeze(
     _drop(context.run_id)  # a retried step starts from the ledger, never from a half-used batch
     with _guard(context.run_id):
         _, batch = _batch(context, "freeze", job_ids, resources)
+    try:
+        before = certificate.data_map(service.store, tenant_id)
+        with _LOCK:
+            _DATA_MAPS[context.run_id] = before
+    except Exception:  # the picture is informative only; it never fails a forget
+        context.log.warning("could not count the tenant's records for the data map")
     context.log.info(f"forgetting {len(batch.jobs)} deletion job(s) for tenant {tenant_id}")
     context.add_output_metadata(
         {
@@ -272,6 +284,8 @@ def prove(
     resources = (memory_store, chroma, summarizer, analytics)
     service, batch, proofs = _phase(context, "prove", job_ids, resources, lambda svc, batch: svc.complete(batch))
     summary = service.summary(batch)
+    with _LOCK:
+        before = _DATA_MAPS.pop(context.run_id, None)  # None after a re-execution in a new process
     _drop(context.run_id)
     tenant_id = context.partition_key
     states = {job_id: service.status(job_id=job_id)["state"] for job_id in job_ids}
@@ -287,8 +301,39 @@ def prove(
             **{f"store_{name}": dg.MetadataValue.int(n) for name, n in summary["stores"].items()},
             "seconds": dg.MetadataValue.json(summary.get("seconds", {})),
             **{f"proof_{p['jobId']}": dg.MetadataValue.json(p) for p in proofs},
+            **certificates(service, proofs),
+            **data_map_metadata(context, service, tenant_id, before),
         }
     )
+
+
+def certificates(service: DeletionLedger, proofs: list[dict[str, Any]]) -> dict[str, dg.MetadataValue]:
+    """One Markdown deletion certificate per completed job (`certificate_<job_id>`): ids, hashes,
+    states, counts and times only."""
+    return {
+        f"certificate_{p['jobId']}": dg.MetadataValue.md(
+            certificate.render_markdown(p, service.status(job_id=str(p["jobId"])))
+        )
+        for p in proofs
+    }
+
+
+def data_map_metadata(
+    context: dg.OpExecutionContext, service: DeletionService, tenant_id: str, before: dict[str, int] | None
+) -> dict[str, dg.MetadataValue]:
+    """The tenant's records per registered store before (at freeze) and after this forget: a table
+    and a PNG bar chart inlined as a data: URI. Informative only, so it never fails the run."""
+    try:
+        after = certificate.data_map(service.store, tenant_id)
+        image = certificate.data_map_png(before, after, title=f"Tenant {tenant_id}: records per store by lineage")
+    except Exception:
+        context.log.warning("could not draw the tenant's data map")
+        return {}
+    return {
+        "data_map": dg.MetadataValue.md(certificate.data_map_markdown(before, after, image=image)),
+        "data_map_after": dg.MetadataValue.json(after),
+        **({"data_map_before": dg.MetadataValue.json(before)} if before is not None else {}),
+    }
 
 
 def report_forgotten(

@@ -4,6 +4,7 @@ canary_drill_job = dg.define_asset_job(
     "canary_drill",
     selection=["deletion_canary"],
     description="Write, copy, forget and hunt canary memories in an isolated tenant.",
+    tags={"domain": "forget"},
 )
 
 weekly_canary_drill = dg.ScheduleDefinition(
