@@ -40,7 +40,8 @@ _EMBEDDED_LOCK = threading.RLock()
 # erasure sees the count change and reloads from disk (see VectorStore._fresh).
 ERASURES = "erasures"
 _SEEN: dict[tuple[str, str], int] = {}
-_REBUILD_PAGE = 5000  # vectors a get() and add() of a rebuild carry
+_REBUILD_PAGE = 5000  # vectors a get() carries
+_REBUILD_STEP = 500  # vectors a rebuild copies at a time: short bursts on the server
 _QUERY_BATCH = 256  # query vectors in one Chroma call (a server refuses ~10,000: "Payload too large")
 # Tenant collection locks this thread holds (see VectorStore._tenant_lock): taken once per thread.
 _HELD = threading.local()
@@ -329,9 +330,10 @@ class VectorStore:
         )
         copied = 0
         while True:
+            started = time.monotonic()
             page = self._call(
                 "reading vectors",
-                lambda: col.get(include=["embeddings", "metadatas"], limit=_REBUILD_PAGE, offset=copied),  # noqa: B023
+                lambda: col.get(include=["embeddings", "metadatas"], limit=_REBUILD_STEP, offset=copied),  # noqa: B023
             )
             if not page["ids"]:
                 break
@@ -340,6 +342,9 @@ class VectorStore:
                 lambda: fresh.add(ids=page["ids"], embeddings=page["embeddings"], metadatas=page["metadatas"]),  # noqa: B023
             )
             copied += len(page["ids"])
+            # Background work on a shared server: as long idle as busy, so other tenants' queries
+            # find it free half the time (the erasure has hours; a recall has milliseconds).
+            time.sleep(time.monotonic() - started)
         self._call("deleting the old collection", lambda: client.delete_collection(name=name))
         self._call("renaming the rebuilt collection", lambda: fresh.modify(name=name))
         return copied
