@@ -341,6 +341,26 @@ def test_verification_reads_the_subjects_analytics_bucket_and_finds_a_stale_copy
     assert service.status(job_id=job["job_id"])["state"] == "COMPLETE"
 
 
+def test_a_cached_recall_naming_a_target_goes_even_without_a_lineage_edge(store, derived, world):
+    tenant = world["tenant"]
+    target = world["alice_personal"].memory_id
+    with store.transaction() as conn:
+        conn.execute(
+            "INSERT INTO derived.recall_cache (tenant_id, cache_key, change_seq, results) VALUES (%s, %s, 0, %s)",
+            (tenant, b"\x01planted", json.dumps([[target, 1, 0.9]])),
+        )
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="alice")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    assert service.status(job_id=job["job_id"])["state"] == "COMPLETE"
+    with store.transaction() as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM derived.recall_cache WHERE tenant_id = %s AND results @> %s::jsonb",
+            (tenant, json.dumps([[target]])),
+        ).fetchone()[0]
+    assert left == 0
+
+
 def test_verification_finds_a_planted_leftover(store, derived, world):
     tenant = world["tenant"]
     planted = f"{world['alice_personal'].memory_id}:2"

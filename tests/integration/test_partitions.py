@@ -90,7 +90,7 @@ def other_tenant() -> str:
 def impatient_store(store: MemoryStore) -> Iterator[MemoryStore]:
     """The store on connections whose lock waits fail after LOCK_WAIT (a blocked read fails the test
     instead of hanging it); everything else as the store's own, `plan_cache_mode` included."""
-    options = (conninfo_to_dict(store.conninfo).get("options") or "") + f" -c lock_timeout={LOCK_WAIT}"
+    options = str(conninfo_to_dict(store.conninfo).get("options") or "") + f" -c lock_timeout={LOCK_WAIT}"
     impatient = MemoryStore(make_conninfo(store.conninfo, options=options.strip()), store.keys)
     yield impatient
     impatient.close()

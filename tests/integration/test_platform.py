@@ -42,7 +42,7 @@ def test_readme_first_python_example_runs(session_settings, endpoints, monkeypat
 
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "Allergic to penicillin"
-    assert namespace["hits"][0]["text"] == "Allergic to penicillin"  # type: ignore[index]
+    assert namespace["hits"][0]["text"] == "Allergic to penicillin"
     assert namespace["state"] == "COMPLETE"
     job = namespace["job"]
     proof = namespace["proof"]
@@ -53,7 +53,7 @@ def test_readme_first_python_example_runs(session_settings, endpoints, monkeypat
     assert all(str(proof["targets"][name]).startswith("DONE:") for name in ("primary", "chroma", "keyword_index"))
     assert printed[1].startswith("COMPLETE {")
     assert "mortgage" not in json.dumps(proof) and "mortgage" not in printed[1]
-    assert namespace["mp"].closed  # type: ignore[attr-defined]
+    assert namespace["mp"].closed
 
 
 @pytest.fixture
@@ -196,7 +196,7 @@ def test_wait_refuses_a_bad_timeout(parts, tenant):
         job = mp.forget(tenant_id=tenant, subject="erin")
         for bad in (0, -1, "10", True):
             with pytest.raises(ValidationError) as err:
-                job.wait(timeout=bad)  # type: ignore[arg-type]
+                job.wait(timeout=bad)
             assert err.value.field == "timeout"
         assert job.status()["state"] == "REQUESTED"  # nothing ran
 

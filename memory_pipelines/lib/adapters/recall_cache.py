@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
@@ -11,11 +12,29 @@ from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.recall import CACHE_STORE
 
 
+def naming(conn: psycopg.Connection, tenant_id: str, sources: set[tuple[str, int]]) -> set[str]:
+    """Cache keys (hex) whose cached answer names any of `sources`: one GIN probe per source."""
+    if not sources:
+        return set()
+    patterns = [json.dumps([[m, v]]) for m, v in sorted(sources)]
+    return {
+        str(r[0])
+        for r in conn.execute(
+            "SELECT DISTINCT encode(c.cache_key, 'hex') FROM unnest(%s::jsonb[]) AS w(pattern)"
+            " CROSS JOIN LATERAL (SELECT c.cache_key FROM derived.recall_cache c"
+            "  WHERE c.tenant_id = %s AND c.results @> w.pattern OFFSET 0) c",
+            (patterns, tenant_id),
+        )
+    }
+
+
 class RecallCacheAdapter:
     name = "recall_cache"
 
     def find(self, conn: psycopg.Connection, ctx: Context) -> set[str]:
-        return linked(conn, ctx.tenant_id, CACHE_STORE, ctx.everything)
+        # By lineage and by content: a cached answer names its versions (ids only), and the soak once
+        # found an answer naming a forgotten version after COMPLETE with no lineage edge to it.
+        return linked(conn, ctx.tenant_id, CACHE_STORE, ctx.everything) | naming(conn, ctx.tenant_id, ctx.everything)
 
     def delete(self, ctx: Context) -> None:
         with ctx.store.transaction() as conn:
@@ -27,7 +46,9 @@ class RecallCacheAdapter:
 
     def count(self, ctx: Context) -> int:
         with ctx.store.transaction() as conn:
-            return edges_left(conn, ctx.tenant_id, CACHE_STORE, ctx.everything)
+            return edges_left(conn, ctx.tenant_id, CACHE_STORE, ctx.everything) + len(
+                naming(conn, ctx.tenant_id, ctx.everything)
+            )
 
     def verify(self, ctx: Context, probes: Any) -> int:
         return 0
