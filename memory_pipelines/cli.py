@@ -178,6 +178,14 @@ def _document(args: argparse.Namespace, content: str | bytes) -> None:
         sys.stdout.flush()
 
 
+def _json_document(args: argparse.Namespace, document: Any) -> None:
+    """A JSON answer: on stdout, or to `--output` when given."""
+    if args.output:
+        _document(args, json.dumps(document, indent=2) + "\n")
+    else:
+        _emit(document)
+
+
 def cmd_lineage(args: argparse.Namespace) -> None:
     if args.format != "json" and not args.memory_id:
         raise ValidationError("format", f"{args.format} draws one memory's lineage: give --memory-id")
@@ -189,17 +197,10 @@ def cmd_lineage(args: argparse.Namespace) -> None:
 
         records = derived.lineage_of_memory(tenant_id=args.tenant, memory_id=args.memory_id)
         _document(args, lineage_graph(records, title=f"lineage of {args.memory_id}", fmt=args.format))
-    elif args.output:
-        document = (
-            derived.lineage_of_memory(tenant_id=args.tenant, memory_id=args.memory_id)
-            if args.memory_id
-            else derived.sources_of_record(tenant_id=args.tenant, record=args.record)
-        )
-        _document(args, json.dumps(document, indent=2) + "\n")
     elif args.memory_id:
-        _emit(derived.lineage_of_memory(tenant_id=args.tenant, memory_id=args.memory_id))
+        _json_document(args, derived.lineage_of_memory(tenant_id=args.tenant, memory_id=args.memory_id))
     else:
-        _emit(derived.sources_of_record(tenant_id=args.tenant, record=args.record))
+        _json_document(args, derived.sources_of_record(tenant_id=args.tenant, record=args.record))
 
 
 def cmd_recall(args: argparse.Namespace) -> None:
@@ -295,10 +296,8 @@ def cmd_deletion(args: argparse.Namespace) -> None:
         _emit(service.status(job_id=args.job_id))
     elif args.deletion_command == "proof":
         proof = service.proof(job_id=args.job_id)
-        if args.format == "json" and not args.output:
-            _emit(proof)
-        elif args.format == "json":
-            _document(args, json.dumps(proof, indent=2) + "\n")
+        if args.format == "json":
+            _json_document(args, proof)
         else:
             from memory_pipelines.lib.certificate import render
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -116,6 +118,21 @@ def derived(session_settings: Settings, endpoints: Endpoints, store: MemoryStore
 def tenant() -> str:
     """A fresh tenant id per test: tests share one server and stay out of each other's way."""
     return "t-" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(scope="module")
+def cli_env(
+    endpoints: Endpoints, session_settings: Settings, store: MemoryStore, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """The CLI against the session server through MEMORY_PIPELINES_PG_URL: no second server to start.
+
+    It shares the session's master key, as every process sharing one database must; a HOME per module.
+    """
+    home = tmp_path_factory.mktemp("cli-home")
+    (home / "keys").mkdir(mode=0o700)
+    shutil.copy2(session_settings.master_key_path, home / "keys" / "master.key")
+    env = {"MEMORY_PIPELINES_PG_URL": endpoints.store_conninfo, "MEMORY_PIPELINES_CHROMA_URL": endpoints.chroma_url}
+    return {"home": home, "env": env}
 
 
 def row_counts(conninfo: str) -> dict[str, int]:

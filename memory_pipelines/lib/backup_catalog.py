@@ -64,8 +64,3 @@ def catalog(service: BackupService, *, tenant_id: str) -> list[dict[str, Any]]:
             }
         )
     return rows
-
-
-def restorable_ids(service: BackupService, *, tenant_id: str) -> list[str]:
-    """Ids of the tenant's backups a restore can use now, newest first."""
-    return [r["backup_id"] for r in reversed(catalog(service, tenant_id=tenant_id)) if r["restorable"]]

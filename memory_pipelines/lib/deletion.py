@@ -21,7 +21,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from memory_pipelines.lib import bytescan, crypto, gate, lineage, registry, validation
-from memory_pipelines.lib.adapters.base import Context
+from memory_pipelines.lib.adapters.base import Context, ever_restored
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ServiceError, ValidationError
 from memory_pipelines.lib.settings import Settings
@@ -909,10 +909,7 @@ class DeletionService(DeletionLedger):
         a batch otherwise. The anti-join runs first and each orphan's memory is one primary-key probe,
         so a plan built on a new tenant's stale statistics stays linear (a join of lineage to the
         tenant's memories by tenant alone took minutes at 10,000 memories)."""
-        restored = conn.execute(
-            "SELECT EXISTS (SELECT 1 FROM control.restores WHERE tenant_id = %s)", (tenant_id,)
-        ).fetchone()
-        if not restored or not restored[0]:
+        if not ever_restored(conn, tenant_id):
             return []
         rows = conn.execute(
             "WITH o AS MATERIALIZED (SELECT DISTINCT l.source_memory_id, l.source_version FROM derived.lineage l"

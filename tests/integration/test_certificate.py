@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid
 
 import pytest
@@ -158,16 +157,6 @@ def test_the_forget_run_attaches_the_certificate_and_the_data_map(store, derived
     assert "| `primary` | 3 | 1 | 2 |" in picture and "](data:image/png;base64,iVBORw0KGgo" in picture
     for value in metadata.values():
         assert_no_text(json.dumps(str(value.value)), canary, texts)
-
-
-@pytest.fixture(scope="module")
-def cli_env(endpoints, session_settings, store, tmp_path_factory):
-    """The CLI against the session server (as tests/integration/test_cli.py runs it)."""
-    home = tmp_path_factory.mktemp("cert-cli-home")
-    (home / "keys").mkdir(mode=0o700)
-    shutil.copy2(session_settings.master_key_path, home / "keys" / "master.key")
-    env = {"MEMORY_PIPELINES_PG_URL": endpoints.store_conninfo, "MEMORY_PIPELINES_CHROMA_URL": endpoints.chroma_url}
-    return {"home": home, "env": env}
 
 
 def cli(cli_env, *args):

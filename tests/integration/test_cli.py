@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from datetime import UTC, datetime
 
@@ -14,19 +13,6 @@ from memory_pipelines.lib.analytics import AnalyticsStore
 from tests.conftest import CLI, run_cli
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cli_env(endpoints, session_settings, store, tmp_path_factory):
-    """The CLI against the session server through MEMORY_PIPELINES_PG_URL: no second server to start.
-
-    It shares the session's master key, as every process sharing one database must.
-    """
-    home = tmp_path_factory.mktemp("cli-home")
-    (home / "keys").mkdir(mode=0o700)
-    shutil.copy2(session_settings.master_key_path, home / "keys" / "master.key")
-    env = {"MEMORY_PIPELINES_PG_URL": endpoints.store_conninfo, "MEMORY_PIPELINES_CHROMA_URL": endpoints.chroma_url}
-    return {"home": home, "env": env}
 
 
 def cli(cli_env, *args, input_text=None):

@@ -5,7 +5,6 @@ the library's progress lines in the run's event log, where the UI and the CLI's 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -14,16 +13,6 @@ from memory_pipelines.lib import progress
 from tests.conftest import run_cli, settings_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cli_env(endpoints, session_settings, store, tmp_path_factory):
-    """The CLI against the session server (as in test_cli.py), sharing the session's master key."""
-    home = tmp_path_factory.mktemp("cli-output-home")
-    (home / "keys").mkdir(mode=0o700)
-    shutil.copy2(session_settings.master_key_path, home / "keys" / "master.key")
-    env = {"MEMORY_PIPELINES_PG_URL": endpoints.store_conninfo, "MEMORY_PIPELINES_CHROMA_URL": endpoints.chroma_url}
-    return {"home": home, "env": env}
 
 
 def _cli(cli_env, *args):

@@ -13,13 +13,13 @@ import pytest
 
 from memory_pipelines.lib.settings import Settings
 from tests.conftest import CLI, run_cli
-from tests.integration.test_cli import cli_env, ok  # noqa: F401  (the module fixture, shared)
+from tests.integration.test_cli import ok
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def instance(cli_env) -> Iterator:  # noqa: F811
+def instance(cli_env) -> Iterator:
     """The CLI HOME's Dagster instance, opened as the CLI opens it (environment restored after)."""
     import dagster as dg
 
@@ -52,7 +52,7 @@ def _launched_like_job_launch(run, tenant: str) -> None:
     assert run.tags["dagster/partition"] == tenant and run.tags["memory_pipelines/tenant"] == tenant
 
 
-def test_materialize_backup_and_restore_runs_have_their_origin_and_partition(cli_env, instance, tenant):  # noqa: F811
+def test_materialize_backup_and_restore_runs_have_their_origin_and_partition(cli_env, instance, tenant):
     ok(cli_env, "write", "--tenant", tenant, "--user", "ann", "Ann keeps bees")
     refresh = ok(cli_env, "materialize", "--tenant", tenant, "--select", "memories,keyword_index")
     assert refresh["success"] and set(refresh["assets"]) == {"memories", "keyword_index"}
@@ -67,7 +67,7 @@ def test_materialize_backup_and_restore_runs_have_their_origin_and_partition(cli
     _launched_like_job_launch(_run_of(instance, "restore", report["run_id"]), tenant)
 
 
-def test_a_failing_run_is_the_cli_error_with_its_root_cause(cli_env, instance, tenant):  # noqa: F811
+def test_a_failing_run_is_the_cli_error_with_its_root_cause(cli_env, instance, tenant):
     ok(cli_env, "write", "--tenant", tenant, "--user", "ann", "Ann keeps bees")
     backup = ok(cli_env, "backup", "--tenant", tenant)
     archive = Path(backup["location"]) / tenant / f"{backup['backup_id']}.bin"
@@ -92,7 +92,7 @@ def test_a_failing_run_is_the_cli_error_with_its_root_cause(cli_env, instance, t
     assert [r.status.value for r in failed] == ["FAILURE"]
 
 
-def test_runs_of_one_tenant_never_overlap_without_a_daemon(cli_env, instance, tenant):  # noqa: F811
+def test_runs_of_one_tenant_never_overlap_without_a_daemon(cli_env, instance, tenant):
     from dagster._core.run_coordinator import QueuedRunCoordinator
 
     if not isinstance(instance.run_coordinator, QueuedRunCoordinator):

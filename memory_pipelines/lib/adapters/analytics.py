@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 
-from memory_pipelines.lib.adapters.base import Context, Erasure, linked
+from memory_pipelines.lib.adapters.base import Context, Erasure, ever_restored, linked
 from memory_pipelines.lib.analytics import STORE
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import NotFoundError
@@ -45,11 +45,8 @@ class AnalyticsAdapter:
         if len(ctx.scopes("SUBJECT")) != len(ctx.jobs):
             return None
         with ctx.store.transaction() as conn:
-            row = conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM control.restores WHERE tenant_id = %s)", (ctx.tenant_id,)
-            ).fetchone()
-        if row is None or row[0]:
-            return None
+            if ever_restored(conn, ctx.tenant_id):
+                return None
         try:
             return {
                 ctx.derived.analytics.subject_bucket(store=ctx.store, tenant_id=ctx.tenant_id, user_id=subject)

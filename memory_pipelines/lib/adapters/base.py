@@ -107,6 +107,13 @@ def linked(conn: psycopg.Connection, tenant_id: str, store: str, sources: set[So
     }
 
 
+def ever_restored(conn: psycopg.Connection, tenant_id: str) -> bool:
+    """Whether a restore was ever requested for the tenant: only a restore leaves orphans (derived
+    copies of versions with no primary row, their author possibly unknown)."""
+    row = conn.execute("SELECT EXISTS (SELECT 1 FROM control.restores WHERE tenant_id = %s)", (tenant_id,)).fetchone()
+    return bool(row and row[0])
+
+
 def edges_left(conn: psycopg.Connection, tenant_id: str, store: str, sources: set[Source]) -> int:
     """Lineage edges of `store` still reaching any of `sources`."""
     if not sources:
