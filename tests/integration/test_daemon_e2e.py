@@ -97,6 +97,9 @@ def deployment(tmp_path: Path) -> Iterator[dict[str, Any]]:
         services.stop_services(settings)
 
 
+_RUNNING = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
+
+
 def wait_for(what: str, probe: Callable[[], Any], timeout: float, logs: Path) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -160,7 +163,13 @@ def test_daemon_runs_the_lifecycle_without_overlap(deployment):
         return cli(deployment, "deletion", "status", job_id)["state"] == "COMPLETE"
 
     wait_for("the sensor-launched forget run", forgotten, 300, logs)
-    forget_runs = [r for r in runs(port) if r["jobName"] == "forget"]
+
+    def forget_runs_ended() -> list[dict[str, Any]]:
+        # The job is COMPLETE once `prove` commits; the run ends after its metadata and check.
+        found = [r for r in runs(port) if r["jobName"] == "forget"]
+        return found if found and found[0]["status"] not in _RUNNING else []
+
+    forget_runs = wait_for("the forget run to end", forget_runs_ended, 120, logs)
     assert forget_runs and forget_runs[0]["status"] == "SUCCESS"
     assert forget_runs[0]["tags"].get("dagster/sensor_name") == "forget_requests_sensor"
     assert forget_runs[0]["tags"].get("dagster/partition") == TENANT
