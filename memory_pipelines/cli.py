@@ -465,10 +465,14 @@ def cmd_stop(args: argparse.Namespace) -> None:
 
 
 def cmd_dev(args: argparse.Namespace) -> None:
+    from memory_pipelines.devserver import GRACE_SECONDS, dg_dev_command, port_taken, run_supervised
+    from memory_pipelines.lib.errors import ConflictError, ServiceError
     from memory_pipelines.lib.services import ensure_services
 
     if not 1 <= args.port <= 65535:
         raise ValidationError("port", f"must be from 1 to 65535, got {args.port}")
+    if port_taken(args.host, args.port):
+        raise ConflictError("port", f"{args.host}:{args.port} is in use (another dev?): choose one with --port")
     settings = _settings(args)
     ensure_services(settings)
     env = dict(os.environ, DAGSTER_HOME=str(settings.dagster_home), **{ENV_HOME: str(settings.home)})
@@ -480,9 +484,51 @@ def cmd_dev(args: argparse.Namespace) -> None:
         }
     )
     # The workspace file names the code location, so the UI and dg agree on "memory_pipelines".
-    workspace = str(PROJECT_ROOT / "workspace.yaml")
-    command = [sys.executable, "-m", "dagster", "dev", "-w", workspace, "-h", args.host, "-p", str(args.port)]
-    os.execve(sys.executable, command, env)
+    command = dg_dev_command(PROJECT_ROOT / "workspace.yaml", args.host, args.port)
+    try:
+        outcome = run_supervised(
+            command,
+            env,
+            on_stop=f"{PROG}: dev: {{signal}}: stopping Dagster; the embedded services keep running"
+            f" (`{PROG} stop` ends them)",
+        )
+    except OSError as exc:
+        raise MemoryPipelinesError("dagster", f"cannot start `{' '.join(command[:2])}`: {exc}") from exc
+    if outcome.killed:
+        print(f"{PROG}: dev: what was left of Dagster {GRACE_SECONDS:.0f} s after SIGINT was killed", file=sys.stderr)
+    if outcome.left:
+        raise MemoryPipelinesError("dagster", f"processes {outcome.left} of `dg dev` outlived SIGKILL")
+    if outcome.stop_signal is None:  # e.g. the port was taken, or `stop` ended this HOME's Dagster processes
+        raise ServiceError(
+            "dagster", f"`dg dev` ended without being asked to (exit code {outcome.returncode}); its output is above"
+        )
+
+
+def cmd_env(args: argparse.Namespace) -> None:
+    """The variables Dagster's own tools need for HOME's instance, as shell exports or JSON.
+
+    Starts the embedded services when needed: the Dagster URL names the embedded server's socket."""
+    import shlex
+
+    from memory_pipelines.lib.services import ENV_DAGSTER_PG_URL_EXPORTED, ensure_services
+    from memory_pipelines.lib.settings import ENV_DAGSTER_PG_URL
+
+    settings = _settings(args)
+    endpoints = ensure_services(settings)
+    exports = {
+        "DAGSTER_HOME": str(settings.dagster_home),
+        ENV_HOME: str(settings.home),
+        ENV_DAGSTER_PG_URL: endpoints.dagster_url,
+    }
+    # Marked as ours, as for our own children: a later command on another HOME computes its own
+    # URL instead of taking this one for the user's. A URL the user set stays unmarked, theirs.
+    if os.environ.get(ENV_DAGSTER_PG_URL_EXPORTED) == endpoints.dagster_url:
+        exports[ENV_DAGSTER_PG_URL_EXPORTED] = endpoints.dagster_url
+    if args.format == "json":
+        _emit(exports)
+        return
+    sys.stdout.write("".join(f"export {name}={shlex.quote(value)}\n" for name, value in exports.items()))
+    sys.stdout.flush()
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -726,9 +772,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("canary", cmd_canary, "end-to-end deletion drill in an isolated tenant; fails if anything is left")
     add("stop", cmd_stop, "stop the embedded services of this HOME")
-    dev = add("dev", cmd_dev, "embedded services + dagster dev")
+    dev = add("dev", cmd_dev, "embedded services + `dg dev` (ends with all its processes on SIGTERM or SIGINT)")
     dev.add_argument("--host", default="127.0.0.1")
     dev.add_argument("--port", type=int, default=3000)
+    env = add(
+        "env",
+        cmd_env,
+        "shell exports for Dagster's own CLI on this HOME's instance: eval \"$(memory-pipelines env)\"",
+    )
+    env.add_argument(
+        "--format", default="sh", choices=("sh", "json"), help="sh (default): export lines; json: one object"
+    )
     add("demo", cmd_demo, "seed a demo tenant, show versions and sharing modes, materialize `memories`")
     return parser
 
