@@ -459,6 +459,8 @@ def cmd_canary(args: argparse.Namespace) -> None:
 
 
 def cmd_stop(args: argparse.Namespace) -> None:
+    """Everything of HOME ends: its Dagster processes (code servers, run workers, daemon, webserver;
+    SIGTERM, then SIGKILL), then the embedded Chroma and PostgreSQL servers. The JSON names each."""
     from memory_pipelines.lib.services import stop_services
 
     _emit(stop_services(_settings(args)))
@@ -771,7 +773,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--mode", default="hybrid", help="semantic, keyword or hybrid (default)")
 
     add("canary", cmd_canary, "end-to-end deletion drill in an isolated tenant; fails if anything is left")
-    add("stop", cmd_stop, "stop the embedded services of this HOME")
+    add("stop", cmd_stop, "end everything of this HOME: its Dagster processes, then its embedded services")
     dev = add("dev", cmd_dev, "embedded services + `dg dev` (ends with all its processes on SIGTERM or SIGINT)")
     dev.add_argument("--host", default="127.0.0.1")
     dev.add_argument("--port", type=int, default=3000)

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from memory_pipelines.lib.processes import group_members
+
 # SIGINT to the group, then SIGKILL after this long: everything is gone well within 10 s.
 GRACE_SECONDS = 6.0
 # After SIGKILL the kernel ends processes at once; this only bounds a wait on a process stuck in I/O.
@@ -75,28 +77,6 @@ class Outcome:
     killed: bool = False  # some of its processes needed SIGKILL after the grace period
     left: list[int] = field(default_factory=list)  # pids of its group still alive at the end (none expected)
     seconds: float = 0.0  # from the stop signal (or the command's end) until its group was empty
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group `pgid`."""
-    proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: ask ps
-        out = subprocess.run(["ps", "-A", "-o", "pid=,pgid=,stat="], capture_output=True, text=True).stdout
-        rows = (line.split() for line in out.splitlines())
-        return [int(r[0]) for r in rows if len(r) >= 3 and int(r[1]) == pgid and not r[2].startswith("Z")]
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # ended meanwhile
-            continue
-        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so split after the last ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
 
 
 def _signal_group(pgid: int, signum: int) -> None:

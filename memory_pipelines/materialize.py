@@ -17,7 +17,9 @@ lines of the step running).
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -36,6 +38,8 @@ from memory_pipelines.lib.settings import ENV_HOME, Settings
 if TYPE_CHECKING:
     from dagster import DagsterInstance
     from dagster._core.workspace.context import WorkspaceProcessContext
+
+    from memory_pipelines.lib.processes import Proc
 
 ALL_ASSETS = (
     "memories",
@@ -56,6 +60,8 @@ IN_PROCESS: dict[str, Any] = {"execution": {"config": {"in_process": {}}}}
 # A daemon heartbeats every 30 s; older than this and nobody else will dequeue our run.
 DAEMON_FRESH_SECONDS = 60.0
 POLL_SECONDS = 0.25
+# A closed workspace's code server ends within a second or two of its last run's process.
+CODE_SERVER_EXIT_SECONDS = 30.0
 # Any constant: it only has to be the same in every CLI process dequeuing runs of this database.
 _DEQUEUE_LOCK = 7_150_433_211
 
@@ -152,7 +158,9 @@ def _workspace(
     settings: Settings,
 ) -> Iterator[tuple[DagsterInstance, WorkspaceProcessContext, str, TextIO | None]]:
     """The instance, the project's code location loaded from workspace.yaml (a code server), the
-    store's conninfo, and the terminal to draw progress on (None: draw nothing)."""
+    store's conninfo, and the terminal to draw progress on (None: draw nothing).
+
+    Returns only once the code server it started has ended, and the run workers with it."""
     import dagster as dg
     from dagster._core.workspace.context import WorkspaceProcessContext
     from dagster._core.workspace.load_target import WorkspaceFileTarget
@@ -164,18 +172,78 @@ def _workspace(
     # The code server and the run workers inherit these: they must see the same HOME and instance.
     os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
     os.environ[ENV_HOME] = str(settings.home)
-    with (
-        _children_output(settings) as terminal,
-        dg.DagsterInstance.get() as instance,
-        WorkspaceProcessContext(
-            instance=instance,
-            version=__version__,
-            read_only=False,
-            workspace_load_target=WorkspaceFileTarget(paths=[str(WORKSPACE_FILE)]),
-            code_server_log_level="WARNING",
-        ) as context,
+    with _children_output(settings) as terminal, dg.DagsterInstance.get() as instance:
+        before = {proc.pid for proc in _code_servers()}
+        owned: list[Proc] = []
+        try:
+            with _sigint_not_ignored():  # the code server starts in here
+                workspace = WorkspaceProcessContext(
+                    instance=instance,
+                    version=__version__,
+                    read_only=False,
+                    workspace_load_target=WorkspaceFileTarget(paths=[str(WORKSPACE_FILE)]),
+                    code_server_log_level="WARNING",
+                )
+            with workspace as context:
+                owned = [proc for proc in _code_servers() if proc.pid not in before]
+                try:
+                    yield instance, context, endpoints.store_conninfo, terminal
+                finally:
+                    owned = _with_descendants(owned)  # the run workers, while they are still the server's children
+        finally:
+            if not owned:  # the workspace failed to open: a server that did start is ours all the same
+                owned = _with_descendants([proc for proc in _code_servers() if proc.pid not in before])
+            _await_code_servers(owned)
+
+
+@contextmanager
+def _sigint_not_ignored() -> Iterator[None]:
+    """Python's own SIGINT handling meanwhile, when this process ignores SIGINT (a shell's background
+    job does). A Dagster code server gives SIGTERM SIGINT's disposition (dagster/_utils/interrupts.py),
+    and an ignored one survives exec: started now, it ends on SIGTERM instead of ignoring it."""
+    if (
+        signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        or threading.current_thread() is not threading.main_thread()
     ):
-        yield instance, context, endpoints.store_conninfo, terminal
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _code_servers() -> list[Proc]:
+    """This process's children that are Dagster code servers (`dagster api grpc`: the workspace starts them)."""
+    from memory_pipelines.lib.processes import is_dagster_process, processes
+
+    mine = (proc for proc in processes() if proc.ppid == os.getpid() and is_dagster_process(proc))
+    return [proc for proc in mine if "grpc" in proc.args]
+
+
+def _with_descendants(procs: Sequence[Proc]) -> list[Proc]:
+    from memory_pipelines.lib.processes import descendants, processes
+
+    table = processes()
+    return [*procs, *(child for proc in procs for child in descendants(proc.pid, table))]
+
+
+def _await_code_servers(procs: Sequence[Proc]) -> None:
+    """Wait for the closed workspace's code servers and their run workers to end.
+
+    Closing the workspace asks each server to shut down, and it does once its runs' processes
+    have ended, after reading their runs from the instance's database; Dagster does not wait for
+    that. A `stop` right after this command would end PostgreSQL under it, and a code server
+    that cannot reach the database then never exits, SIGTERM included (its cleanup thread dies).
+    So this process returns only once they have ended, ending them itself after a timeout."""
+    from memory_pipelines.lib.processes import end_processes, wait_for_exit
+
+    left = wait_for_exit(procs, CODE_SERVER_EXIT_SECONDS)
+    if left:  # said in the run log (stderr is the log here), where the servers' own errors are
+        pids = [proc.pid for proc in left]
+        sys.stderr.write(f"code server processes {pids} still ran {CODE_SERVER_EXIT_SECONDS:.0f}s on; ending them\n")
+        end_processes(left, timeout=5.0)
 
 
 def _create_run(instance: DagsterInstance, context: WorkspaceProcessContext, launch: Launch) -> str:

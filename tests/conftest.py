@@ -7,14 +7,14 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from memory_pipelines.lib import services
+from memory_pipelines.lib import processes, services
 from memory_pipelines.lib.derived import DerivedStores, open_derived
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.services import (
@@ -44,6 +44,84 @@ CLI = Path(sys.executable).parent / "memory-pipelines"
 
 def settings_for(home: Path) -> Settings:
     return Settings.from_env({"MEMORY_PIPELINES_HOME": str(home)})
+
+
+# -- no process outlives the test run -----------------------------------------------------------
+
+# Set by the controller (the only process without xdist) for the run; every process the tests
+# start inherits it, however far it is reparented.
+ENV_TEST_RUN = "MEMORY_PIPELINES_TEST_RUN"
+# What the guard waits for the processes of the run to end by themselves (a code server ends a
+# second or two after its last run) before it names them.
+LEAK_GRACE_SECONDS = 10.0
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _is_controller(config):
+        os.environ[ENV_TEST_RUN] = uuid.uuid4().hex  # before xdist starts the workers: they inherit it
+
+
+def run_processes(basetemp: Path, run: str) -> list[tuple[processes.Proc, str]]:
+    """Live processes of this test run, each with why it is one: a descendant of this process, or
+    one whose command line or MEMORY_PIPELINES_HOME / DAGSTER_HOME names the run's temporary
+    directory (every test HOME is under it), or whose environment carries the run's mark."""
+    table = processes.processes()
+    spared = processes.ancestry(os.getpid(), table)
+    # This process's own multiprocessing helpers end when it does, by design: they outlive nothing.
+    spared |= {proc.pid for proc in table if proc.ppid == os.getpid() and _multiprocessing_helper(proc)}
+    found = {proc.pid: (proc, "started by the test session") for proc in processes.descendants(os.getpid(), table)}
+    for proc in table:
+        if proc.pid in found or proc.pid in spared:
+            continue
+        env = processes.process_environ(proc.pid)
+        if processes.names_path(proc.command, basetemp):
+            found[proc.pid] = (proc, f"its command line names {basetemp}")
+        elif any(processes.names_path(env.get(name, ""), basetemp) for name in processes.HOME_VARIABLES):
+            found[proc.pid] = (proc, f"its HOME is under {basetemp}")
+        elif run and env.get(ENV_TEST_RUN) == run:
+            found[proc.pid] = (proc, "started by the test run")
+    return [found[pid] for pid in sorted(found) if pid not in spared]
+
+
+def _multiprocessing_helper(proc: processes.Proc) -> bool:
+    """multiprocessing's resource tracker or fork server: each exits when the process it serves does."""
+    return any(
+        f"multiprocessing.{name} import main" in arg for arg in proc.args for name in ("resource_tracker", "forkserver")
+    )
+
+
+def outlived(procs: Sequence[tuple[processes.Proc, str]], grace: float) -> list[tuple[processes.Proc, str]]:
+    """The processes still running after `grace` seconds."""
+    left = {proc.pid for proc in processes.wait_for_exit([proc for proc, _ in procs], grace)}
+    return [(proc, why) for proc, why in procs if proc.pid in left]
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own hook has ended the workers
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the run, naming each one, if a process the tests started outlives them; then end it."""
+    config = session.config
+    if not _is_controller(config):
+        return
+    basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    leaked = outlived(run_processes(basetemp, os.environ.get(ENV_TEST_RUN, "")), LEAK_GRACE_SECONDS)
+    if not leaked:
+        return
+    lines = [f"pid {proc.pid} (parent {proc.ppid}): {proc.describe()['command']}  <- {why}" for proc, why in leaked]
+    ended = processes.end_processes([proc for proc, _ in leaked], timeout=5.0)
+    lines.append(f"ended now: {[entry['pid'] for entry in ended if entry['ended']]}")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("=", f"{len(leaked)} process(es) outlived the tests", red=True, bold=True)
+        for line in lines:
+            reporter.write_line(line, red=True)
+        reporter.stats.setdefault("leaked process", []).extend(lines[:-1])  # counted in the summary line
+    else:
+        sys.stderr.write("\n".join(lines) + "\n")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -125,26 +125,3 @@ def prepare_data_directory(pgdata: Path) -> None:
             os.chown(pgdata, user.pw_uid, user.pw_gid)
         elif user is not None:
             own_data_directory(pgdata, user)
-
-
-def listens_on(pid: int, port: int) -> bool | None:
-    """Whether `pid` holds the socket listening on 127.0.0.1:`port`; None where /proc cannot tell.
-
-    Ports are machine-wide: between our probe of a free port and the server's bind, another HOME's
-    server (or anyone's) can take it, and its heartbeat would then pass for our server's."""
-    try:
-        table = Path("/proc/net/tcp").read_text().splitlines()[1:]
-        fds = list(Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
-        return None
-    wanted = f"0100007F:{port:04X}"
-    inodes = {
-        f"socket:[{cols[9]}]" for cols in (line.split() for line in table) if cols[1] == wanted and cols[3] == "0A"
-    }
-    held = set()
-    for fd in fds:
-        try:
-            held.add(os.readlink(fd))
-        except OSError:
-            continue
-    return bool(inodes & held)

@@ -35,7 +35,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from memory_pipelines.lib import machine, migrations
+from memory_pipelines.lib import machine, migrations, processes
 from memory_pipelines.lib.errors import ServiceError
 from memory_pipelines.lib.paths import ASSETS_DIR
 from memory_pipelines.lib.settings import ENV_DAGSTER_PG_URL, Settings
@@ -344,7 +344,7 @@ def _await_chroma(
     _PORT_TAKEN if the answer came from another process listening on that port."""
     while time.monotonic() < deadline:
         if chroma_heartbeat(url, timeout=1.0):
-            if machine.listens_on(proc.pid, port) is False:
+            if processes.listens_on(proc.pid, port) is False:
                 return _PORT_TAKEN
             state = {"pid": proc.pid, "port": port, "url": url, "path": str(path), "started_at": time.time()}
             tmp = path / (CHROMA_STATE + ".tmp")
@@ -474,20 +474,35 @@ def ensure_services(settings: Settings, *, migrate: bool = True) -> Endpoints:
     )
 
 
-def stop_services(settings: Settings) -> dict[str, object]:
-    """Stop this HOME's embedded PostgreSQL and Chroma servers; external ones are left alone.
+def stop_services(settings: Settings, timeout: float = processes.STOP_SECONDS) -> dict[str, object]:
+    """Stop everything of this HOME: its Dagster processes (code servers, run workers, daemon,
+    webserver), then its embedded Chroma and PostgreSQL servers; external servers are left alone.
 
-    `stopped` is True when anything was stopped; `postgres` and `chroma` say what happened to each
-    (`reason`, when PostgreSQL was not stopped, is repeated at the top level)."""
+    `stopped` is True when anything was stopped; `dagster`, `postgres` and `chroma` say what
+    happened to each (`reason`, when PostgreSQL was not stopped, is repeated at the top level)."""
     with _home_lock(settings.home):
+        # First the processes that use the servers: a code server that finds PostgreSQL gone while
+        # its run worker ends loses its cleanup thread and never exits (dagster/_grpc/server.py).
+        dagster = _stop_dagster(settings, timeout)
         chroma = _stop_chroma(settings)
         postgres = _stop_postgres(settings)
     report: dict[str, object] = {
-        "stopped": bool(postgres["stopped"] or chroma["stopped"]),
+        "stopped": bool(postgres["stopped"] or chroma["stopped"] or dagster["stopped"]),
         "postgres": postgres,
         "chroma": chroma,
+        "dagster": dagster,
     }
     for key in ("reason", "pgdata"):
         if key in postgres:
             report[key] = postgres[key]
     return report
+
+
+def _stop_dagster(settings: Settings, timeout: float) -> dict[str, object]:
+    found = processes.home_processes(settings.home)
+    ended = processes.end_processes(found, timeout)
+    return {
+        "stopped": any(entry["ended"] for entry in ended),
+        "processes": ended,
+        "left": [entry["pid"] for entry in ended if not entry["ended"]],
+    }
