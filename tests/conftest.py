@@ -152,6 +152,22 @@ def endpoints(session_settings: Settings) -> Endpoints:
 
 
 @pytest.fixture(autouse=True)
+def _no_disposed_instance_as_defs_state_storage() -> Iterator[None]:
+    """Each test loads definitions with no defs-state storage left by an earlier test's instance.
+
+    Dagster 1.13's `DagsterInstance.__enter__` makes the instance's storage the current one (a
+    ContextVar) and `__exit__` restores what was current before it. Instance contexts left out of
+    order (a fixture's instance entered before a test's and left first) restore a disposed one,
+    and once it is collected the next definitions load in that worker fails with "Attempted to
+    resolve undefined DagsterInstance weakref" (seen in CI, depending on which tests ran before on
+    the worker). Dagster has no public way to reset it, hence its private module here, in tests only."""
+    from dagster._core.storage.defs_state.base import set_defs_state_storage
+
+    with set_defs_state_storage(None):
+        yield
+
+
+@pytest.fixture(autouse=True)
 def _home_variables_restored() -> Iterator[None]:
     """Commands run in-process point HOME and DAGSTER_HOME at their HOME; later tests start clean."""
     saved = {name: os.environ.get(name) for name in ("MEMORY_PIPELINES_HOME", "DAGSTER_HOME")}
