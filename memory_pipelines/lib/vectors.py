@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import logging
 import sqlite3
 import threading
 import time
@@ -24,8 +25,11 @@ from urllib.parse import urlsplit
 from memory_pipelines.lib import lineage, ordering
 from memory_pipelines.lib.embedding import Embedder
 from memory_pipelines.lib.errors import MemoryPipelinesError, ServiceError
+from memory_pipelines.lib.hnsw_files import clear_unused_capacity, unused_capacity_holds_data
 from memory_pipelines.lib.progress import Progress, no_progress
 from memory_pipelines.lib.store import CurrentVersion, MemoryStore
+
+log = logging.getLogger(__name__)
 
 STORE = "chroma"
 EMBED_CHUNK = 512
@@ -42,6 +46,8 @@ ERASURES = "erasures"
 _SEEN: dict[tuple[str, str], int] = {}
 _REBUILD_PAGE = 5000  # vectors a get() carries
 _REBUILD_STEP = 500  # vectors a rebuild copies at a time: short bursts on the server
+_STAGING = "-rebuild"  # suffix of the collection a rebuild fills before it takes the tenant's name
+_SWEEP_WAIT = 5.0  # seconds an erasure's sweep waits for another tenant's collection lock
 _QUERY_BATCH = 256  # query vectors in one Chroma call (a server refuses ~10,000: "Payload too large")
 # Tenant collection locks this thread holds (see VectorStore._tenant_lock): taken once per thread.
 _HELD = threading.local()
@@ -171,25 +177,103 @@ class VectorStore:
         Reentrant per thread. Without a local path (an external server, maybe shared by many
         machines) there is no lock: writes still reopen the collection by name first (_current),
         but an erasure there can race another process's sync or query."""
-        if self.url is None or self.path is None:
+        with self._collection_lock(collection_name(tenant_id), exclusive=exclusive):
             yield
+
+    @contextmanager
+    def _collection_lock(self, name: str, *, exclusive: bool, timeout: float | None = None) -> Iterator[bool]:
+        """The lock of collection `name` (see _tenant_lock); yields whether it is held: always
+        without `timeout`, else False when another process kept it for `timeout` seconds."""
+        if self.url is None or self.path is None:
+            yield True
             return
         held: set[str] = getattr(_HELD, "names", None) or set()
         _HELD.names = held
-        name = f"{self.path}|{collection_name(tenant_id)}"
-        if name in held:
-            yield
+        key = f"{self.path}|{name}"
+        if key in held:
+            yield True
             return
         lock_dir = self.path / ".locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
-        with open(lock_dir / f"{collection_name(tenant_id)}.lock", "a+") as fh:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            held.add(name)
+        with open(lock_dir / f"{name}.lock", "a+") as fh:
+            mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+            if timeout is None:
+                fcntl.flock(fh.fileno(), mode)
+            else:
+                deadline = time.monotonic() + timeout
+                while True:
+                    try:
+                        fcntl.flock(fh.fileno(), mode | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() >= deadline:
+                            yield False
+                            return
+                        time.sleep(0.05)
+            held.add(key)
             try:
-                yield
+                yield True
             finally:
-                held.discard(name)
+                held.discard(key)
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    def _holds(self, tenant_id: str) -> bool:
+        return f"{self.path}|{collection_name(tenant_id)}" in (getattr(_HELD, "names", None) or set())
+
+    def scrub(self, tenant_id: str) -> int:
+        """Clear the unused index capacity of the tenant's collection when any holds data; bytes zeroed.
+
+        Runs after our writes: the first write to a collection (and the first after a server
+        restart, to one never persisted) makes the server write its files from malloc'd memory,
+        which may hold any tenant's vectors, forgotten ones included (see clear_unused_capacity).
+        The check reads a few headers; only a collection with such bytes takes the tenant's lock
+        exclusively, for milliseconds. A thread already holding the lock (shared, maybe) skips."""
+        if self.path is None or self._holds(tenant_id):
+            return 0
+        if not any(unused_capacity_holds_data(segment) for segment in self.segments(tenant_id)):
+            return 0
+        zeroed = 0
+        with self._tenant_lock(tenant_id, exclusive=True):
+            for segment in self.segments(tenant_id):
+                try:
+                    zeroed += clear_unused_capacity(segment)
+                except ServiceError as exc:  # hygiene after a write: the erasure is what fails loudly
+                    log.warning("could not clear unused capacity of %s: %s", segment, exc)
+        return zeroed
+
+    def _scrub_others(self, tenant_id: str) -> list[str]:
+        """Clear the unused capacity of every other tenant's collection; returns those left busy.
+
+        An erasure's sweep: a collection whose files the server wrote while this tenant's vectors
+        were in its memory may hold some (benchmarks/erasure_loop.py found them in 5 of 50 new
+        collections), and a scrub after writes does not reach a collection whose files a server
+        restart re-created on a read. Each collection is taken alone under its own lock, waiting
+        at most _SWEEP_WAIT seconds (the caller holds no tenant lock, so two sweeps never wait on
+        each other); one still busy then is named, and its next writer's scrub or sweep clears it."""
+        assert self.path is not None
+        with sqlite3.connect(str(self.path / "chroma.sqlite3"), timeout=30) as db:
+            rows = db.execute(
+                "SELECT c.name, s.id FROM segments s JOIN collections c ON s.collection = c.id"
+            ).fetchall()
+        own = collection_name(tenant_id)
+        busy = []
+        for name, segment_id in rows:
+            base = str(name).removesuffix(_STAGING)  # a rebuild in progress holds its tenant's lock
+            segment = self.path / str(segment_id)
+            if base == own or not base.startswith("mem-") or not unused_capacity_holds_data(segment):
+                continue
+            with self._collection_lock(base, exclusive=True, timeout=_SWEEP_WAIT) as locked:
+                if not locked:
+                    busy.append(str(name))
+                    continue
+                try:
+                    clear_unused_capacity(segment)
+                except ServiceError as exc:  # another tenant's index: reported, never this erasure's failure
+                    log.warning("could not clear unused capacity of %s: %s", segment, exc)
+                    busy.append(str(name))
+        if busy:
+            log.warning("unused index capacity left to clear in %d busy collection(s): %s", len(busy), busy[:5])
+        return busy
 
     def _current(self, tenant_id: str, col: Any) -> Any:
         """A server's collection as it is now (an erasure elsewhere may have replaced the one we hold)."""
@@ -307,7 +391,13 @@ class VectorStore:
     def rebuild(self, tenant_id: str) -> int:
         """Copy the remaining vectors into a fresh collection: deleted vectors leave the HNSW files."""
         with self._tenant_lock(tenant_id, exclusive=True):
-            return self._rebuild(tenant_id)
+            copied = self._rebuild(tenant_id)
+            self._clear(tenant_id)
+            return copied
+
+    def _clear(self, tenant_id: str) -> int:
+        """Clear the unused capacity of the tenant's collection; the caller holds its lock exclusively."""
+        return sum(clear_unused_capacity(segment) for segment in self.segments(tenant_id))
 
     def _rebuild(self, tenant_id: str) -> int:
         """Copy the live vectors, a page at a time, into a new collection that then takes the name.
@@ -317,7 +407,7 @@ class VectorStore:
         old collection whole and a partial copy, which the next rebuild drops first."""
         client = self.client()
         name = collection_name(tenant_id)
-        staging = name + "-rebuild"
+        staging = name + _STAGING
         col = self.collection(tenant_id)
         metadata = dict(col.metadata or {})
         metadata[ERASURES] = int(metadata.get(ERASURES, 0)) + 1  # other embedded clients reload
@@ -374,28 +464,35 @@ class VectorStore:
             for start in range(0, len(present), step):
                 part = present[start : start + step]
                 self._call("deleting vectors", lambda: col.delete(ids=part))  # noqa: B023
+        self.scrub(tenant_id)
         return len(present)
 
     @_serialized
     def erase_physically(self, tenant_id: str) -> tuple[int, list[Path]]:
         """Rewrite the tenant's collection so deleted vectors leave every file; (bytes written, files).
 
-        The remaining vectors are copied into a fresh collection, the old one's segment files are
-        removed (a server leaves them behind), and the SQLite log is vacuumed (its free pages keep
-        deleted rows). The files returned are what a byte scan must read: the tenant's segments
-        and the SQLite database. Without a local path (an external server) nothing can be
-        rewritten or scanned here: (0, []).
+        The remaining vectors are copied into a fresh collection whose unused index capacity is
+        then zeroed, the old one's segment files are removed (a server leaves them behind), and the
+        SQLite log is vacuumed (its free pages keep deleted rows); then, out of the tenant's lock,
+        every other collection's unused capacity is cleared too (_scrub_others). The files returned
+        are what a byte scan must read: the tenant's segments and the SQLite database. Without a
+        local path (an external server) nothing can be rewritten or scanned here: (0, []).
         """
         if self.path is None:
             return 0, []
         with self._tenant_lock(tenant_id, exclusive=True):
             if self.existing(tenant_id) is not None:
                 self._rebuild(tenant_id)
+            # The server wrote the new index's whole capacity from malloc'd memory: clear what no
+            # element owns while our writers of the tenant are held off (see clear_unused_capacity).
+            self._clear(tenant_id)
             remove_orphan_segments(self.path)
             vacuum_sqlite(self.path / "chroma.sqlite3")
             if self.url is None:
                 _reopen_embedded()
             files = self.files(tenant_id)
+        if self.url is not None and not getattr(_HELD, "names", None):  # waits on others' locks: hold none
+            self._scrub_others(tenant_id)
         return sum(f.stat().st_size for f in files if f.exists()), files
 
     def live_windows(self, tenant_id: str) -> tuple[set[bytes], int]:
@@ -421,21 +518,27 @@ class VectorStore:
                 orphans = int(row[0]) if row else 0
         return live, orphans
 
-    def files(self, tenant_id: str) -> list[Path]:
-        """The files holding the tenant's vectors: its collection's segment directories and SQLite."""
+    def segments(self, tenant_id: str) -> list[Path]:
+        """Directories of the tenant's collection's segments (those a server has written files into)."""
         if self.path is None or not (self.path / "chroma.sqlite3").exists():
             return []
         with sqlite3.connect(str(self.path / "chroma.sqlite3"), timeout=30) as db:
-            segments = [
+            ids = [
                 str(row[0])
                 for row in db.execute(
                     "SELECT s.id FROM segments s JOIN collections c ON s.collection = c.id WHERE c.name = ?",
                     (collection_name(tenant_id),),
                 )
             ]
+        return [self.path / segment for segment in ids if (self.path / segment).is_dir()]
+
+    def files(self, tenant_id: str) -> list[Path]:
+        """The files holding the tenant's vectors: its collection's segment directories and SQLite."""
+        if self.path is None or not (self.path / "chroma.sqlite3").exists():
+            return []
         files = [f for f in self.path.glob("chroma.sqlite3*") if f.is_file()]
-        for segment in segments:
-            files += [f for f in (self.path / segment).rglob("*") if f.is_file()]
+        for segment in self.segments(tenant_id):
+            files += [f for f in segment.rglob("*") if f.is_file()]
         return files
 
     def _present(self, tenant_id: str, record_ids: Sequence[str]) -> tuple[Any, list[str]]:
@@ -479,6 +582,7 @@ class VectorStore:
             vectors = self.embedder.embed([texts[cv.source] for cv in chunk])
             del texts
             self._write_chunk(store, tenant_id, col, chunk, vectors)
+            self.scrub(tenant_id)
             progress(min(start + EMBED_CHUNK, len(new)), len(new), "embeddings")
         removed = 0
         if stale:
@@ -495,6 +599,7 @@ class VectorStore:
                         self._call("deleting vectors", lambda: live.delete(ids=removable))
                     lineage.remove_records(conn, tenant_id=tenant_id, store=STORE, record_ids=removable)
                 removed = len(removable)
+            self.scrub(tenant_id)
         return {"records": len(current), "embedded": len(new), "removed": removed}
 
     def _write_chunk(

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import struct
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pytest
 
 from memory_pipelines.lib import bytescan, registry
 from memory_pipelines.lib.adapters.base import REQUIRED, postgres_files
 from memory_pipelines.lib.deletion import DeletionService
 from memory_pipelines.lib.erasure import ErasureIncomplete, ErasureLedger, ErasureService
+from memory_pipelines.lib.hnsw_files import unused_capacity_holds_data
 
 
 def seed(store, derived, tenant):
@@ -256,3 +260,168 @@ def test_a_rebuild_pages_through_a_collection_larger_than_one_get_can_read(tmp_p
     assert vectors.existing("t-big").metadata["erasures"] == 1
     # The staging collection took the tenant's name: no other collection is left behind.
     assert [c.name for c in vectors.client().list_collections()] == [col.name]
+
+
+def _hnsw_header(segment):
+    """(element count persisted, bytes per element, offset of the vector in an element) of an index."""
+    _, _, _, count, element, _, data_offset = struct.unpack_from("<i6Q", (segment / "header.bin").read_bytes())
+    return count, element, data_offset
+
+
+def _all_windows(stored):
+    """Every 16-byte window, at every offset, of each vector's raw float32 bytes."""
+    windows = []
+    for vector in stored:
+        data = np.asarray(vector, dtype="<f4").tobytes()
+        windows += [data[i : i + bytescan.WINDOW] for i in range(len(data) - bytescan.WINDOW + 1)]
+    return windows
+
+
+def _raw_hits(files, stored):
+    base = int.from_bytes(os.urandom(8), "little") | 1
+    return bytescan.scan(files, bytescan.fingerprints(_all_windows(stored), base), base).hits
+
+
+def test_bytes_left_in_a_rebuilt_indexs_unused_capacity_are_cleared_before_the_scan(
+    store, derived, tenant, monkeypatch
+):
+    """The rebuilt collection's files are written by the server from malloc'd memory: their unused
+    capacity held whatever that memory last held, now and then the forgotten vectors themselves
+    (a spurious hit that failed erasures by chance). Here the forgotten vectors' raw float32 bytes
+    are planted in that capacity as the server's memory would leave them: the erasure must clear
+    them (and pass), and no window of them may be left in any of the tenant's Chroma files."""
+    written = seed(store, derived, tenant)
+    alice = [cv.record_id for cv in store.current_versions(tenant_id=tenant, user_ids=["alice"])]
+    forgotten = derived.vectors.vectors_of(tenant, alice)
+    assert len(forgotten) == 2
+    blobs = [np.asarray(v, dtype="<f4").tobytes() for v in forgotten.values()]
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="alice")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+
+    vectors = derived.vectors
+    rebuild = vectors._rebuild
+    planted = []
+
+    def rebuild_then_plant(tenant_id):
+        copied = rebuild(tenant_id)
+        for segment in vectors.segments(tenant_id):
+            if not (segment / "header.bin").exists():
+                continue
+            count, element, data_offset = _hnsw_header(segment)
+            data = segment / "data_level0.bin"
+            # Unused capacity is there: the one vector left sits in an index sized for 100.
+            assert data.stat().st_size >= (count + 1 + len(blobs)) * element
+            with data.open("r+b") as fh:
+                for n, blob in enumerate(blobs):
+                    fh.seek((count + 1 + n) * element + data_offset)  # where a vector sits in a slot
+                    fh.write(blob)
+            with (segment / "length.bin").open("r+b") as fh:
+                fh.seek(count * 4 + 16)
+                fh.write(blobs[0][:32])
+            planted.append(segment)
+        # The control: the planted bytes are in the files the erasure is about to scan.
+        assert _raw_hits(vectors.files(tenant_id), forgotten.values())
+        return copied
+
+    monkeypatch.setattr(vectors, "_rebuild", rebuild_then_plant)
+    report = ErasureService(derived).erase_tenant(tenant_id=tenant)
+    assert report["erased"] == 1 and report["byteScan"]["hits"] == 0
+    assert planted
+    assert _raw_hits(vectors.files(tenant), forgotten.values()) == {}
+    for segment in planted:
+        count, element, _ = _hnsw_header(segment)
+        data = (segment / "data_level0.bin").read_bytes()
+        assert len(data) > count * element and data[count * element :].count(0) == len(data) - count * element
+        assert not unused_capacity_holds_data(segment)
+    # Bob's vector is intact and still found.
+    hits = derived.recaller.recall(tenant_id=tenant, user_id="bob", query="sourdough starter", k=3)
+    assert [h["memory_id"] for h in hits][:1] == [written["bob_keep"].memory_id]
+
+
+@pytest.mark.slow
+def test_clearing_unused_capacity_keeps_the_index_whole_across_server_restarts(tmp_path):
+    """Zeroing what no element owns, with the server running, never loses a vector: every vector
+    kept is its own nearest neighbour and reads back exactly, before and after restarts, in a
+    rebuilt index never persisted (all its capacity unused), in one persisted with slots to spare,
+    and after either grows past the capacity it was created with."""
+    from memory_pipelines.lib.embedding import HashingEmbedder
+    from memory_pipelines.lib.hnsw_files import clear_unused_capacity
+    from memory_pipelines.lib.services import ensure_chroma, stop_chroma
+    from memory_pipelines.lib.vectors import VectorStore
+    from tests.conftest import settings_for
+
+    settings = settings_for(tmp_path / "home")
+    rng = np.random.default_rng(11)
+    kept: dict[str, dict[str, np.ndarray]] = {"t-small": {}, "t-slots": {}}
+    made = [0]
+
+    def open_vectors():
+        url = ensure_chroma(settings)
+        return VectorStore(embedder=HashingEmbedder(dimension=16), url=url, path=settings.chroma_path)
+
+    def add(vectors, tenant_id, n):
+        col = vectors.collection(tenant_id)
+        new = rng.standard_normal((n, 16)).astype(np.float32)
+        ids = [f"m{made[0] + i}:1" for i in range(n)]
+        made[0] += n
+        for start in range(0, n, 50):
+            col.add(ids=ids[start : start + 50], embeddings=new[start : start + 50])
+        kept[tenant_id].update(zip(ids, new, strict=True))
+
+    def assert_whole(vectors, *, clean=True):
+        for tenant_id, vectors_kept in kept.items():
+            ids = sorted(vectors_kept)
+            assert vectors.ids(tenant_id) == set(ids)
+            found = vectors.query_vectors(tenant_id=tenant_id, vectors=[vectors_kept[i] for i in ids], limit=1)
+            assert [f"{hit[0][0]}:{hit[0][1]}" for hit in found] == ids
+            stored = vectors.vectors_of(tenant_id, ids)
+            assert all(np.allclose(np.asarray(stored[i], dtype=np.float32), vectors_kept[i], atol=1e-6) for i in ids)
+            if clean:
+                assert not any(unused_capacity_holds_data(segment) for segment in vectors.segments(tenant_id))
+
+    def restart():
+        assert stop_chroma(settings)["stopped"]
+        vectors = open_vectors()
+        # A restarted server re-creates the files of an index it never persisted at its first
+        # read, from its own memory again: the next scrub (after a write, or an erasure's sweep)
+        # clears them, and clearing them breaks nothing either.
+        assert_whole(vectors, clean=False)
+        for tenant_id in kept:
+            vectors.scrub(tenant_id)
+        return vectors
+
+    try:
+        vectors = open_vectors()
+        add(vectors, "t-small", 300)
+        gone = sorted(kept["t-small"])[:100]
+        vectors.delete("t-small", gone)
+        for record in gone:
+            del kept["t-small"][record]
+        vectors.erase_physically("t-small")
+        [small] = vectors.segments("t-small")
+        assert _hnsw_header(small)[0] == 0  # 200 vectors, under the server's sync threshold: never persisted
+
+        # Persisted with slots to spare: 60 vectors, then metadata updates until the server persists.
+        add(vectors, "t-slots", 60)
+        col = vectors.collection("t-slots")
+        ids = sorted(kept["t-slots"])
+        for n in range(17):
+            col.update(ids=ids, metadatas=[{"n": n}] * len(ids))
+        [slots] = vectors.segments("t-slots")
+        count, element, _ = _hnsw_header(slots)
+        assert count == 60 and (slots / "data_level0.bin").stat().st_size == 100 * element
+        clear_unused_capacity(slots)  # 40 slots the server wrote from its memory
+        assert_whole(vectors)
+        vectors = restart()
+        assert_whole(vectors)
+
+        add(vectors, "t-slots", 1000)  # persisted again, the capacity grown
+        add(vectors, "t-small", 900)
+        for segment in (slots, small):
+            assert _hnsw_header(segment)[0] >= 1000
+        assert_whole(vectors)
+        vectors = restart()
+        assert_whole(vectors)
+    finally:
+        stop_chroma(settings)
