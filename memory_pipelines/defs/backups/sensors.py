@@ -4,7 +4,9 @@ from dagster._core.definitions.events import AssetKeyPartitionKey
 
 from memory_pipelines.defs.backups.jobs import restore_job
 from memory_pipelines.defs.derived.jobs import DERIVED_ASSETS
+from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.backups import completed_restores, restores
+from memory_pipelines.lib.canary import is_reserved_tenant, retired_tenants
 from memory_pipelines.resources import MemoryStoreResource
 
 REBUILT_ASSETS = ("memories", *DERIVED_ASSETS)
@@ -21,6 +23,8 @@ REBUILT_ASSETS = ("memories", *DERIVED_ASSETS)
 def restore_requests_sensor(memory_store: MemoryStoreResource) -> dg.SensorResult:
     requests = []
     for r in restores(memory_store.store(), states=("REQUESTED",)):
+        if is_reserved_tenant(r["tenant_id"]):
+            continue  # a canary drill restores its own tenant in its own run
         config = {"backup_id": r["backup_id"], "restore_id": r["restore_id"]}
         requests.append(
             dg.RunRequest(
@@ -45,20 +49,33 @@ def restored_tenants_backfill_sensor(
 ) -> dg.SensorResult:
     # Before migration 0010 the cursor was a completed_at timestamp; those restores have no sequence.
     after = int(context.cursor) if context.cursor and context.cursor.isdigit() else 0
-    done = completed_restores(memory_store.store(), after=after)
+    store = memory_store.store()
+    done = completed_restores(store, after=after)
     graph = context.repository_def.asset_graph if context.repository_def is not None else None
+    known = set(context.instance.get_dynamic_partitions(tenants_partitions.name or "tenants"))
+    # A canary drill restores its tenant and offboards it before any tick: a backfill of a tenant that is
+    # gone fails (its partitions are removed). Those restores are passed over, the cursor moves past them.
+    gone = retired_tenants(store, sorted({r["tenant_id"] for r in done}))
     requests = []
     for r in done:
-        wanted = {AssetKeyPartitionKey(dg.AssetKey(name), r["tenant_id"]) for name in REBUILT_ASSETS}
+        tenant = r["tenant_id"]
+        if tenant in gone:
+            context.log.info(f"restore {r['restore_id']}: tenant {tenant} is gone (offboarded, internal): no backfill")
+            continue
+        wanted = {AssetKeyPartitionKey(dg.AssetKey(name), tenant) for name in REBUILT_ASSETS}
         # A RunRequest with an asset graph subset: the sensor daemon turns it into a backfill (under
         # Backfills) in the same tick that stores the cursor, so each restore is backfilled once.
         requests.append(
             dg.RunRequest.for_asset_graph_subset(
                 AssetGraphSubset.from_asset_partition_set(wanted, graph),  # type: ignore[arg-type]
-                tags={"memory_pipelines/restore_id": r["restore_id"], "memory_pipelines/tenant": r["tenant_id"]},
+                tags={"memory_pipelines/restore_id": r["restore_id"], "memory_pipelines/tenant": tenant},
             )
         )
+    # A live tenant restored before the partitions sensor saw it becomes a partition in this tick (the
+    # daemon adds partitions before it stores the backfills).
+    new = sorted({r["tenant_id"] for r in done} - gone - known)
     return dg.SensorResult(
         run_requests=requests,
         cursor=str(max((r["completion_seq"] for r in done), default=after)),
+        dynamic_partitions_requests=[tenants_partitions.build_add_request(new)] if new else [],
     )
