@@ -436,3 +436,48 @@ def trend_chart(rows: list[dict[str, Any]], path: Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+# Months the inline chart draws: Dagster renders a Markdown metadata value in place only while it
+# is under 1,000 characters (longer ones sit behind "[Show Markdown]"), so the chart is a small SVG.
+CHART_MONTHS = 12
+INLINE_MARKDOWN = 1000
+_SERIES = (("precision", "blue"), ("recall", "darkorange"), ("drift", "green"))
+
+
+def trend_svg_markdown(rows: list[dict[str, Any]]) -> str:
+    """The trend as a Markdown image of an inline SVG (under 1,000 characters): precision, recall and
+    drift of the last CHART_MONTHS months (fewer if need be), the precision target and drift limit dashed."""
+    rows = rows[-CHART_MONTHS:]
+    while True:
+        chart = _svg_markdown(rows)
+        if len(chart) < INLINE_MARKDOWN or len(rows) <= 1:
+            return chart
+        rows = rows[1:]
+
+
+def _svg_markdown(rows: list[dict[str, Any]]) -> str:
+    step = 200 / max(len(rows) - 1, 1)
+
+    def point(i: int, v: float) -> str:
+        return f"{round(28 + i * step) if len(rows) > 1 else 128} {round(85 - 80 * min(max(v, 0.0), 1.0))}"
+
+    lines = []
+    for key, color in _SERIES:
+        points = [point(i, r[key]) for i, r in enumerate(rows) if r[key] is not None]
+        if points:  # a lone month is a dot: a zero-length segment with a wide round cap
+            lone = " stroke-width='6'" if len(points) == 1 else ""
+            lines.append(f"<path d='M{'L'.join(points)}{'h0' if lone else ''}' stroke='{color}'{lone}/>")
+    target, limit = (round(85 - 80 * v) for v in (PRECISION_TARGET, DRIFT_TARGET))
+    months = [rows[0]["month"], rows[-1]["month"]] if len(rows) > 1 else [r["month"] for r in rows]
+    svg = (
+        "<svg xmlns='http://www.w3.org/2000/svg' width='480' viewBox='0 0 240 108' font-size='7'>"
+        "<g fill='none' stroke-linecap='round' stroke-width='2'><path d='M26 5V85H232' stroke='gray'/>"
+        f"<path d='M26 {target}H232M26 {limit}H232' stroke='gray' stroke-dasharray='2'/>{''.join(lines)}</g>"
+        "<text x='2' y='8'>1.0</text><text x='2' y='88'>0</text>"
+        + "".join(f"<text x='{26 + 180 * n}' y='95'>{m}</text>" for n, m in enumerate(months))
+        + "".join(f"<text x='{28 + 60 * n}' y='105' fill='{c}'>{k}</text>" for n, (k, c) in enumerate(_SERIES))
+        + "</svg>"
+    )
+    # A CommonMark destination in <...> may hold spaces; '<' and '>' must be escaped inside it.
+    return f"![memory quality](<data:image/svg+xml,{svg.replace('<', '%3C').replace('>', '%3E')}>)"
