@@ -298,8 +298,11 @@ def _walk_through(settings: Settings, endpoints: Endpoints, corpus: dict[str, An
         "next": {
             "ui": f"memory-pipelines --home {settings.home} dev   # then open http://127.0.0.1:3000/assets/memories",
             "what_to_look_at": "Assets: `memories` and the derived_stores group, partition `demo`: counts per "
-            "materialization and the asset checks; `memory_eval` and `memory_drift` for the month evaluated "
-            "(the trend, precision_target and drift_target); `deletion_canary` and its nothing_left_behind check; "
+            "materialization and the asset checks; `memory_deletions`, partition `demo`: bob's forget with its "
+            "proof, certificate and data map, and the deletions_on_track check (the `forget` job's page says how to "
+            "request a deletion from the launchpad); `memory_eval` and `memory_drift` for the month evaluated "
+            "(the trend chart, precision_target and drift_target); `deletion_canary` and its nothing_left_behind "
+            "check; "
             "`tenant_backups` lists the tenant's backups (the `backups` table) for a restore from the launchpad of "
             "the `restore` job; Runs: the `tenant_refresh`, `forget`, `backup`, `restore`, `memory_evaluation` and "
             "`canary_drill` runs above, launched from the code location (re-executable); sensor "

@@ -49,7 +49,6 @@ ALL_ASSETS = (
     "team_summaries",
     "analytics_memories",
 )
-RETENTION_ASSET = "memory_deletions"
 WORKSPACE_FILE = PROJECT_ROOT / "workspace.yaml"
 LOCATION = "memory_pipelines"
 PARTITION_TAG = "dagster/partition"
@@ -611,8 +610,8 @@ def run_retention(settings: Settings, day: str, tenants: Sequence[str]) -> dict[
     runs = launch_and_wait(settings, launches)
     totals: dict[str, int | float] = {}
     for run in runs:
-        # `memory_deletions` carries the sweep's figures; the other assets' reports repeat them per store.
-        for metric, value in run.assets.get(RETENTION_ASSET, {}).items():
+        # The sweep step's output carries its figures (a sweep that removed nothing materializes nothing).
+        for metric, value in run.outputs.get("retention_sweep", {}).items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 totals[metric] = totals.get(metric, 0) + value
     return {

@@ -182,6 +182,47 @@ def test_memory_deletions_is_a_tenant_graph_with_a_step_per_store_and_a_check(de
     assert [n.name for n in forget.graph.nodes if n.name == "memory_deletions"] == ["memory_deletions"]
 
 
+def test_the_forget_job_says_how_to_request_and_links_a_launchpad_with_each_scope_commented(
+    definitions, monkeypatch, tmp_path
+):
+    """Dagster renders a job's default config as YAML without comments; its launchpad opens on the YAML
+    of a `config` query parameter. The description (Markdown on the job's page) shows each scope and
+    links such a launchpad: each request commented out, and each one valid once uncommented."""
+    import re
+    from urllib.parse import parse_qs, urlsplit
+
+    import yaml
+
+    forget = definitions.resolve_job_def("forget")
+    description = forget.description or ""
+    for shown in ("scope: SUBJECT", "scope: MEMORY", "scope: TENANT", "job_ids: [del_", "confirm:", "version:"):
+        assert shown in description, shown
+    [link] = re.findall(r"\]\((/locations/memory_pipelines/jobs/forget/playground/setup\?[^)\s]+)\)", description)
+    query = parse_qs(urlsplit(link).query)
+    [text] = query["config"]
+    # That launchpad has no partition picker: the tenant is the partition tag, a placeholder that fails.
+    assert (query["tags[0][key]"], query["tags[0][value]"]) == (["dagster/partition"], ["TENANT"])
+    for scope in ("SUBJECT", "MEMORY", "TENANT"):
+        assert f"# scope: {scope}" in text
+    monkeypatch.setenv("MEMORY_PIPELINES_HOME", str(tmp_path))
+    # As it opens: every pending job of the tenant. Uncommented, each scope is a valid request.
+    assert yaml.safe_load(text)["ops"]["memory_deletions"]["ops"]["freeze"]["config"] == {
+        "job_ids": [],
+        "basis": "user-request",
+    }
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip().startswith("# scope: ")]
+    for begin in starts:
+        block = [begin]
+        while block[-1] + 1 < len(lines) and re.match(r"\s+# [a-z_]+: ", lines[block[-1] + 1]):
+            block.append(block[-1] + 1)
+        chosen = [line.replace("# ", "", 1) if i in block else line for i, line in enumerate(lines)]
+        config = yaml.safe_load("\n".join(chosen))
+        assert dg.validate_run_config(forget, config), config
+        fields = config["ops"]["memory_deletions"]["ops"]["freeze"]["config"]
+        assert fields["scope"] in ("SUBJECT", "MEMORY", "TENANT") and len(block) >= 2
+
+
 def test_definitions_load_without_preview_warnings():
     import warnings
 

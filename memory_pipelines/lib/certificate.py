@@ -35,6 +35,14 @@ MEANING = {
 }
 
 
+# Under the stores table: what `DONE:n` and "records deleted" count, so they agree with the data map.
+STORES_NOTE = (
+    "Target DONE:n counts the store's records the scope reached. Records deleted leaves out those also derived"
+    " from data outside the scope (a team summary of other members too): they are rebuilt without the scope,"
+    " not deleted, and still count in the data map."
+)
+
+
 @dataclass(frozen=True)
 class StoreRow:
     """One registered store's line of the certificate."""
@@ -67,8 +75,14 @@ def _text(value: Any) -> str:
     return NOT_RECORDED if value is None or value == "" else str(value)
 
 
-def _deleted(target: str) -> str:
-    return target.partition(":")[2] if target.startswith("DONE:") else "-"
+def _deleted(target: str, rebuilt: int = 0) -> str:
+    """Records deleted: DONE:n counts the records the scope reached, less those rebuilt without it."""
+    if not target.startswith("DONE:"):
+        return "-"
+    reached = target.partition(":")[2]
+    if not rebuilt or not reached.isdigit():
+        return reached
+    return f"{int(reached) - rebuilt} ({rebuilt} rebuilt without the scope)"
 
 
 def _physical(target: str | None) -> str:
@@ -115,6 +129,7 @@ def build(proof: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> 
     erasure: Mapping[str, Any] = proof.get("erasure") or {}
     scan: Mapping[str, Any] = erasure.get("byteScan") or {}
     scope: Mapping[str, Any] = proof.get("scope") or {}
+    rebuilt: Mapping[str, Any] = proof.get("rebuilt") or {}
 
     rows = []
     for spec in registry.STORES:
@@ -126,7 +141,7 @@ def build(proof: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> 
                 owner=spec.owner,
                 adapter_version=_text(versions.get(spec.name)),
                 target=_text(target),
-                deleted=NOT_RECORDED if target is None else _deleted(str(target)),
+                deleted=NOT_RECORDED if target is None else _deleted(str(target), int(rebuilt.get(spec.name) or 0)),
                 verification=NOT_RECORDED
                 if left is None
                 else ("passed: 0 left by exact id" if left == 0 else f"FAILED: {left} left by exact id"),
@@ -233,6 +248,7 @@ def render_markdown(proof: Mapping[str, Any], status: Mapping[str, Any] | None =
         + " |"
         for row in cert.stores
     ]
+    lines += ["", f"_{STORES_NOTE}_"]
     lines += ["", "## Verification", "", *_md_pairs(cert.verification)]
     lines += ["", "## Physical erasure", "", *_md_pairs(cert.erasure)]
     lines += ["", "## Backups", "", *_md_pairs(cert.backups)]
@@ -307,6 +323,7 @@ def render_html(proof: Mapping[str, Any], status: Mapping[str, Any] | None = Non
         "<h2>Stores</h2>",
         "<table><thead><tr>" + "".join(f"<th>{h(c)}</th>" for c in header) + "</tr></thead>",
         f"<tbody>{rows}</tbody></table>",
+        f'<p class="note">{h(STORES_NOTE)}</p>',
         "<h2>Verification</h2>",
         _dl(cert.verification),
         "<h2>Physical erasure</h2>",

@@ -12,7 +12,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, NoReturn
@@ -228,7 +228,12 @@ MAX_RELAUNCH_GRACE = timedelta(hours=1)
 # A job left FROZEN, DELETING or VERIFYING this long with no run in progress was orphaned by a run
 # that died; a relaunch resumes it (the tenant run lock makes a needless one a no-op).
 STALL_GRACE = timedelta(minutes=5)
+# How long a new request waits before the sensor runs it: `forget --wait` requests, then submits its
+# own run (a code server starts first, a few seconds); the sensor leaves the job to that run.
+REQUEST_SETTLE = timedelta(seconds=30)
 _IN_FLIGHT = ("FROZEN", "DELETING", "VERIFYING")
+# Key prefix, in a job's `found`, of the records a store rebuilt without the scope instead of deleting.
+REBUILT_PREFIX = "rebuilt:"
 
 
 @dataclass(frozen=True)
@@ -259,21 +264,35 @@ def relaunch_grace(last: LastRun) -> timedelta:
 
 
 def plan_forget_runs(
-    rows: list[dict[str, Any]], *, cursor: int, last_runs: dict[str, LastRun], now: datetime
+    rows: list[dict[str, Any]],
+    *,
+    cursor: int,
+    last_runs: dict[str, LastRun],
+    now: datetime,
+    claimed: frozenset[str] | set[str] = frozenset(),
+    settle: timedelta = REQUEST_SETTLE,
 ) -> tuple[list[PlannedRun], int]:
     """Which forget runs to request from the open jobs of `DeletionLedger.ledger`, and the new cursor.
 
-    New requests (REQUESTED, seq > cursor) get one run per tenant at once, keyed by their highest
-    seq; they queue behind a run in progress. With no run of the tenant in progress, a BLOCKED job
-    whose backoff ended, and a job still REQUESTED (or left in flight) after the tenant's last run
-    ended, get a run keyed by the last run's id as well, so each failed run is relaunched once.
+    New requests (REQUESTED, seq > cursor) get one run per tenant, keyed by their highest seq, once
+    they are `settle` old; they queue behind a run in progress. A job a forget run not yet ended
+    names (`claimed`: e.g. the run of `forget --wait`) is that run's, never launched again. With no
+    run of the tenant in progress, a BLOCKED job whose backoff ended, and a job still REQUESTED (or
+    left in flight) after the tenant's last run ended, get a run keyed by the last run's id as well,
+    so each failed run is relaunched once. The cursor stays below a request that has not settled.
     """
     fresh: dict[str, list[dict[str, Any]]] = {}
     again: dict[str, list[dict[str, Any]]] = {}
+    unsettled: list[int] = []
     for row in rows:
         tenant, seq, state = row["tenant_id"], row["seq"], row["state"]
+        if row["job_id"] in claimed:
+            continue
         if state == "REQUESTED" and seq is not None and seq > cursor:
-            fresh.setdefault(tenant, []).append(row)
+            if now - row["updated_at"] < settle:
+                unsettled.append(seq)  # its requester may be submitting its own run right now
+            else:
+                fresh.setdefault(tenant, []).append(row)
             continue
         last = last_runs.get(tenant)
         waiting = last is not None and (
@@ -314,8 +333,11 @@ def plan_forget_runs(
                 "retry" if all(r["state"] == "BLOCKED" for r in jobs) else "relaunch",
             )
         )
-    new_cursor = max([cursor, *(r["seq"] for r in rows if r["seq"] is not None and r["state"] == "REQUESTED")])
-    return planned, new_cursor
+    requested = [r["seq"] for r in rows if r["seq"] is not None and r["state"] == "REQUESTED"]
+    # Requests launched now that sit above a held-back one come again next tick as claimed (their run
+    # exists by then), so holding the cursor never launches them twice.
+    new_cursor = min(unsettled) - 1 if unsettled else max([cursor, *requested])
+    return planned, max(cursor, new_cursor)
 
 
 class DeletionService(DeletionLedger):
@@ -772,7 +794,7 @@ class DeletionService(DeletionLedger):
             if batch.verification is None:
                 raise DeletionBlocked("verify", "NOT_VERIFIED", "the batch was not verified")
             self._hold(batch)
-            return self._complete(batch.tenant_id, batch.jobs, batch.fixed, batch.verification)
+            return self._complete(batch.tenant_id, batch.jobs, batch.fixed, batch.verification, batch.found)
         except Exception as exc:
             self._fail(batch, "verify", exc)
 
@@ -795,11 +817,20 @@ class DeletionService(DeletionLedger):
         return {
             "tenant_id": batch.tenant_id,
             "jobs": {job["job_id"]: job["state"] for job in batch.jobs},
+            # Records deleted per store: those reached, less those rebuilt without the scope.
             "stores": (
-                {spec.name: sum(f[spec.name] for f in batch.found.values()) for spec in registry.STORES}
+                {
+                    spec.name: sum(f[spec.name] - rebuilt_counts(f).get(spec.name, 0) for f in batch.found.values())
+                    for spec in registry.STORES
+                }
                 if batch.jobs
                 else {}
             ),
+            "rebuilt": {
+                name: n
+                for name in registry.BY_NAME
+                if (n := sum(rebuilt_counts(f).get(name, 0) for f in batch.found.values()))
+            },
             **({"seconds": {name: round(value, 4) for name, value in batch.timings.items()}} if batch.jobs else {}),
         }
 
@@ -968,13 +999,48 @@ class DeletionService(DeletionLedger):
         )
 
     def _delete_in(self, store_name: str, batch: Batch) -> None:
-        """Delete every record of `store_name` derived from the targets (counts come from `_found`)."""
+        """Delete every record of `store_name` derived from the targets (counts come from `_found`).
+
+        A record also derived from versions outside the targets (a team summary of other members too)
+        is rebuilt without them, not deleted: how many were is recorded per job (`rebuilt:<store>` in
+        `found`), so the proof's DONE:n (records reached) tells deleted from rebuilt records."""
         adapter = registry.adapter(store_name)
         ctx = self._context(batch)
         with self.store.transaction() as conn:
             ctx.records = adapter.find(conn, ctx)
+            shared = _shared_records(conn, batch.tenant_id, store_name, ctx.records, ctx.everything)
+            reached = self._reached(conn, batch, store_name, shared)
         adapter.delete(ctx)
         batch.deleted[store_name] = batch.deleted.get(store_name, set()) | ctx.records  # verified by this run
+        if shared:
+            with self.store.transaction() as conn:
+                kept = _records_left(conn, batch.tenant_id, store_name, shared)
+                for job_id, records in reached.items():
+                    key = f"{REBUILT_PREFIX}{store_name}"
+                    batch.found.setdefault(job_id, {})[key] = len(kept & records)
+                    conn.execute(
+                        "UPDATE control.deletion_jobs SET found = coalesce(found, '{}'::jsonb) || %s::jsonb"
+                        " WHERE job_id = %s",
+                        (json.dumps({key: len(kept & records)}), job_id),
+                    )
+
+    def _reached(
+        self, conn: psycopg.Connection, batch: Batch, store_name: str, shared: set[str]
+    ) -> dict[str, set[str]]:
+        """job_id -> those of `shared` the job's own targets reach (one job: all of them)."""
+        if not shared or len(batch.jobs) == 1:
+            return {job["job_id"]: shared for job in batch.jobs}
+        adapter = registry.adapter(store_name)
+        return {
+            job["job_id"]: shared
+            & adapter.find(
+                conn,
+                Context(
+                    derived=self.derived, tenant_id=batch.tenant_id, jobs=[job], everything=batch.targets[job["job_id"]]
+                ),
+            )
+            for job in batch.jobs
+        }
 
     def _fingerprint(self, batch: Batch) -> None:
         """Keyed fingerprints of what each store holds of the targets, for the physical erasure's
@@ -1072,7 +1138,12 @@ class DeletionService(DeletionLedger):
         }
 
     def _complete(
-        self, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]], verification: dict[str, Any]
+        self,
+        tenant_id: str,
+        jobs: list[dict[str, Any]],
+        targets: dict[str, set[Source]],
+        verification: dict[str, Any],
+        found: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
         proofs = []
         with self.store.transaction() as conn:
@@ -1101,6 +1172,8 @@ class DeletionService(DeletionLedger):
                     "policyVersion": POLICY_VERSION,
                     "targetVersions": len(targets[job["job_id"]]),
                     "targets": job["targets"],
+                    # Of DONE:n (records reached), those rebuilt without the scope rather than deleted.
+                    "rebuilt": rebuilt_counts((found or {}).get(job["job_id"], {})),
                     "adapterVersions": {spec.name: spec.adapter_version for spec in registry.STORES},
                     "verification": verification,
                     "requestedAt": row[1].isoformat(),
@@ -1133,6 +1206,35 @@ class DeletionService(DeletionLedger):
         for job in jobs:
             job["state"] = "COMPLETE"  # only once the transaction committed
         return proofs
+
+
+def _shared_records(
+    conn: psycopg.Connection, tenant_id: str, store: str, records: set[str], targets: set[Source]
+) -> set[str]:
+    """Those of `records` also derived from a version that is not a target: rebuilt, not deleted."""
+    if not records:
+        return set()
+    rows = conn.execute(
+        "SELECT DISTINCT l.record_id FROM derived.lineage l WHERE l.tenant_id = %s AND l.store = %s"
+        " AND l.record_id = ANY(%s) AND NOT EXISTS (SELECT 1 FROM unnest(%s::text[], %s::int[])"
+        " AS w(memory_id, version) WHERE w.memory_id = l.source_memory_id AND w.version = l.source_version)",
+        (tenant_id, store, sorted(records), *lineage.pair_arrays(sorted(targets))),
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def _records_left(conn: psycopg.Connection, tenant_id: str, store: str, records: set[str]) -> set[str]:
+    """Those of `records` the store still holds (by lineage) after its deletion: the rebuilt ones."""
+    rows = conn.execute(
+        "SELECT DISTINCT record_id FROM derived.lineage WHERE tenant_id = %s AND store = %s AND record_id = ANY(%s)",
+        (tenant_id, store, sorted(records)),
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def rebuilt_counts(found: Mapping[str, Any]) -> dict[str, int]:
+    """store -> records rebuilt without the scope, from a job's `found` (none recorded: {})."""
+    return {k[len(REBUILT_PREFIX) :]: int(v) for k, v in found.items() if k.startswith(REBUILT_PREFIX) and int(v)}
 
 
 # Lineage edges of any store still reaching a target (every adapter drops its own; this checks all).

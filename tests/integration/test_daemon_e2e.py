@@ -6,6 +6,7 @@ automation, the run queue) or submitted by the CLI through the instance.
 What it checks, from the CLI and the webserver's GraphQL:
 - a CLI write leads to eager refresh runs of the tenant's derived stores;
 - a forget request leads to a sensor-launched `forget` run that completes the deletion job;
+- `forget --wait` runs the deletion in its own run, never a second time from the sensor;
 - a backup, then a restore request, leads to a `restore` run and an asset backfill of the tenant;
 - from the runs' timestamps, no two runs of one tenant ever overlapped (the per-tenant queue limit).
 """
@@ -38,6 +39,8 @@ RUNS = """{ runsOrError { ... on Runs { results {
   runId jobName status startTime endTime tags { key value } } } } }"""
 BACKFILLS = """{ partitionBackfillsOrError { ... on PartitionBackfills { results {
   id status isAssetBackfill partitionNames assetSelection { path } } } } }"""
+LATEST_DELETIONS = """{ assetOrError(assetKey: {path: ["memory_deletions"]}) { ... on Asset {
+  assetMaterializations(partitions: ["%s"], limit: 1) { runId } } } }"""
 PARTITIONS = """{ assetNodes { assetKey { path }
   assetPartitionStatuses { ... on DefaultPartitionStatuses { materializedPartitions failedPartitions } } } }"""
 
@@ -173,6 +176,23 @@ def test_daemon_runs_the_lifecycle_without_overlap(deployment):
     assert forget_runs and forget_runs[0]["status"] == "SUCCESS"
     assert forget_runs[0]["tags"].get("dagster/sensor_name") == "forget_requests_sensor"
     assert forget_runs[0]["tags"].get("dagster/partition") == TENANT
+
+    # `forget --wait` with the daemon running: the CLI's own run completes the job, and the sensor never
+    # launches another for it (it leaves a new request to its requester for a while, and then sees
+    # the CLI's run naming the job); the latest `memory_deletions` materialization is that forget's.
+    for subject in ("carol", "dave"):
+        cli(deployment, "write", "--tenant", TENANT, "--user", subject, f"{subject} keeps bees on the roof")
+        waited = cli(deployment, "forget", "--tenant", TENANT, "--subject", subject, "--wait")
+        assert waited["state"] == "COMPLETE", waited
+        time.sleep(50)  # past the sensor's settle time: three ticks at least
+        named = [r for r in runs(port) if r["jobName"] == "forget" and waited["job_id"] in json.dumps(r["tags"])]
+        assert named == [], [(r["runId"], r["tags"]) for r in named]  # the sensor tags the ids it launches
+        ours = [r for r in runs(port) if r["runId"] == waited["run_id"]]
+        assert ours and ours[0]["status"] == "SUCCESS" and "dagster/sensor_name" not in ours[0]["tags"]
+        latest = graphql(port, LATEST_DELETIONS % TENANT)["data"]["assetOrError"]["assetMaterializations"]
+        assert latest and latest[0]["runId"] == waited["run_id"], latest
+    unplanned = [r for r in runs(port) if r["jobName"] == "forget"]
+    assert len(unplanned) == 3, [(r["runId"], r["tags"]) for r in unplanned]  # the sensor's one, the CLI's two
 
     backup = cli(deployment, "backup", "--tenant", TENANT)
     restore = cli(deployment, "restore", "--tenant", TENANT, "--backup", backup["backup_id"])

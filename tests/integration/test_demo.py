@@ -1,37 +1,59 @@
-"""The README's demo command, run as a user runs it, on a fresh HOME: every section says what it should."""
+"""The README's demo command, run as a user runs it, on a fresh HOME: every section says what it should,
+and the instance the UI reads afterwards is clean, with the sensors of `dev` running over it."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
+import dagster as dg
 import pytest
+from dagster._core.execution.backfill import BulkActionStatus
 
 from memory_pipelines.demo import last_completed_month
-from memory_pipelines.lib import registry
-from memory_pipelines.lib.paths import ASSETS_DIR
-from tests.conftest import run_cli
+from memory_pipelines.lib import registry, services
+from memory_pipelines.lib.paths import ASSETS_DIR, PROJECT_ROOT
+from tests.conftest import CLI, run_cli, settings_for
+from tests.integration.test_daemon_e2e import _stop
 
 pytestmark = pytest.mark.slow
 
+DELETIONS = dg.AssetKey("memory_deletions")
+CHECK = dg.AssetCheckKey(DELETIONS, "deletions_on_track")
+_ENDED = {BulkActionStatus.COMPLETED, BulkActionStatus.COMPLETED_SUCCESS, BulkActionStatus.COMPLETED_FAILED}
+_FAILED = {BulkActionStatus.FAILED, BulkActionStatus.COMPLETED_FAILED, BulkActionStatus.CANCELED}
 
-def test_demo_end_to_end(tmp_path):
-    home = tmp_path / "demo-home"
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One demo run on a fresh HOME for the module; its services stay up until the module ends."""
+    home = tmp_path_factory.mktemp("demo") / "demo-home"
     try:
         done = run_cli("demo", home=home, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
-        out = json.loads(done.stdout)
-        listed = run_cli("tenants", home=home)
-        assert listed.returncode == 0, listed.stderr
-        tenants = [t["tenant_id"] for t in json.loads(listed.stdout)]
-        job_id = out["forget_bob"]["proof"]["jobId"]
-        certificates = {}
-        for fmt in ("md", "html"):
-            rendered = run_cli("deletion", "proof", job_id, "--format", fmt, home=home)
-            assert rendered.returncode == 0, rendered.stderr
-            certificates[fmt] = rendered.stdout
+        yield {"home": home, "out": json.loads(done.stdout)}
     finally:
         run_cli("stop", home=home)
+
+
+def test_demo_end_to_end(demo):
+    home, out = demo["home"], demo["out"]
+    listed = run_cli("tenants", home=home)
+    assert listed.returncode == 0, listed.stderr
+    tenants = [t["tenant_id"] for t in json.loads(listed.stdout)]
+    job_id = out["forget_bob"]["proof"]["jobId"]
+    certificates = {}
+    for fmt in ("md", "html"):
+        rendered = run_cli("deletion", "proof", job_id, "--format", fmt, home=home)
+        assert rendered.returncode == 0, rendered.stderr
+        certificates[fmt] = rendered.stdout
     # The UI has something to show for every asset: the month that ended evaluated, a canary drill
     # run, and the drill's tenant gone again.
     evaluation = out["evaluation"]
@@ -65,3 +87,93 @@ def test_demo_end_to_end(tmp_path):
     assert cycle["bob_after_restore"] == {"list": [], "export": [], "others_back": {"alice": 4}}
     assert cycle["backfill_after_restore"]["success"] and all(cycle["backfill_after_restore"]["checks"].values())
     assert out["retention"]["success"] and out["retention"]["removed"] == 0 and out["retention"]["run_id"]
+
+
+def _deleted_by_certificate(markdown: str) -> dict[str, int]:
+    """store -> the certificate's "records deleted" (its table's fifth column, before any note)."""
+    found = {}
+    for line in markdown.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip("|").split("|")]
+        if len(cells) == 6 and cells[0] in registry.BY_NAME and (number := re.match(r"\d+", cells[4])):
+            found[cells[0]] = int(number.group())
+    return found
+
+
+def _daemon(home: Path, logs: Path) -> subprocess.Popen:
+    """The real `dagster-daemon` on the demo's HOME, as `dev` runs it (sensors, backfills, the queue)."""
+    settings = settings_for(home)
+    services.ensure_services(settings)  # exports the instance URL for this process and the daemon
+    env = {**os.environ, "MEMORY_PIPELINES_HOME": str(home), "DAGSTER_HOME": str(settings.dagster_home)}
+    with open(logs, "wb") as log:
+        return subprocess.Popen(
+            [str(Path(CLI).parent / "dagster-daemon"), "run", "-w", "workspace.yaml"],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+@pytest.mark.timeout(1200)
+def test_the_instance_after_the_demo_is_a_clean_first_look(demo, tmp_path):
+    """What a new user sees in `dev` after the demo: bob's forget is the latest `memory_deletions`
+    materialization of `demo` (proof, certificate and data map, which agree), its check has a result,
+    and once the sensors have ticked no run or backfill failed and none targets the drill's tenant."""
+    home, out = demo["home"], demo["out"]
+    bob = out["forget_bob"]["proof"]["jobId"]
+    settings = settings_for(home)
+    services.ensure_services(settings)
+    with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
+        [latest] = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=DELETIONS, asset_partitions=["demo"]), limit=1
+        ).records
+        metadata = {k: v.value for k, v in latest.asset_materialization.metadata.items()}
+        assert metadata["deletion_job_ids"] == [bob] and metadata["deletion_states"] == {bob: "COMPLETE"}
+        assert metadata[f"proof_{bob}"]["jobId"] == bob and {"data_map", f"certificate_{bob}"} <= set(metadata)
+        # The certificate's records deleted are the data map's before - after, store by store (the team
+        # summary bob wrote into is rebuilt without him: reached, not deleted).
+        removed = {s: metadata["data_map_before"][s] - metadata["data_map_after"][s] for s in registry.BY_NAME}
+        assert _deleted_by_certificate(metadata[f"certificate_{bob}"]) == removed
+        assert removed["team_summaries"] == 0 and metadata[f"proof_{bob}"]["targets"]["team_summaries"] == "DONE:1"
+        # The retention run that came after removed nothing: an observation, not a materialization.
+        observed = instance.fetch_observations(
+            dg.AssetRecordsFilter(asset_key=DELETIONS, asset_partitions=["demo"]), limit=1
+        ).records
+        assert observed and observed[0].run_id == out["retention"]["run_id"]
+        # The check's result targets that materialization: the asset page shows it, not "Not evaluated".
+        [check] = instance.event_log_storage.get_asset_check_partition_info([CHECK], partition_keys=["demo"])
+        assert check.is_current and check.latest_execution_status.value == "SUCCEEDED", check
+        # The drift of the month evaluated ran after its evaluation: its trend has the month's precision and
+        # recall, and the chart is Markdown short enough for the asset page to draw in place.
+        month = out["evaluation"]["month"]
+        [drift] = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("memory_drift"), asset_partitions=[f"{month}-01"]), limit=1
+        ).records
+        figures = {k: v.value for k, v in drift.asset_materialization.metadata.items()}
+        assert figures["precision_hybrid"] == pytest.approx(out["evaluation"]["precision_hybrid"])
+        assert figures["recall_hybrid"] == pytest.approx(out["evaluation"]["recall_hybrid"])
+        [row] = [line for line in figures["trend"].splitlines() if line.startswith(f"| {month} |")]
+        assert "| - |" not in row, row
+        assert len(figures["trend_chart"]) < 1000 and "](<data:image/svg+xml," in figures["trend_chart"]
+
+    daemon = _daemon(home, tmp_path / "daemon.log")
+    try:
+        with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                backfills = instance.get_backfills()
+                if backfills and all(b.status in _ENDED | _FAILED for b in backfills):
+                    break
+                time.sleep(5)
+            log = (tmp_path / "daemon.log").read_text(errors="replace")[-3000:]
+            # The demo's own restore is rebuilt as a backfill; the drill's offboarded tenant gets none.
+            assert [b.tags.get("memory_pipelines/tenant") for b in backfills] == ["demo"], log
+            assert [b.backfill_id for b in backfills if b.status in _FAILED] == [], log
+            failed = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
+            assert [(r.job_name, r.tags.get("dagster/partition")) for r in failed] == [], log
+            # No sensor relaunched bob's forget: still the one forget run of the demo.
+            forgets = instance.get_runs(filters=dg.RunsFilter(job_name="forget"))
+            assert [r.run_id for r in forgets] == [out["forget_bob"]["run_id"]]
+    finally:
+        _stop(daemon)

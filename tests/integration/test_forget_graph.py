@@ -206,14 +206,46 @@ def test_a_launchpad_request_runs_through_the_graph(store, derived, tenant, alic
     assert store.list_visible(tenant_id=tenant, user_id="alice") == []
 
 
+def test_a_run_with_nothing_to_forget_reports_no_materialization(store, derived, tenant, alice, home_env):
+    """A run for jobs another run completed (`forget --wait` got there first), or with none pending,
+    skips every step after freeze: no empty materialization hides the tenant's last proof."""
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="alice")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("tenants", [tenant])
+        for job_ids in ([job["job_id"]], []):
+            result = forget_job_def().execute_in_process(
+                instance=instance, partition_key=tenant, run_config=forget_run_config(job_ids=job_ids)
+            )
+            assert result.success
+            assert result.get_asset_materialization_events() == []
+            assert result.get_asset_check_evaluations() == []
+            skipped = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SKIPPED"}
+            assert {"memory_deletions.prove", "memory_deletions.verify"} <= skipped
+    assert service.status(job_id=job["job_id"])["attempts"] == 1  # never frozen again
+    assert not DeletionLedger(store).forget_running(tenant_id=tenant)  # the run lock was given back
+
+
 def _requests_for(result, tenant):
     return [r for r in result.run_requests if r.partition_key == tenant]
 
 
-def _add_run(instance, tenant, status):
-    run = DagsterRun(job_name=FORGET_JOB, tags={"dagster/partition": tenant}, status=status)
+def _add_run(instance, tenant, status, run_config=None):
+    run = DagsterRun(
+        job_name=FORGET_JOB, tags={"dagster/partition": tenant}, status=status, run_config=run_config or {}
+    )
     instance.add_run(run)
     return run.run_id
+
+
+def _age(store, job_id, seconds=60):
+    """The request as if made `seconds` ago (past the sensor's settle time)."""
+    with store.transaction() as conn:
+        conn.execute(
+            "UPDATE control.deletion_jobs SET updated_at = now() - make_interval(secs => %s) WHERE job_id = %s",
+            (seconds, job_id),
+        )
 
 
 def test_sensor_cursor_is_the_ledger_sequence_with_relaunch_and_backoff(
@@ -231,6 +263,18 @@ def test_sensor_cursor_is_the_ledger_sequence_with_relaunch_and_backoff(
                 dg.build_sensor_context(instance=instance, cursor=cursor, resources={"memory_store": resource})
             )
 
+        # Just requested: its requester (`forget --wait`) may be submitting its own run; not yet, and
+        # the cursor stays below it.
+        held = tick(str(seq - 1))
+        assert _requests_for(held, tenant) == [] and int(held.cursor) == seq - 1
+        _age(store, job["job_id"])
+        # A run that names the job and has not ended (the run `forget --wait` submitted): it is that run's.
+        cli_run = _add_run(
+            instance, tenant, dg.DagsterRunStatus.NOT_STARTED, run_config=forget_run_config(job_ids=[job["job_id"]])
+        )
+        claimed = tick(str(seq - 1))
+        assert _requests_for(claimed, tenant) == [] and int(claimed.cursor) >= seq
+        instance.delete_run(cli_run)
         first = tick(str(seq - 1))
         [request] = _requests_for(first, tenant)
         assert request.run_key == f"forget:{tenant}:{seq}"
@@ -293,7 +337,7 @@ def test_planner_waits_for_runs_in_progress_and_after_a_failure():
             "state": "REQUESTED",
             "seq": 5,
             "next_attempt_at": None,
-            "updated_at": now,
+            "updated_at": now - timedelta(minutes=1),
         },
         {
             "job_id": "del_b",
@@ -315,6 +359,13 @@ def test_planner_waits_for_runs_in_progress_and_after_a_failure():
     active = {"t2": LastRun("r2", "active", None), "t3": LastRun("r3", "failed", now - timedelta(seconds=10))}
     planned, cursor = plan_forget_runs(rows, cursor=4, last_runs=active, now=now)
     assert [(p.tenant_id, p.run_key) for p in planned] == [("t1", "forget:t1:5")] and cursor == 5
+    # A request seconds old waits (its requester may run it itself) and holds the cursor below it.
+    young = {**rows[0], "updated_at": now - timedelta(seconds=5)}
+    assert plan_forget_runs([young], cursor=4, last_runs={}, now=now) == ([], 4)
+    # A job a run not yet ended names (`forget --wait`'s) is that run's: never launched, cursor past it.
+    assert plan_forget_runs(rows[:1], cursor=4, last_runs={}, now=now, claimed={"del_a"}) == ([], 5)
+    relaunchable = {**rows[0], "seq": 3}
+    assert plan_forget_runs([relaunchable], cursor=4, last_runs={}, now=now, claimed={"del_a"}) == ([], 4)
     ended = {"t2": LastRun("r2", "failed", now - timedelta(minutes=2)), "t3": LastRun("r3", "failed", None)}
     planned, _ = plan_forget_runs(rows, cursor=5, last_runs=ended, now=now)
     assert {p.run_key for p in planned} == {"forget:t2:3:after:r2", "forget:t3:2:after:r3", "forget:t1:5:after:none"}

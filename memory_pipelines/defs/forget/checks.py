@@ -1,4 +1,7 @@
 import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
 
 from memory_pipelines.defs.memories.partitions import check_result, tenant_asset_check
 from memory_pipelines.lib.deletion import NEAR_DEADLINE, DeletionLedger
@@ -11,20 +14,42 @@ DESCRIPTION = (
 )
 # Job ids shown in the check's metadata; the counts are always complete.
 SHOWN_IDS = 20
+ASSET = dg.AssetKey("memory_deletions")
 
 
-def check_evaluation(ledger: DeletionLedger, tenant_id: str) -> dg.AssetCheckEvaluation:
-    """The tenant's `deletions_on_track` evaluation: counts and job ids, never content."""
+def latest_materialization(
+    instance: dg.DagsterInstance, tenant_id: str
+) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """The tenant's latest `memory_deletions` materialization, as the target of a check evaluation.
+
+    The UI shows a partition's check result only when it targets the partition's latest
+    materialization; an evaluation reported outside the check's own step must name it."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=ASSET, asset_partitions=[tenant_id]), limit=1
+    ).records
+    if not records:
+        return None
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=records[0].storage_id, run_id=records[0].run_id, timestamp=records[0].timestamp
+    )
+
+
+def check_evaluation(
+    ledger: DeletionLedger, tenant_id: str, instance: dg.DagsterInstance | None = None
+) -> dg.AssetCheckEvaluation:
+    """The tenant's `deletions_on_track` evaluation: counts and job ids, never content. With the
+    instance, it targets the tenant's latest materialization (reported by a sensor or another step)."""
     found = ledger.attention(tenant_id=tenant_id).get(
         tenant_id, {"open": 0, "blocked": [], "near_deadline": [], "overdue": []}
     )
     late = found["near_deadline"] + found["overdue"]
     passed = not found["blocked"] and not late
     return dg.AssetCheckEvaluation(
-        asset_key=dg.AssetKey("memory_deletions"),
+        asset_key=ASSET,
         check_name=CHECK,
         passed=passed,
         partition=tenant_id,
+        target_materialization_data=None if instance is None else latest_materialization(instance, tenant_id),
         severity=dg.AssetCheckSeverity.ERROR,
         description=None if passed else "deletions need attention: BLOCKED, near their deadline or overdue",
         metadata={

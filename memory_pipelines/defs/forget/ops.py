@@ -40,19 +40,29 @@ _LOCK = threading.Lock()
 
 
 class ForgetConfig(dg.Config):
-    """The freeze step's config: existing job ids, or one new request validated like the CLI's."""
+    """The freeze step's config: existing job ids, or one new request validated like the CLI's.
+    SUBJECT: scope + subject; MEMORY: scope + memory_id (+ version); TENANT: scope + confirm."""
 
     job_ids: list[str] = Field(
         default_factory=list,
-        description="Existing deletion job ids; empty (and no new request): every REQUESTED or BLOCKED job of the"
-        " tenant",
+        description="Re-run existing deletion jobs, e.g. [del_0123...]; empty (and no scope): every REQUESTED or"
+        " BLOCKED job of the tenant (the partition)",
     )
-    scope: str | None = Field(default=None, description="A new request instead of job_ids: SUBJECT, MEMORY or TENANT")
-    subject: str | None = Field(default=None, description="SUBJECT scope: the user id")
-    memory_id: str | None = Field(default=None, description="MEMORY scope: the memory id")
-    version: int | None = Field(default=None, description="MEMORY scope: one version only (default: every version)")
-    confirm: str | None = Field(default=None, description="TENANT scope: repeat the tenant id")
-    basis: str = Field(default="user-request", description="Legal basis: gdpr-art17, ccpa, user-request, ...")
+    scope: str | None = Field(
+        default=None,
+        description="A new request instead of job_ids: SUBJECT (with subject), MEMORY (with memory_id, and version"
+        " for one version only) or TENANT (with confirm: the tenant id; offboarding)",
+    )
+    subject: str | None = Field(
+        default=None, description="SUBJECT scope: the user id, exactly (e.g. alice); everything the user wrote goes"
+    )
+    memory_id: str | None = Field(default=None, description="MEMORY scope: the memory id (m_...)")
+    version: int | None = Field(default=None, description="MEMORY scope: one version only (null: every version)")
+    confirm: str | None = Field(default=None, description="TENANT scope: repeat the tenant id to confirm")
+    basis: str = Field(
+        default="user-request",
+        description="Legal basis: gdpr-art17 (30 days), ccpa (45), user-request (30), retention, offboarding",
+    )
     requested_by: str | None = Field(default=None, description="Who asked (an operator or service id)")
 
 
@@ -115,7 +125,7 @@ def _blocked(
     _drop(context.run_id)
     try:
         # Reported through the instance: the events of a step that fails would not show.
-        evaluation = check_evaluation(DeletionLedger(memory_store.store()), context.partition_key)
+        evaluation = check_evaluation(DeletionLedger(memory_store.store()), context.partition_key, context.instance)
         context.instance.report_runless_asset_event(evaluation)
     except Exception:  # the alert is best effort; the alerts sensor evaluates again within minutes
         context.log.warning("could not evaluate deletions_on_track after the failed step")
@@ -187,7 +197,14 @@ def _phase(
         raise _blocked(context, step, job_ids, exc, resources[0]) from exc
 
 
-@dg.op(tags=TAGS, out=dg.Out(list[str], description="The batch's deletion job ids (ids only, no content)"))
+@dg.op(
+    tags=TAGS,
+    out=dg.Out(
+        list[str],
+        description="The batch's deletion job ids (ids only, no content); none when there is nothing to forget",
+        is_required=False,
+    ),
+)
 def freeze(
     context: dg.OpExecutionContext,
     config: ForgetConfig,
@@ -195,7 +212,7 @@ def freeze(
     chroma: ChromaResource,
     summarizer: SummarizerResource,
     analytics: AnalyticsResource,
-) -> list[str]:
+) -> Iterator[dg.Output[list[str]]]:
     """Accept or pick the tenant's deletion jobs, freeze them, wait for permits to drain, fix targets."""
     tenant_id = context.partition_key
     # Background work (the run's steps share this process): recalls of every tenant come first.
@@ -209,6 +226,13 @@ def freeze(
     _drop(context.run_id)  # a retried step starts from the ledger, never from a half-used batch
     with _guard(context.run_id):
         _, batch = _batch(context, "freeze", job_ids, resources)
+    if not batch.jobs:
+        # Already COMPLETE (another run, e.g. `forget --wait`, got there first) or none pending: the
+        # later steps are skipped, so no materialization hides the tenant's last proof.
+        _drop(context.run_id)
+        what = f"job(s) {', '.join(job_ids)} already COMPLETE" if job_ids else "no REQUESTED or BLOCKED job"
+        context.log.info(f"nothing to forget for tenant {tenant_id}: {what}")
+        return
     try:
         before = certificate.data_map(service.store, tenant_id)
         with _LOCK:
@@ -216,13 +240,13 @@ def freeze(
     except Exception:  # the picture is informative only; it never fails a forget
         context.log.warning("could not count the tenant's records for the data map")
     context.log.info(f"forgetting {len(batch.jobs)} deletion job(s) for tenant {tenant_id}")
-    context.add_output_metadata(
-        {
+    yield dg.Output(
+        job_ids,
+        metadata={
             "deletion_job_ids": dg.MetadataValue.json(job_ids),
-            "target_versions": dg.MetadataValue.int(len(set().union(*batch.targets.values())) if batch.jobs else 0),
-        }
+            "target_versions": dg.MetadataValue.int(len(set().union(*batch.targets.values()))),
+        },
     )
-    return job_ids
 
 
 def _store_op(spec: registry.StoreSpec) -> dg.OpDefinition:
@@ -299,6 +323,7 @@ def prove(
             "basis": dg.MetadataValue.text(",".join(bases)),
             "jobs_completed": dg.MetadataValue.int(len(proofs)),
             **{f"store_{name}": dg.MetadataValue.int(n) for name, n in summary["stores"].items()},
+            **({"rebuilt": dg.MetadataValue.json(summary["rebuilt"])} if summary.get("rebuilt") else {}),
             "seconds": dg.MetadataValue.json(summary.get("seconds", {})),
             **{f"proof_{p['jobId']}": dg.MetadataValue.json(p) for p in proofs},
             **certificates(service, proofs),

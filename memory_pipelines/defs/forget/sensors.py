@@ -4,7 +4,7 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from memory_pipelines.defs.forget.checks import check_evaluation
-from memory_pipelines.defs.forget.jobs import FORGET_JOB, forget_job, forget_run_config
+from memory_pipelines.defs.forget.jobs import FORGET_JOB, forget_job, forget_run_config, named_job_ids
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.canary import is_reserved_tenant
 from memory_pipelines.lib.deletion import STALL_GRACE, DeletionLedger, LastRun, plan_forget_runs
@@ -15,6 +15,8 @@ JOBS_TAG = "memory_pipelines/deletion_jobs"
 TAGGED_IDS = 10
 # Forget runs read to count a tenant's consecutive failures (the relaunch backoff doubles per failure).
 RECENT_RUNS = 8
+# Forget runs not yet ended, read for the job ids they name; far above the tenants with one at a time.
+ACTIVE_RUNS = 1000
 _ACTIVE = {
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -29,6 +31,19 @@ def jobs_tag(job_ids: list[str]) -> str:
     """The run tag naming a batch's job ids: the first few, then how many more."""
     shown = ",".join(job_ids[:TAGGED_IDS])
     return shown if len(job_ids) <= TAGGED_IDS else f"{shown},+{len(job_ids) - TAGGED_IDS}"
+
+
+def claimed_job_ids(instance: dg.DagsterInstance) -> set[str]:
+    """Deletion job ids named by a `forget` run that has not ended, whoever launched it (this sensor,
+    `forget --wait`, the launchpad): the sensor never launches another run for them."""
+    records = instance.get_run_records(dg.RunsFilter(job_name=FORGET_JOB, statuses=list(_ACTIVE)), limit=ACTIVE_RUNS)
+    claimed: set[str] = set()
+    for record in records:
+        run = record.dagster_run
+        claimed.update(named_job_ids(run.run_config or {}))
+        # The tag lists the first ids only; the config, when present, has them all.
+        claimed.update(i for i in run.tags.get(JOBS_TAG, "").split(",") if i.startswith("del_"))
+    return claimed
 
 
 def last_forget_run(
@@ -73,7 +88,8 @@ def last_forget_run(
     job=forget_job,
     minimum_interval_seconds=15,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="One `forget` run per tenant for new deletion requests (cursor: the ledger sequence); relaunches"
+    description="One `forget` run per tenant for new deletion requests, 30 s after they were made and unless a"
+    " forget run not yet ended names them, e.g. `forget --wait`'s (cursor: the ledger sequence); relaunches"
     " requests whose run failed, retries BLOCKED jobs with backoff (1 min doubling, at most 1 h).",
 )
 def forget_requests_sensor(context: dg.SensorEvaluationContext, memory_store: MemoryStoreResource) -> dg.SensorResult:
@@ -86,7 +102,11 @@ def forget_requests_sensor(context: dg.SensorEvaluationContext, memory_store: Me
         for tenant in sorted({row["tenant_id"] for row in rows})
         if (run := last_forget_run(context.instance, ledger, tenant)) is not None
     }
-    planned, new_cursor = plan_forget_runs(rows, cursor=cursor, last_runs=last_runs, now=datetime.now(UTC))
+    # Read after the ledger: a run submitted in between is seen, so its jobs are not launched twice.
+    claimed = claimed_job_ids(context.instance)
+    planned, new_cursor = plan_forget_runs(
+        rows, cursor=cursor, last_runs=last_runs, now=datetime.now(UTC), claimed=claimed
+    )
     known = set(context.instance.get_dynamic_partitions(tenants_partitions.name or "tenants"))
     requests = [
         dg.RunRequest(
@@ -122,7 +142,7 @@ def deletions_on_track_sensor(
     events = []
     state: dict[str, str] = {}
     for tenant_id in sorted(tenants):
-        evaluation = check_evaluation(ledger, tenant_id)
+        evaluation = check_evaluation(ledger, tenant_id, context.instance)
         outcome = (
             "pass"
             if evaluation.passed
