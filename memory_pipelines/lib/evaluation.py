@@ -312,9 +312,10 @@ def measure_drift(
             " JOIN memory.memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
             " AND v.version = m.current_version"
             " WHERE m.tenant_id = %s AND m.created_at < %s AND v.original_query_ct IS NOT NULL"
-            " AND s.forgotten_at IS NULL ORDER BY m.memory_id",
+            " AND s.forgotten_at IS NULL ORDER BY m.created_at, m.user_id, m.memory_id",
             (tenant_id, cutoff),
         ).fetchall()
+    # Rows in an order of their own (memory ids are random): the same memories give the same sample.
     sample = random.Random(seed).sample(rows, min(DRIFT_SAMPLE, len(rows)))
     queries = store.original_queries(tenant_id=tenant_id, memory_ids=[r[0] for r in sample])
     still: list[bool] = []
