@@ -138,11 +138,20 @@ _DAGSTER_MODULES = {"dagster", "dagster_webserver", "dagster_graphql", "dagster_
 
 
 def names_home(proc: Proc, home: Path) -> bool:
-    """`proc`'s command line, MEMORY_PIPELINES_HOME or DAGSTER_HOME names `home`."""
-    if names_path(proc.command, home):
-        return True
+    """`proc` works on `home`: its MEMORY_PIPELINES_HOME is `home`, or its DAGSTER_HOME, or a path
+    on its command line, is `home`/dagster. Exact paths only: a HOME that holds other projects (a
+    user's ~) must not claim their Dagster processes because their paths lie under it."""
+    dagster_home = home / "dagster"
     env = process_environ(proc.pid)
-    return any(names_path(env.get(name, ""), home) for name in HOME_VARIABLES)
+    return (
+        _same_path(env.get(ENV_HOME), home)
+        or _same_path(env.get("DAGSTER_HOME"), dagster_home)
+        or names_path(proc.command, dagster_home)
+    )
+
+
+def _same_path(value: str | None, path: Path) -> bool:
+    return bool(value) and os.path.realpath(str(value)) == os.path.realpath(path)
 
 
 def home_processes(home: Path) -> list[Proc]:

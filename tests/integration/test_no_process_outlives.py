@@ -104,6 +104,8 @@ def test_stop_ends_the_dagster_processes_of_its_home_and_spares_everything_else(
         # Spared: another HOME's code server, and a program that is not Dagster's but names HOME.
         "other home": start([python, str(program), "api", "grpc", str(other)], env={ENV_HOME: str(other)}),
         "not dagster": start([python, "-c", STUBBORN, str(home)]),
+        # Spared: a Dagster process of another project whose files lie under HOME (a HOME such as ~).
+        "project under home": start([python, str(program), "api", "grpc", "--socket", f"{home}/project/grpc.sock"]),
     }
     try:
         report = services.stop_services(settings_for(home), timeout=2.0)
@@ -114,7 +116,7 @@ def test_stop_ends_the_dagster_processes_of_its_home_and_spares_everything_else(
         assert all(entry["ended"] for entry in ended.values()) and dagster["left"] == []
         assert ended[procs["code server"].pid]["signal"] == "SIGKILL"  # SIGTERM was ignored
         assert report["stopped"] is True
-        assert procs["other home"].poll() is None and procs["not dagster"].poll() is None
+        assert all(procs[name].poll() is None for name in ("other home", "not dagster", "project under home"))
     finally:
         for proc in procs.values():
             proc.kill()
