@@ -121,6 +121,7 @@ def test_the_instance_after_the_demo_is_a_clean_first_look(demo, tmp_path):
     materialization of `demo` (proof, certificate and data map, which agree), its check has a result,
     and once the sensors have ticked no run or backfill failed and none targets the drill's tenant."""
     home, out = demo["home"], demo["out"]
+    assert out["evaluation"]["success"] and out["canary_drill"]["success"], (out["evaluation"], out["canary_drill"])
     bob = out["forget_bob"]["proof"]["jobId"]
     settings = settings_for(home)
     services.ensure_services(settings)
