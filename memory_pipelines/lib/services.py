@@ -38,7 +38,7 @@ from psycopg import sql
 from memory_pipelines.lib import machine, migrations, processes
 from memory_pipelines.lib.errors import ServiceError
 from memory_pipelines.lib.paths import ASSETS_DIR
-from memory_pipelines.lib.settings import ENV_DAGSTER_PG_URL, Settings
+from memory_pipelines.lib.settings import ENV_DAGSTER_PG_URL, ENV_DAGSTER_PG_URL_EXPORTED, Settings
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,6 @@ _exported_dagster_url: str | None = None
 # Every value this process exported or inherited with the marker: a Settings read before a later
 # export still carries an earlier one, which is ours too, never the user's.
 _exported_before: set[str] = set()
-ENV_DAGSTER_PG_URL_EXPORTED = ENV_DAGSTER_PG_URL + "_EXPORTED"
 
 
 def _ours(value: str | None) -> bool:

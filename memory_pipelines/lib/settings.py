@@ -10,6 +10,9 @@ from pathlib import Path
 ENV_HOME = "MEMORY_PIPELINES_HOME"
 ENV_PG_URL = "MEMORY_PIPELINES_PG_URL"
 ENV_DAGSTER_PG_URL = "MEMORY_PIPELINES_DAGSTER_PG_URL"
+# Set beside ENV_DAGSTER_PG_URL, to the same value, when our commands exported it (computed from a HOME)
+# rather than the user: such a value belongs to the HOME it was computed for, not to this process's.
+ENV_DAGSTER_PG_URL_EXPORTED = ENV_DAGSTER_PG_URL + "_EXPORTED"
 ENV_KMS_KEY_ID = "MEMORY_PIPELINES_KMS_KEY_ID"
 ENV_CHROMA_URL = "MEMORY_PIPELINES_CHROMA_URL"
 ENV_SUMMARIZER_URL = "MEMORY_PIPELINES_SUMMARIZER_URL"
@@ -64,7 +67,7 @@ class Settings:
         return cls(
             home=Path(env.get(ENV_HOME) or DEFAULT_HOME).expanduser().resolve(),
             pg_url=env.get(ENV_PG_URL) or None,
-            dagster_pg_url=env.get(ENV_DAGSTER_PG_URL) or None,
+            dagster_pg_url=_users_dagster_url(env),
             kms_key_id=env.get(ENV_KMS_KEY_ID) or None,
             chroma_url=env.get(ENV_CHROMA_URL) or None,
             summarizer_url=env.get(ENV_SUMMARIZER_URL) or None,
@@ -152,3 +155,10 @@ def positive_int(name: str, raw: str | None, default: int, *, unit: str = "days"
     if value < 1:
         raise ValidationError(name, f"must be at least 1, got {value}")
     return value
+
+
+def _users_dagster_url(env: Mapping[str, str]) -> str | None:
+    """MEMORY_PIPELINES_DAGSTER_PG_URL when the user set it; None when one of our commands exported
+    it for its HOME (a child, or a shell after `env`, may work on another HOME and computes its own)."""
+    value = env.get(ENV_DAGSTER_PG_URL) or None
+    return None if value is not None and value == env.get(ENV_DAGSTER_PG_URL_EXPORTED) else value

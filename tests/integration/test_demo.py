@@ -20,6 +20,7 @@ from dagster._core.execution.backfill import BulkActionStatus
 from memory_pipelines.demo import last_completed_month
 from memory_pipelines.lib import registry, services
 from memory_pipelines.lib.paths import ASSETS_DIR, PROJECT_ROOT
+from memory_pipelines.lib.services import Endpoints
 from tests.conftest import CLI, run_cli, settings_for
 from tests.integration.test_daemon_e2e import _stop
 
@@ -32,11 +33,19 @@ _FAILED = {BulkActionStatus.FAILED, BulkActionStatus.COMPLETED_FAILED, BulkActio
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """One demo run on a fresh HOME for the module; its services stay up until the module ends."""
+def demo(tmp_path_factory: pytest.TempPathFactory, endpoints: Endpoints) -> Iterator[dict[str, Any]]:
+    """One demo run on a fresh HOME for the module; its services stay up until the module ends.
+
+    Run from an environment that carries another HOME's exported instance (the session's), as a
+    shell after `eval "$(memory-pipelines --home OTHER env)"` does, or a test worker: every process
+    of the demo, its evaluation child included, must still use the demo HOME's own instance."""
     home = tmp_path_factory.mktemp("demo") / "demo-home"
+    inherited = {
+        services.ENV_DAGSTER_PG_URL: endpoints.dagster_url,
+        services.ENV_DAGSTER_PG_URL_EXPORTED: endpoints.dagster_url,
+    }
     try:
-        done = run_cli("demo", home=home, timeout=600)
+        done = run_cli("demo", home=home, env=inherited, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         yield {"home": home, "out": json.loads(done.stdout)}
     finally:

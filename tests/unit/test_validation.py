@@ -92,3 +92,14 @@ def test_versions_fit_the_database_column(bad):
         validation.check_version(bad)
     assert err.value.field == "version"
     assert validation.check_version(2**31 - 1) == 2**31 - 1
+
+
+def test_a_dagster_url_our_commands_exported_is_not_taken_for_the_users():
+    from memory_pipelines.lib.settings import ENV_DAGSTER_PG_URL, ENV_DAGSTER_PG_URL_EXPORTED, Settings
+
+    url = "postgresql+psycopg2://postgres@/dagster?host=%2Fother%2Fhome%2Fpg%2Fdata"
+    # Exported by a command for its HOME (marked): a process of another HOME computes its own.
+    assert Settings.from_env({ENV_DAGSTER_PG_URL: url, ENV_DAGSTER_PG_URL_EXPORTED: url}).dagster_pg_url is None
+    # Set by the user (unmarked, or marked with another value): theirs, whatever the HOME.
+    assert Settings.from_env({ENV_DAGSTER_PG_URL: url}).dagster_pg_url == url
+    assert Settings.from_env({ENV_DAGSTER_PG_URL: url, ENV_DAGSTER_PG_URL_EXPORTED: url + "x"}).dagster_pg_url == url
