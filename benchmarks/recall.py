@@ -112,7 +112,7 @@ def old_recall(
             for rank, (source, _) in enumerate(ranked):
                 fused[source] = fused.get(source, 0.0) + 1.0 / (60 + rank + 1)
         hits = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:k]
-    recaller._cache(tenant_id, cache_key, change_seq, hits)
+    recaller._cache(tenant_id, user_id, cache_key, change_seq, hits)
     texts = store.open_texts(tenant_id=tenant_id, sources=[source for source, _ in hits], visible_only=True)
     return [
         {

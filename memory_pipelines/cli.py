@@ -223,9 +223,9 @@ def cmd_analytics(args: argparse.Namespace) -> None:
 
     parse_select(args.sql)  # before any service starts
     # Unknown, deleted and restoring tenants are refused as everywhere else; the query then sees
-    # only this tenant's rows.
-    _store(args).require_tenant(tenant_id=args.tenant)
-    _emit(AnalyticsStore(_settings(args).analytics_root).query(args.sql, tenant_id=args.tenant))
+    # only this tenant's rows, less those an accepted deletion hides.
+    store = _store(args)
+    _emit(AnalyticsStore(_settings(args).analytics_root, store=store).query(args.sql, tenant_id=args.tenant))
 
 
 def cmd_materialize(args: argparse.Namespace) -> None:

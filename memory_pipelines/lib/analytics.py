@@ -122,14 +122,96 @@ class Rewrite:
     bytes_written: int = 0
 
 
-class AnalyticsStore:
-    """Parquet files under `root/memories/tenant_id=T/bucket=NN/` and a DuckDB database with views over them."""
+@dataclass(frozen=True)
+class Hidden:
+    """What accepted deletions hide from a tenant's analytics rows now, before their cascade reaches
+    the files: authors being forgotten (by pseudonym), memories forgotten whole, single versions."""
 
-    def __init__(self, root: Path, *, empty_bucket_grace: float = EMPTY_BUCKET_GRACE_SECONDS) -> None:
+    pseudonyms: frozenset[str] = frozenset()
+    memories: frozenset[str] = frozenset()
+    records: frozenset[str] = frozenset()  # memory_id:version
+    everything: bool = False  # authors being forgotten, and no tenant key left to name them by
+
+    def __bool__(self) -> bool:
+        return self.everything or bool(self.pseudonyms or self.memories or self.records)
+
+    def keep(self, table: pa.Table) -> pa.Table:
+        """The rows of `table` (analytics rows) that nothing hides."""
+        if self.everything:
+            return table.slice(0, 0)
+        masks = [
+            pc.fill_null(pc.is_in(column(), value_set=pa.array(sorted(values), pa.string())), False)
+            for column, values in (
+                (lambda: table["user_pseudonym"], self.pseudonyms),
+                (lambda: table["memory_id"], self.memories),
+                (lambda: _record_ids(table), self.records),
+            )
+            if values
+        ]
+        if not masks:
+            return table
+        drop = masks[0]
+        for mask in masks[1:]:
+            drop = pc.or_(drop, mask)
+        return table.filter(pc.invert(drop))
+
+
+# What accepted deletions whose cascade has not completed hide in one tenant; a COMPLETE one has taken
+# its rows out of the files (its verification counts them by exact id). One statement, bound values.
+_HIDDEN_NOW = (
+    "SELECT 'subject', s.user_id, NULL::int FROM memory.subjects s"
+    " WHERE s.tenant_id = %(t)s AND s.forgotten_at IS NOT NULL"
+    " UNION ALL SELECT 'memory', j.memory_id, NULL FROM control.deletion_jobs j"
+    " WHERE j.tenant_id = %(t)s AND j.state <> 'COMPLETE' AND j.scope = 'MEMORY' AND j.version IS NULL"
+    " UNION ALL SELECT CASE WHEN j.scope = 'RETENTION' THEN 'memory' ELSE 'version' END, x.memory_id, x.version"
+    " FROM control.deletion_jobs j JOIN control.tombstones x ON x.job_id = j.job_id AND x.tenant_id = %(t)s"
+    " WHERE j.tenant_id = %(t)s AND j.state <> 'COMPLETE' AND j.scope IN ('MEMORY', 'RETENTION')"
+)
+
+
+def hidden_now(store: MemoryStore, tenant_id: str) -> Hidden:
+    """What analytics reads of `tenant_id` must leave out at this moment; refuses a tenant that is
+    unknown, deleted or behind a restore's gate, as every read does.
+
+    One transaction under the tenant's gate lock (shared): no deletion is accepted while it reads,
+    so the tenant check and the hidden set are one consistent answer."""
+    with store.transaction() as conn:
+        ordering.lock_tenant_shared(conn, tenant_id)
+        store.require_tenant(tenant_id=tenant_id)  # joins this transaction
+        rows = conn.execute(_HIDDEN_NOW, {"t": tenant_id}).fetchall()
+        subjects = sorted({str(i) for kind, i, _ in rows if kind == "subject"})
+        pseudonyms: frozenset[str] = frozenset()
+        if subjects:
+            try:
+                key = store.keys.tenant_subkey(conn, tenant_id, "analytics-pseudonym", create=False)
+            except NotFoundError:
+                return Hidden(everything=True)
+            pseudonyms = frozenset(_pseudonym(key, user_id) for user_id in subjects)
+    return Hidden(
+        pseudonyms=pseudonyms,
+        memories=frozenset(str(i) for kind, i, _ in rows if kind == "memory"),
+        records=frozenset(f"{i}:{v}" for kind, i, v in rows if kind == "version"),
+    )
+
+
+class AnalyticsStore:
+    """Parquet files under `root/memories/tenant_id=T/bucket=NN/` and a DuckDB database with views over them.
+
+    `store` is the memory store whose accepted deletions `query` hides (every product path gives it);
+    without one, `query` reads the files as they are."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        store: MemoryStore | None = None,
+        empty_bucket_grace: float = EMPTY_BUCKET_GRACE_SECONDS,
+    ) -> None:
         self.root = root
         self.data_dir = root / "memories"
         self.database = root / "analytics.duckdb"
         self.empty_bucket_grace = empty_bucket_grace
+        self.store = store
 
     @contextmanager
     def writer_lock(self) -> Iterator[None]:
@@ -442,22 +524,32 @@ class AnalyticsStore:
             tmp.unlink(missing_ok=True)
             Path(str(tmp) + ".wal").unlink(missing_ok=True)
 
-    def query(self, sql: str, *, tenant_id: str, max_rows: int = MAX_QUERY_ROWS) -> dict[str, Any]:
+    def query(
+        self, sql: str, *, tenant_id: str, max_rows: int = MAX_QUERY_ROWS, store: MemoryStore | None = None
+    ) -> dict[str, Any]:
         """Run one SELECT over one tenant's rows, exposed as the table `memories`.
 
         The user's SQL never sees a file: the tenant's partition is read here (pyarrow) and
         registered on a fresh in-memory DuckDB whose file system, extensions and configuration
         are then locked, so `COPY`, `read_text`, `read_blob`, `ATTACH` or `SET` cannot reach
-        anything, and other tenants' rows are not there to be read. At most `max_rows` rows are
-        returned, with `truncated` saying whether there were more.
+        anything, and other tenants' rows are not there to be read. With a memory store (`store`,
+        or the one this analytics store was made with), rows an accepted deletion hides are left
+        out before the SQL runs, and a deleted or restoring tenant is refused, as by every read.
+        At most `max_rows` rows are returned, with `truncated` saying whether there were more.
         """
         validation.check_id("tenant", tenant_id)
         statement = parse_select(sql)
+        store = store or self.store
+        # Checked before the files are read: a deletion that completes in between took its rows out
+        # of the files before COMPLETE, and one accepted after the check is ordered after this read.
+        hidden = hidden_now(store, tenant_id) if store is not None else Hidden()
         table = self.read_partition(tenant_id)
         if table is None:
             raise NotFoundError(
                 "tenant", f"no analytics data for tenant {tenant_id!r}: unknown, or analytics_memories not materialized"
             )
+        if hidden:
+            table = hidden.keep(table)
         # The hive partition columns are in the path, not the file; added back, as the view has them.
         table = table.append_column("bucket", _buckets(table["user_pseudonym"]))
         table = table.append_column("tenant_id", pa.array([tenant_id] * table.num_rows, pa.string()))

@@ -372,10 +372,17 @@ class DeletionService(DeletionLedger):
         confirm: str | None = None,
         basis: str = "user-request",
         requested_by: str | None = None,
+        request_key: str | None = None,
     ) -> dict[str, Any]:
-        """Accept a request, resolved to a stable scope, and hide that scope from every read at once."""
+        """Accept a request, resolved to a stable scope, and hide that scope from every read at once.
+
+        `request_key` makes the request idempotent for its caller whatever happened since (e.g. a
+        Dagster run's root run id): the job first accepted under that key is returned again
+        (`duplicate`), COMPLETE or not, and nothing new is accepted."""
         validation.check_id("tenant", tenant_id)
         validation.check_optional_id("requested_by", requested_by)
+        if request_key is not None and not 0 < len(request_key) <= 200:
+            raise ValidationError("request_key", "must be 1 to 200 characters")
         if basis not in DEADLINE_DAYS:
             raise ValidationError("basis", f"must be one of {', '.join(DEADLINE_DAYS)}")
         given = [subject is not None, memory_id is not None, all_tenant]
@@ -402,8 +409,12 @@ class DeletionService(DeletionLedger):
             # (so it covers them), later ones see it hidden; permits are ordered before or after
             # this closure; identical concurrent requests queue here and find the first one's job.
             gate.lock_gate_exclusive(conn, tenant_id)
+            keyed = self._keyed_job(conn, tenant_id, request_key)
+            if keyed is not None:
+                return {**keyed, "duplicate": True}
             scope_hash, open_job = self._scope(conn, tenant_id, parts)
             if open_job is not None:
+                self._key_request(conn, tenant_id, request_key, open_job["job_id"])
                 return {**open_job, "duplicate": True}
             if scope == "SUBJECT" and not self._subject_exists(conn, tenant_id, subject):
                 # Ids are exact: a typo ("Alice" for "alice") must not produce a proof of nothing.
@@ -438,9 +449,29 @@ class DeletionService(DeletionLedger):
                 "UPDATE memory.tenants SET change_seq = change_seq + 1, updated_at = now() WHERE tenant_id = %s",
                 (tenant_id,),
             )
+            self._key_request(conn, tenant_id, request_key, job_id)
             received = {"scope": scope, "basis": basis, **({"requested_by": requested_by} if requested_by else {})}
             self._audit(conn, job_id, tenant_id, "received", "REQUESTED", received)
             return {**self._job(conn, job_id), "duplicate": False}
+
+    def _keyed_job(self, conn: psycopg.Connection, tenant_id: str, request_key: str | None) -> dict[str, Any] | None:
+        """The job a request with this key was answered with before, if any."""
+        if request_key is None:
+            return None
+        row = conn.execute(
+            "SELECT job_id FROM control.deletion_request_keys WHERE tenant_id = %s AND request_key = %s",
+            (tenant_id, request_key),
+        ).fetchone()
+        return None if row is None else self._job(conn, row[0])
+
+    @staticmethod
+    def _key_request(conn: psycopg.Connection, tenant_id: str, request_key: str | None, job_id: str) -> None:
+        if request_key is not None:
+            conn.execute(
+                "INSERT INTO control.deletion_request_keys (tenant_id, request_key, job_id) VALUES (%s, %s, %s)"
+                " ON CONFLICT DO NOTHING",
+                (tenant_id, request_key, job_id),
+            )
 
     @staticmethod
     def _subject_exists(conn: psycopg.Connection, tenant_id: str, subject: str | None) -> bool:
@@ -496,7 +527,8 @@ class DeletionService(DeletionLedger):
         self, *, tenant_id: str, day: date, memory_ids: list[str], categories: dict[str, int], policy_version: str
     ) -> dict[str, Any] | None:
         """Accept a retention sweep of one tenant and day: every version of `memory_ids` is tombstoned
-        (hidden at once, and replayed by restores). None when there is nothing to remove."""
+        (hidden at once) and each memory is journalled as forgotten whole, so every restore removes
+        every version of it, from any backup. None when there is nothing to remove."""
         validation.check_id("tenant", tenant_id)
         if not memory_ids:
             return None
@@ -536,6 +568,14 @@ class DeletionService(DeletionLedger):
                 "INSERT INTO control.journal (tenant_id, kind, memory_id, version, job_id)"
                 " SELECT tenant_id, 'TOMBSTONE', memory_id, version, job_id FROM control.tombstones WHERE job_id = %s",
                 (job_id,),
+            )
+            # A sweep removes whole memories, so it is journalled as such: tombstones cover only the
+            # versions the store holds today, and a newer backup may hold one an older restore dropped.
+            conn.execute(
+                "INSERT INTO control.journal (tenant_id, kind, memory_id, job_id)"
+                " SELECT %s, 'MEMORY_FORGOTTEN', memory_id, %s FROM control.tombstones WHERE job_id = %s"
+                " GROUP BY memory_id ORDER BY memory_id",
+                (tenant_id, job_id, job_id),
             )
             conn.execute(
                 "UPDATE memory.tenants SET change_seq = change_seq + 1, updated_at = now() WHERE tenant_id = %s",

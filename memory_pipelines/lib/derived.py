@@ -123,7 +123,7 @@ def open_derived(
         vectors=vectors,
         keywords=KeywordIndex(store),
         summaries=SummaryStore(store, summarizer_from(settings)),
-        analytics=AnalyticsStore(settings.analytics_root),
+        analytics=AnalyticsStore(settings.analytics_root, store=store),
     )
 
 

@@ -6,7 +6,8 @@ never reads the user's whole visible set. The keyword index's SQL joins the stor
 LIMIT counts visible answers; Chroma's nearest vectors are checked in one query (its metadata
 filter, whose cost grows with the vectors on the server, only when the scope is rare among them).
 Only the answers are decrypted. Each recall is cached by an HMAC of the query and its scope (ids and
-versions only) with lineage, and reused until the tenant's memories change.
+versions only) with lineage and the asker's id, and reused until the tenant's memories change; a
+SUBJECT forget removes every cached answer to the subject's own queries.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class Recaller:
             from_cache = all(source in rows for source, _ in hits)
         if not from_cache:
             hits, rows = self._rank(tenant_id, user_id, team_id, query, k, mode, scope)
-            self._cache(tenant_id, cache_key, change_seq, hits)
+            self._cache(tenant_id, user_id, cache_key, change_seq, hits)
         if lease_id is not None:
             from memory_pipelines.lib.gate import Fence
 
@@ -230,17 +231,31 @@ class Recaller:
         return kept
 
     def _cache(
-        self, tenant_id: str, cache_key: bytes, change_seq: int, hits: list[tuple[tuple[str, int], float]]
+        self,
+        tenant_id: str,
+        user_id: str,
+        cache_key: bytes,
+        change_seq: int,
+        hits: list[tuple[tuple[str, int], float]],
     ) -> None:
+        """Cache an answer set under the asker's name: a SUBJECT forget of the asker removes it, whatever
+        it names. Nothing is cached for an asker being forgotten (or unknown: nobody to forget)."""
         results = json.dumps([[m, v, s] for (m, v), s in hits])
         with self.store.transaction() as conn:
             if ordering.guard_build(conn, tenant_id, [source for source, _ in hits]):
                 return  # an answer set naming forgotten versions is not worth caching
+            asker = conn.execute(
+                "SELECT forgotten_at IS NULL FROM memory.subjects WHERE tenant_id = %s AND user_id = %s",
+                (tenant_id, user_id),
+            ).fetchone()
+            if asker is None or not asker[0]:
+                return  # under the gate lock: ordered before the forget's acceptance, or seen after it
             conn.execute(
-                "INSERT INTO derived.recall_cache (tenant_id, cache_key, change_seq, results) VALUES (%s, %s, %s, %s)"
-                " ON CONFLICT (tenant_id, cache_key) DO UPDATE SET change_seq = EXCLUDED.change_seq,"
-                " results = EXCLUDED.results, created_at = now()",
-                (tenant_id, cache_key, change_seq, results),
+                "INSERT INTO derived.recall_cache (tenant_id, cache_key, change_seq, results, user_id)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (tenant_id, cache_key) DO UPDATE SET"
+                " change_seq = EXCLUDED.change_seq, results = EXCLUDED.results, user_id = EXCLUDED.user_id,"
+                " created_at = now()",
+                (tenant_id, cache_key, change_seq, results, user_id),
             )
             lineage.record_edges(
                 conn, tenant_id=tenant_id, store=CACHE_STORE, record_id=cache_key.hex(), sources=[s for s, _ in hits]

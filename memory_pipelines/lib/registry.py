@@ -30,10 +30,10 @@ STORES: tuple[StoreSpec, ...] = (
     StoreSpec(
         "recall_cache",
         "team:memory-platform",
-        "lineage(recall_cache) -> cache_key",
-        "recall-cache-v1",
+        "lineage(recall_cache) -> cache_key; cached answers by the versions they name and by asker",
+        "recall-cache-v2",
         60,
-        "no lineage edge of recall_cache to a target version",
+        "no cached answer naming a target version or asked by a forgotten subject",
         "memory_pipelines.lib.adapters.recall_cache:RecallCacheAdapter",
     ),
     StoreSpec(

@@ -44,6 +44,21 @@ _NOT_HIDDEN = (
     " AND s.forgotten_at IS NULL AND NOT EXISTS (SELECT 1 FROM control.tombstones t"
     " WHERE t.tenant_id = v.tenant_id AND t.memory_id = v.memory_id AND t.version = v.version)"
 )
+_NOT_TOMBSTONED = (
+    " AND NOT EXISTS (SELECT 1 FROM control.tombstones t"
+    " WHERE t.tenant_id = v.tenant_id AND t.memory_id = v.memory_id AND t.version = v.version)"
+)
+# Current versions with a given text MAC that no deletion hides (the no-op rule of writes).
+_SAME_TEXT = (
+    "SELECT v.memory_id FROM memory.memory_versions v"  # noqa: S608 - constant text
+    " WHERE v.tenant_id = %s AND v.text_mac = %s AND v.superseded_at IS NULL" + _NOT_TOMBSTONED
+)
+_SAME_TEXTS = (
+    "SELECT m.memory_id, m.current_version, m.user_id, m.team_id, v.text_mac"  # noqa: S608 - constant text
+    " FROM memory.memory_versions v JOIN memory.memories m"
+    " ON m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
+    " WHERE v.tenant_id = %s AND v.superseded_at IS NULL AND v.text_mac = ANY(%s)" + _NOT_TOMBSTONED
+)
 _SELECT_MEMORY = (
     "SELECT m.tenant_id, m.memory_id, m.user_id, m.team_id, m.memory_type, m.do_not_sell AS memory_dns,"
     " m.created_at AS memory_created_at, m.updated_at, m.current_version,"
@@ -674,13 +689,9 @@ class MemoryStore:
                 for i in items
             ]
             existing: dict[tuple[str, str | None, bytes], tuple[str, int]] = {}
-            for memory_id, version, user_id, team_id, text_mac in conn.execute(
-                "SELECT m.memory_id, m.current_version, m.user_id, m.team_id, v.text_mac"
-                " FROM memory.memory_versions v JOIN memory.memories m"
-                " ON m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
-                " WHERE v.tenant_id = %s AND v.superseded_at IS NULL AND v.text_mac = ANY(%s)",
-                (tenant_id, macs),
-            ):
+            # Only visible memories are the same memory: one being forgotten is gone once its job
+            # completes, so an identical text is a new memory (the gate lock orders this read).
+            for memory_id, version, user_id, team_id, text_mac in conn.execute(_SAME_TEXTS, (tenant_id, macs)):
                 existing[(user_id, team_id, bytes(text_mac))] = (memory_id, version)
             heads, versions = [], []
             for item, text_mac in zip(items, macs, strict=True):
@@ -782,13 +793,13 @@ class MemoryStore:
     ) -> dict[str, Any] | None:
         # Two indexed lookups rather than one join: on a young table without statistics the
         # planner picked a nested loop over every memory of the tenant (O(n) per write).
-        candidates = conn.execute(
-            "SELECT memory_id FROM memory.memory_versions"
-            " WHERE tenant_id = %s AND text_mac = %s AND superseded_at IS NULL",
-            (tenant_id, text_mac),
-        ).fetchall()
+        # A memory being forgotten is never the same memory (see write_many).
+        candidates = conn.execute(_SAME_TEXT, (tenant_id, text_mac)).fetchall()
         for (memory_id,) in candidates:
-            head = self._head(conn, tenant_id, memory_id, lock=True)
+            try:
+                head = self._head(conn, tenant_id, memory_id, lock=True)
+            except NotFoundError:
+                continue  # hidden or gone since the lookup
             if head["user_id"] == user_id and head["team_id"] == team_id:
                 return head
         return None
@@ -963,10 +974,13 @@ class MemoryStore:
         )
 
     def rollback(self, *, tenant_id: str, memory_id: str, user_id: str) -> dict[str, Any]:
-        """Make the version before the current one current again, as a new version (history is kept).
+        """Make the previous version current again, as a new version (history is kept).
 
-        `user_id` is the acting user: only the memory's author rolls it back. A previous version
-        that is being forgotten is never copied forward.
+        The previous version is the newest one before the current that still exists and is not being
+        forgotten: a forgotten version (or one a restore dropped) is passed over, and a version being
+        forgotten is never copied forward. The answer's `restored_from` names the version copied and,
+        when any was passed over, `skipped` lists their numbers. `user_id` is the acting user: only
+        the memory's author rolls it back.
         """
         validation.check_id("tenant", tenant_id)
         validation.check_memory_id("memory_id", memory_id)
@@ -977,15 +991,19 @@ class MemoryStore:
             head = self._head(conn, tenant_id, memory_id, lock=True)
             self._require_author(head, user_id, "rolls it back")
             current = head["current_version"]
-            if current < 2:
+            earlier = conn.execute(
+                "SELECT v.version, EXISTS (SELECT 1 FROM control.tombstones t WHERE t.tenant_id = v.tenant_id"
+                " AND t.memory_id = v.memory_id AND t.version = v.version) FROM memory.memory_versions v"
+                " WHERE v.tenant_id = %s AND v.memory_id = %s AND v.version < %s ORDER BY v.version DESC",
+                (tenant_id, memory_id, current),
+            ).fetchall()
+            back_to = next((int(v) for v, hidden in earlier if not hidden), None)
+            if back_to is None:
                 raise ConflictError(
-                    "memory_id", f"memory {memory_id} has one version; there is nothing to roll back to"
+                    "memory_id", self._nothing_to_roll_back(conn, tenant_id, memory_id, current, earlier)
                 )
-            if ordering.hidden_sources(conn, tenant_id, [(memory_id, current - 1)]):
-                raise ConflictError(
-                    "memory_id", f"version {current - 1} of memory {memory_id} is being forgotten; it cannot come back"
-                )
-            previous = self._version_row(conn, tenant_id, memory_id, current - 1)
+            skipped = list(range(back_to + 1, current))
+            previous = self._version_row(conn, tenant_id, memory_id, back_to)
             text = self._open_text(conn, previous)
             key_id, key = self.keys.subject_key(conn, tenant_id, head["user_id"])
             version = self._next_version(conn, tenant_id, memory_id, current)
@@ -1004,7 +1022,7 @@ class MemoryStore:
                 category=previous["category"],
                 confidence=previous["confidence"],
                 original_query_ct=query_ct,
-                restored_from=current - 1,
+                restored_from=back_to,
             )
             self._bump(conn, tenant_id)
         return {
@@ -1012,8 +1030,43 @@ class MemoryStore:
             "memory_id": memory_id,
             "version": version,
             "text": text,
-            "restored_from": current - 1,
+            "restored_from": back_to,
+            **({"skipped": skipped} if skipped else {}),
         }
+
+    @staticmethod
+    def _nothing_to_roll_back(
+        conn: psycopg.Connection, tenant_id: str, memory_id: str, current: int, earlier: list[tuple[int, bool]]
+    ) -> str:
+        """Why a rollback has no version to copy: one version only, earlier ones being forgotten
+        (they never come back), or earlier ones gone (forgotten, or dropped by a restore)."""
+        pending = sorted(int(v) for v, _ in earlier)
+        if pending:
+            which = ", ".join(map(str, pending))
+            return (
+                f"version{'s' if len(pending) > 1 else ''} {which} of memory {memory_id}"
+                f" {'are' if len(pending) > 1 else 'is'} being forgotten and cannot come back;"
+                " no earlier version is left to roll back to"
+            )
+        if current < 2:
+            return f"memory {memory_id} has one version; there is nothing to roll back to"
+        forgotten = {
+            int(r[0])
+            for r in conn.execute(
+                "SELECT version FROM control.tombstones WHERE tenant_id = %s AND memory_id = %s AND version < %s",
+                (tenant_id, memory_id, current),
+            )
+        }
+        gone = range(1, current)
+        parts = []
+        for label, numbers in (
+            ("forgotten", [v for v in gone if v in forgotten]),
+            ("dropped by a restore", [v for v in gone if v not in forgotten]),
+        ):
+            if numbers:
+                were = "was" if len(numbers) == 1 else "were"
+                parts.append(f"version{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))} {were} {label}")
+        return f"memory {memory_id} has no version before {current} left ({'; '.join(parts)}); nothing to roll back to"
 
     @staticmethod
     def _next_version(conn: psycopg.Connection, tenant_id: str, memory_id: str, current: int) -> int:

@@ -13,6 +13,7 @@ from memory_pipelines.lib.derived import DerivedStores, chroma_url_for
 from memory_pipelines.lib.embedding import Embedder, HashingEmbedder
 from memory_pipelines.lib.keyword import KeywordIndex
 from memory_pipelines.lib.settings import DEFAULT_HOME, Settings
+from memory_pipelines.lib.store import MemoryStore
 from memory_pipelines.lib.summaries import ExtractiveSummarizer, OpenAICompatibleSummarizer, Summarizer, SummaryStore
 from memory_pipelines.lib.vectors import VectorStore
 from memory_pipelines.resources.memory_store import MemoryStoreResource
@@ -80,8 +81,9 @@ class AnalyticsResource(dg.ConfigurableResource):
 
     home: str = DEFAULT_HOME
 
-    def analytics(self) -> AnalyticsStore:
-        return AnalyticsStore(Path(self.home).resolve() / "analytics")
+    def analytics(self, store: MemoryStore | None = None) -> AnalyticsStore:
+        """The analytics store; with `store`, its queries hide what accepted deletions hide."""
+        return AnalyticsStore(Path(self.home).resolve() / "analytics", store=store)
 
 
 def derived_stores(
@@ -97,5 +99,5 @@ def derived_stores(
         vectors=chroma.vector_store(),
         keywords=KeywordIndex(store),
         summaries=SummaryStore(store, summarizer.summarizer()),
-        analytics=analytics.analytics(),
+        analytics=analytics.analytics(store=store),
     )

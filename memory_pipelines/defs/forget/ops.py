@@ -76,12 +76,25 @@ def deletion_service(
     return DeletionService(derived_stores(memory_store, chroma, summarizer, analytics))
 
 
-def _request(service: DeletionService, tenant_id: str, config: ForgetConfig) -> list[str]:
-    """Job ids the run works on: a new request's (validated like the CLI's), the given ones, or the pending ones."""
-    new = config.scope is not None or any(
+def run_request_key(run: dg.DagsterRun) -> str:
+    """The key a run's new request is accepted under: its root run's id, the same for the run and for
+    every re-execution of it (and of those), so re-executing never accepts the request again."""
+    return f"dagster-run:{run.root_run_id or run.run_id}"
+
+
+def _is_new(config: ForgetConfig) -> bool:
+    """Whether the config makes a new request (a scope and its fields) rather than naming jobs."""
+    return config.scope is not None or any(
         value is not None for value in (config.subject, config.memory_id, config.version)
     )
-    if not new:
+
+
+def _request(
+    service: DeletionService, tenant_id: str, config: ForgetConfig, request_key: str | None = None
+) -> list[str]:
+    """Job ids the run works on: a new request's (validated like the CLI's; accepted once per
+    `request_key`), the given ones, or the pending ones."""
+    if not _is_new(config):
         if config.job_ids:
             return list(config.job_ids)
         return service.pending(tenant_id=tenant_id, states=("REQUESTED", "BLOCKED")).get(tenant_id, [])
@@ -102,8 +115,22 @@ def _request(service: DeletionService, tenant_id: str, config: ForgetConfig) -> 
         confirm=config.confirm,
         basis=config.basis,
         requested_by=config.requested_by,
+        request_key=request_key,
     )
     return [job["job_id"]]
+
+
+def _tag_jobs(context: dg.OpExecutionContext, job_ids: list[str]) -> None:
+    """Name the jobs a run's new request created on the run, as the sensor's runs are named (the
+    forget sensor leaves the jobs of a run that has not ended alone)."""
+    from memory_pipelines.defs.forget.sensors import JOBS_TAG, jobs_tag  # the sensors import this module
+
+    if not job_ids or context.dagster_run.tags.get(JOBS_TAG):
+        return
+    try:
+        context.instance.add_run_tags(context.run_id, {JOBS_TAG: jobs_tag(job_ids)})
+    except Exception:  # informative: the request key, not the tag, keeps a re-execution to one job
+        context.log.warning("could not tag the run with its deletion job ids")
 
 
 def _invalid(exc: MemoryPipelinesError) -> dg.Failure:
@@ -220,9 +247,14 @@ def freeze(
     resources = (memory_store, chroma, summarizer, analytics)
     service = deletion_service(*resources)
     try:
-        job_ids = _request(service, tenant_id, config)
+        # A re-execution of the whole run (the UI's "re-execute all") runs freeze again with the same
+        # request: keyed by the root run, it gets the job the first run created, never a second one
+        # that would take what the subject wrote since.
+        job_ids = _request(service, tenant_id, config, run_request_key(context.dagster_run))
     except MemoryPipelinesError as exc:
         raise _invalid(exc) from exc
+    if _is_new(config):
+        _tag_jobs(context, job_ids)
     _drop(context.run_id)  # a retried step starts from the ledger, never from a half-used batch
     with _guard(context.run_id):
         _, batch = _batch(context, "freeze", job_ids, resources)

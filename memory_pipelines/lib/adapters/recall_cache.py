@@ -28,13 +28,34 @@ def naming(conn: psycopg.Connection, tenant_id: str, sources: set[tuple[str, int
     }
 
 
+def asked_by(conn: psycopg.Connection, ctx: Context) -> set[str]:
+    """Cache keys (hex) of answers to the queries of the batch's forgotten subjects (a TENANT scope:
+    everyone's). Whatever they name, even nothing, they say what that subject asked."""
+    subjects = sorted({str(scope["subject"]) for scope in ctx.scopes("SUBJECT")})
+    if not subjects and not ctx.tenant_scope:
+        return set()
+    return {
+        str(r[0])
+        for r in conn.execute(
+            "SELECT encode(cache_key, 'hex') FROM derived.recall_cache WHERE tenant_id = %s"
+            " AND (%s OR user_id = ANY(%s))",
+            (ctx.tenant_id, ctx.tenant_scope, subjects),
+        )
+    }
+
+
 class RecallCacheAdapter:
     name = "recall_cache"
 
     def find(self, conn: psycopg.Connection, ctx: Context) -> set[str]:
         # By lineage and by content: a cached answer names its versions (ids only), and the soak once
-        # found an answer naming a forgotten version after COMPLETE with no lineage edge to it.
-        return linked(conn, ctx.tenant_id, CACHE_STORE, ctx.everything) | naming(conn, ctx.tenant_id, ctx.everything)
+        # found an answer naming a forgotten version after COMPLETE with no lineage edge to it. And by
+        # asker: an answer to a forgotten subject's own query, whoever's memories it names.
+        return (
+            linked(conn, ctx.tenant_id, CACHE_STORE, ctx.everything)
+            | naming(conn, ctx.tenant_id, ctx.everything)
+            | asked_by(conn, ctx)
+        )
 
     def delete(self, ctx: Context) -> None:
         with ctx.store.transaction() as conn:
@@ -47,7 +68,7 @@ class RecallCacheAdapter:
     def count(self, ctx: Context) -> int:
         with ctx.store.transaction() as conn:
             return edges_left(conn, ctx.tenant_id, CACHE_STORE, ctx.everything) + len(
-                naming(conn, ctx.tenant_id, ctx.everything)
+                naming(conn, ctx.tenant_id, ctx.everything) | asked_by(conn, ctx)
             )
 
     def verify(self, ctx: Context, probes: Any) -> int:
