@@ -220,12 +220,17 @@ def cli_env(
 ) -> dict[str, Any]:
     """The CLI against the session server through MEMORY_PIPELINES_PG_URL: no second server to start.
 
-    It shares the session's master key, as every process sharing one database must; a HOME per module.
+    It shares the session's master key and key vault, as every process sharing one database must; a
+    HOME per module.
     """
     home = tmp_path_factory.mktemp("cli-home")
     (home / "keys").mkdir(mode=0o700)
     shutil.copy2(session_settings.master_key_path, home / "keys" / "master.key")
-    env = {"MEMORY_PIPELINES_PG_URL": endpoints.store_conninfo, "MEMORY_PIPELINES_CHROMA_URL": endpoints.chroma_url}
+    env = {
+        "MEMORY_PIPELINES_PG_URL": endpoints.store_conninfo,
+        "MEMORY_PIPELINES_CHROMA_URL": endpoints.chroma_url,
+        "MEMORY_PIPELINES_KEY_VAULT": str(session_settings.key_vault_path),
+    }
     return {"home": home, "env": env}
 
 

@@ -29,6 +29,7 @@ def resources() -> dg.Definitions:
                 home=home,  # type: ignore[arg-type]
                 pg_url=_env_or(env.ENV_PG_URL, None),
                 kms_key_id=_env_or(env.ENV_KMS_KEY_ID, None),
+                key_vault=_env_or(env.ENV_KEY_VAULT, None),
             ),
             "chroma": ChromaResource(home=home, url=_env_or(env.ENV_CHROMA_URL, None)),  # type: ignore[arg-type]
             "summarizer": SummarizerResource(

@@ -4,8 +4,9 @@ Before a cascade deletes a record, 16-byte windows of its stored bytes (the star
 each ciphertext, the ends of each vector, each wrapped key) are reduced to 64-bit fingerprints: a
 polynomial hash whose base comes from the control key. The bytes themselves are never kept, and a
 fingerprint cannot be turned back into them (128 bits into 64) nor computed without the key. The
-physical erasure later hashes every 16-byte window of every file of the tenant's stores and looks
-the hashes up: a hit means a file still holds a window of forgotten data.
+physical erasure later hashes every 16-byte window of every file of the tenant's stores and of
+PostgreSQL's pg_wal, and looks the hashes up: a hit means a file still holds a window of forgotten
+data.
 """
 
 from __future__ import annotations
@@ -111,6 +112,19 @@ def _matches(hashes: np.ndarray, wanted: np.ndarray, table: np.ndarray) -> np.nd
     return candidates[wanted[index] == candidates]
 
 
+def _nonzero_span(data: np.ndarray) -> slice | None:
+    """The part of `data` holding every window with a nonzero byte; None when all bytes are zero.
+
+    A window of zeros fingerprints to 0, which is never looked for: the zeros around the data (a
+    new WAL segment's unwritten tail, an index's unused capacity) need no hashing."""
+    nonzero = data != 0
+    if not nonzero.any():
+        return None
+    first = int(np.argmax(nonzero))
+    last = len(data) - int(np.argmax(nonzero[::-1]))
+    return slice(max(0, first - (WINDOW - 1)), min(len(data), last + WINDOW - 1))
+
+
 @dataclass
 class ScanResult:
     """What a scan read and where it found fingerprints (file -> number of distinct hits)."""
@@ -118,6 +132,22 @@ class ScanResult:
     files: int = 0
     bytes: int = 0
     hits: dict[str, int] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # file -> bytes read, to say what was scanned
+
+    def areas(self, root: Path, depth: int = 3) -> list[dict[str, int | str]]:
+        """Files and bytes scanned per directory (its first `depth` parts under `root`; the part
+        above `root` is left out), e.g. `pg/data/pg_wal`, `pg/data/base`, `chroma/<collection>`."""
+        totals: dict[str, list[int]] = {}
+        for path, size in self.sizes.items():
+            try:
+                parts = Path(path).relative_to(root).parts[:-1]
+            except ValueError:
+                parts = ("(outside HOME)",)
+            area = "/".join(parts[:depth]) or "."
+            entry = totals.setdefault(area, [0, 0])
+            entry[0] += 1
+            entry[1] += size
+        return [{"path": area, "files": n, "bytes": b} for area, (n, b) in sorted(totals.items())]
 
     @property
     def clean(self) -> bool:
@@ -145,14 +175,16 @@ def scan(
                 tail = b""
                 while chunk := handle.read(_CHUNK):
                     data = np.frombuffer(tail + chunk, dtype=np.uint8)
-                    if len(data) >= WINDOW and len(wanted):
-                        hashes = _hashes(data, base)
+                    busy = _nonzero_span(data)
+                    if busy is not None and busy.stop - busy.start >= WINDOW and len(wanted):
+                        hashes = _hashes(data[busy], base)
                         found.update(int(h) for h in _matches(hashes, wanted, table))
                     tail = bytes(data[-(WINDOW - 1) :]) if len(data) >= WINDOW - 1 else bytes(data)
         except FileNotFoundError:
             continue  # removed while we listed (a rewrite finished): nothing left to hold
         result.files += 1
         result.bytes += size
+        result.sizes[str(path)] = size
         if found:
             result.hits[str(path)] = len(found)
         if progress is not None:

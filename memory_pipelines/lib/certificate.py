@@ -29,11 +29,28 @@ MEANING = {
     "COMPLETE": "Every registered store has confirmed its deletion (`DONE`) and verification found nothing: exact-id"
     " queries on every store and paraphrase probes built from the deleted text returned zero. The data can no"
     " longer be read through any store; a job is COMPLETE only when every registered store says DONE.",
-    "ERASED": "The bytes have left the files too: the tenant's files in every store were rewritten, and a byte scan"
-    " for keyed fingerprints the cascade took before deleting found no hit. Until then the physical target reads"
-    " PENDING with its deadline.",
+    "ERASED": "The bytes have left the files too: the tenant's files in every store were rewritten, the"
+    " PostgreSQL WAL segments holding the old rows were removed, the tenant's key-encryption key was rotated, and"
+    " a byte scan for keyed fingerprints the cascade took before deleting found no hit. Until then the physical"
+    " target reads PENDING with its deadline.",
 }
 
+
+# What no file-level proof reaches (issue 20): said on every certificate, not left to silence.
+LIMITS = (
+    "Free filesystem blocks: files the erasure unlinks or truncates (old WAL segments, relation files replaced"
+    " by VACUUM FULL, rebuilt Chroma segments) are freed by the filesystem, not wiped; their blocks keep the old"
+    " bytes until reused.",
+    "SSD remapping and wear levelling: an overwrite in place may land on new flash cells while the old ones keep"
+    " their content until the drive erases them.",
+    "Filesystem journals, copy-on-write filesystems and snapshots (data=journal ext4, btrfs, ZFS, LVM or cloud"
+    " volume snapshots) may keep earlier versions of any file, the key vault's included.",
+    "Memory, swap and crash dumps of the processes that held the data or its keys.",
+    "External servers: a remote PostgreSQL (its WAL archive, point-in-time backups and replicas), a Chroma"
+    " server, S3 and KMS are erased through their APIs; their files are not scanned here (see Not scanned).",
+    "Backups: rows of a MEMORY or retention scope stay in backups until those expire (PENDING_EXPIRY); a SUBJECT"
+    " or TENANT scope's rows there are sealed under destroyed keys (SHREDDED).",
+)
 
 # Under the stores table: what `DONE:n` and "records deleted" count, so they agree with the data map.
 STORES_NOTE = (
@@ -69,6 +86,7 @@ class Certificate:
     erasure: list[tuple[str, str]]
     backups: list[tuple[str, str]]
     other_targets: list[tuple[str, str]] = field(default_factory=list)
+    limits: tuple[str, ...] = LIMITS
 
 
 def _text(value: Any) -> str:
@@ -115,6 +133,41 @@ def _backups(target: str | None) -> str:
     if target == "DONE:0":
         return "no live backup of the tenant"
     return target
+
+
+def _scanned(scan: Mapping[str, Any]) -> str:
+    """Where the byte scan read: directories (under HOME), files and bytes of each."""
+    areas = scan.get("scanned")
+    if not areas:
+        return NOT_RECORDED
+    return "; ".join(f"{a.get('path')}: {a.get('files')} files, {a.get('bytes')} bytes" for a in areas)
+
+
+def _keys(keys: Mapping[str, Any] | None) -> str:
+    if not keys:
+        return NOT_RECORDED
+    if keys.get("rotated"):
+        rewrapped = sum(int(n) for n in (keys.get("rewrapped") or {}).values())
+        return (
+            f"rotated: {rewrapped} wrapped key(s) of the tenant rewrapped under a new key-encryption key, and the"
+            " old one overwritten in place in the key vault file; wrapped copies left in PostgreSQL's WAL, dead"
+            " tuples or replicas open nothing"
+        )
+    if keys.get("vaultFile"):
+        return "not rotated: the tenant has no live tenant key"
+    return "not rotated: the tenant's keys and its key vault file are destroyed"
+
+
+def _wal(wal: Mapping[str, Any] | None) -> str:
+    if not wal:
+        return NOT_RECORDED
+    if wal.get("purged"):
+        return (
+            f"{wal.get('segmentsRemoved')} segment(s) holding the history before the erasure removed (not recycled),"
+            " the rest of pg_wal scanned"
+        )
+    reason = wal.get("reason") or "segments from before the erasure are left"
+    return f"not purged: {reason}"
 
 
 def build(proof: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> Certificate:
@@ -189,7 +242,10 @@ def build(proof: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> 
             ("Fingerprints", _text(scan.get("fingerprints"))),
             ("Hits", _text(scan.get("hits"))),
             ("Shared with live data", _text(scan.get("sharedWithLiveData"))),
+            ("Scanned (directories under HOME)", _scanned(scan)),
             ("Not scanned (remote files)", ", ".join(map(str, scan.get("notScanned") or [])) or "none"),
+            ("Key-encryption key", _keys(erasure.get("keys"))),
+            ("PostgreSQL WAL", _wal(erasure.get("wal"))),
             (
                 "Bytes rewritten",
                 _text(sum(int(v) for v in (erasure.get("bytesRewritten") or {}).values()) if erasure else None),
@@ -254,6 +310,8 @@ def render_markdown(proof: Mapping[str, Any], status: Mapping[str, Any] | None =
     lines += ["", "## Backups", "", *_md_pairs(cert.backups)]
     if cert.other_targets:
         lines += ["", "## Other targets", "", *_md_pairs(cert.other_targets)]
+    lines += ["", "## What no file-level proof reaches", ""]
+    lines += [f"- {limit}" for limit in cert.limits]
     lines += ["", "## What the states mean", ""]
     lines += [f"- **{state}:** {meaning}" for state, meaning in MEANING.items()]
     lines += ["", "_This certificate holds ids, hashes, states, counts and times only; never memory content._", ""]
@@ -333,7 +391,9 @@ def render_html(proof: Mapping[str, Any], status: Mapping[str, Any] | None = Non
     ]
     if cert.other_targets:
         parts += ["<h2>Other targets</h2>", _dl(cert.other_targets)]
-    parts += ["<h2>What the states mean</h2>", "<dl>"]
+    parts += ["<h2>What no file-level proof reaches</h2>", "<ul>"]
+    parts += [f"<li>{h(limit)}</li>" for limit in cert.limits]
+    parts += ["</ul>", "<h2>What the states mean</h2>", "<dl>"]
     parts += [f"<dt>{h(state)}</dt><dd>{h(meaning.replace('`', ''))}</dd>" for state, meaning in MEANING.items()]
     parts += [
         "</dl>",
@@ -371,7 +431,8 @@ def data_map_in(conn: psycopg.Connection, tenant_id: str) -> dict[str, int]:
     row = conn.execute(
         "SELECT (SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %(t)s)"
         " + (SELECT count(*) FROM keystore.team_keys WHERE tenant_id = %(t)s)"
-        " + (SELECT count(*) FROM keystore.tenant_keys WHERE tenant_id = %(t)s)",
+        " + (SELECT count(*) FROM keystore.tenant_keys WHERE tenant_id = %(t)s)"
+        " + (SELECT count(*) FROM keystore.build_keys WHERE tenant_id = %(t)s)",
         {"t": tenant_id},
     ).fetchone()
     keys = int(row[0]) if row else 0

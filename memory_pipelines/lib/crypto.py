@@ -1,8 +1,10 @@
-"""Envelope encryption: master key -> tenant key -> subject key -> memory text (AES-256-GCM).
+"""Envelope encryption (AES-256-GCM): master key -> tenant KEK (a file of the key vault) -> tenant,
+subject, team and per-build keys (PostgreSQL) -> memory text, summaries, prompt snapshots.
 
-The master key is a local key file by default, or an AWS KMS key. Tenant keys are wrapped by the
-master key, subject keys by their tenant key; every wrap binds its position in the hierarchy as
-associated data, so a wrapped key copied to another row does not unwrap.
+The master key is a local key file by default, or an AWS KMS key; it seals each tenant's
+key-encryption key (lib/key_vault.py), which wraps the keys kept in PostgreSQL (lib/keystore.py).
+Every wrap binds its position in the hierarchy as associated data, so a wrapped key copied to
+another row does not unwrap.
 """
 
 from __future__ import annotations
@@ -166,14 +168,19 @@ def _chunk_aad(aad: bytes, index: int, final: bool) -> bytes:
     return aad + index.to_bytes(4, "big") + bytes([final])
 
 
+TENANT_KEY = "tenant-key"
+
+
 class MasterKey(Protocol):
-    """Wraps and unwraps tenant keys. `provider` is recorded beside every wrapped tenant key."""
+    """Wraps and unwraps keys bound to a tenant and a purpose: tenant keys (`tenant-key`, of tenants
+    made before key vaults) and the tenants' key-encryption keys (`tenant-kek`, lib/key_vault.py).
+    `provider` is recorded beside every key it wraps."""
 
     provider: str
 
-    def new_wrapped_key(self, *, tenant_id: str) -> tuple[bytes, bytes]: ...
+    def new_wrapped_key(self, *, tenant_id: str, purpose: str = TENANT_KEY) -> tuple[bytes, bytes]: ...
 
-    def unwrap(self, wrapped: bytes, *, tenant_id: str) -> bytes: ...
+    def unwrap(self, wrapped: bytes, *, tenant_id: str, purpose: str = TENANT_KEY) -> bytes: ...
 
 
 class LocalMasterKey:
@@ -219,12 +226,12 @@ class LocalMasterKey:
             raise ServiceError("master_key", f"{path} is not a {KEY_BYTES}-byte key file")
         return key
 
-    def new_wrapped_key(self, *, tenant_id: str) -> tuple[bytes, bytes]:
+    def new_wrapped_key(self, *, tenant_id: str, purpose: str = TENANT_KEY) -> tuple[bytes, bytes]:
         key = new_key()
-        return key, seal(self._key, key, aad("tenant-key", tenant_id))
+        return key, seal(self._key, key, aad(purpose, tenant_id))
 
-    def unwrap(self, wrapped: bytes, *, tenant_id: str) -> bytes:
-        return open_sealed(self._key, wrapped, aad("tenant-key", tenant_id))
+    def unwrap(self, wrapped: bytes, *, tenant_id: str, purpose: str = TENANT_KEY) -> bytes:
+        return open_sealed(self._key, wrapped, aad(purpose, tenant_id))
 
 
 class KmsMasterKey:
@@ -235,19 +242,24 @@ class KmsMasterKey:
         self._client = client
         self.provider = "kms:" + key_id
 
-    def new_wrapped_key(self, *, tenant_id: str) -> tuple[bytes, bytes]:
+    @staticmethod
+    def _context(tenant_id: str, purpose: str) -> dict[str, str]:
+        # Tenant keys made before key vaults were bound by the tenant alone: their context stays.
+        return {"tenant_id": tenant_id} if purpose == TENANT_KEY else {"tenant_id": tenant_id, "purpose": purpose}
+
+    def new_wrapped_key(self, *, tenant_id: str, purpose: str = TENANT_KEY) -> tuple[bytes, bytes]:
         try:
             answer = self._client.generate_data_key(
-                KeyId=self.key_id, KeySpec="AES_256", EncryptionContext={"tenant_id": tenant_id}
+                KeyId=self.key_id, KeySpec="AES_256", EncryptionContext=self._context(tenant_id, purpose)
             )
         except Exception as exc:  # botocore raises many types; all mean the master key is unusable
             raise ServiceError("kms", f"generate_data_key failed: {type(exc).__name__}: {exc}") from exc
         return bytes(answer["Plaintext"]), bytes(answer["CiphertextBlob"])
 
-    def unwrap(self, wrapped: bytes, *, tenant_id: str) -> bytes:
+    def unwrap(self, wrapped: bytes, *, tenant_id: str, purpose: str = TENANT_KEY) -> bytes:
         try:
             answer = self._client.decrypt(
-                KeyId=self.key_id, CiphertextBlob=wrapped, EncryptionContext={"tenant_id": tenant_id}
+                KeyId=self.key_id, CiphertextBlob=wrapped, EncryptionContext=self._context(tenant_id, purpose)
             )
         except Exception as exc:
             raise ServiceError("kms", f"decrypt failed: {type(exc).__name__}: {exc}") from exc

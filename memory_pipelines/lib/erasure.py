@@ -2,10 +2,12 @@
 
 A cascade (deletion.py) hides, deletes through each store's API, destroys keys and verifies;
 nothing can read the data any more, but a store may keep the bytes in files until they are
-rewritten (Chroma's HNSW segments and SQLite free pages, PostgreSQL's dead tuples). One erasure
-run per tenant batches every such deletion: each registered adapter rewrites the tenant's own
-files (never another tenant's), then a byte scan of those files looks for the keyed fingerprints
-the cascade took before deleting. Only a clean scan marks the jobs `physical: ERASED:<time>` and
+rewritten (Chroma's HNSW segments and SQLite free pages, PostgreSQL's dead tuples and WAL). One
+erasure run per tenant batches every such deletion: it rotates the tenant's key-encryption key (so
+wrapped keys left in PostgreSQL's history open nothing), each registered adapter rewrites the
+tenant's own files (never another tenant's), the WAL segments holding the old rows are removed
+(lib/wal.py), then a byte scan of those files and of pg_wal looks for the keyed fingerprints the
+cascade took before deleting. Only a clean scan marks the jobs `physical: ERASED:<time>` and
 claims `SHREDDED` for backups. A deletion must be erased within MEMORY_PIPELINES_ERASURE_HOURS of
 completing (default 24); an overdue one fails the `erasures_on_time` check.
 """
@@ -13,6 +15,7 @@ completing (default 24); an overdue one fails the `erasures_on_time` check.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -21,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from memory_pipelines.lib import bytescan, registry, validation
+from memory_pipelines.lib import bytescan, registry, validation, wal
 from memory_pipelines.lib.adapters.base import Erasure
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import MemoryPipelinesError
@@ -112,12 +115,20 @@ class ErasureService(ErasureLedger):
         if not jobs:
             return {"tenant_id": tenant_id, "jobs": [], "erased": 0}
         job_ids = [job["job_id"] for job in jobs]
+        # Before the rewrites: the rows rewrapped under the new KEK leave dead tuples wrapped by the
+        # old one, which the key store's compaction then removes.
+        keys = self.rotate_keys(tenant_id)
+        rotated = time.perf_counter()
         erasures: dict[str, Erasure] = {}
         for index, spec in enumerate(registry.STORES):
             erasures[spec.name] = registry.adapter(spec.name).erase(self.derived, tenant_id)
             progress(index + 1, len(registry.STORES), "erasure rewrite")
+        # After them: every WAL segment that holds the erased rows (or the rewrites' own logging)
+        # is unlinked, and what is left of pg_wal is scanned with the tenant's files.
+        compacted = time.perf_counter()
+        purged = wal.purge(self.store.conninfo)
         rewritten = time.perf_counter()
-        files: set[Path] = {f for e in erasures.values() for f in e.files}
+        files: set[Path] = {f for e in erasures.values() for f in e.files} | set(wal.files(purged.directory))
         with self.store.transaction() as conn:
             base = bytescan.base_from_key(self.store.keys.control_key(conn))
         live = {bytescan.fingerprint(w, base) for e in erasures.values() for w in e.live}
@@ -138,10 +149,18 @@ class ErasureService(ErasureLedger):
                 "bytes": result.bytes,
                 "hits": sum(result.hits.values()),
                 "sharedWithLiveData": len(live & set(fingerprints)),
-                "notScanned": sorted(name for name, e in erasures.items() if not e.scanned),
+                "notScanned": sorted(
+                    [name for name, e in erasures.items() if not e.scanned]
+                    + ([] if purged.directory is not None else [wal.NOT_SCANNED])
+                ),
+                "scanned": result.areas(_root(files)),
             },
+            "keys": keys,
+            "wal": purged.report(),
             "seconds": {
-                "rewrite": round(rewritten - started, 3),
+                "rewrite": round(rewritten - started, 3),  # of which:
+                "keys": round(rotated - started, 3),
+                "wal": round(rewritten - compacted, 3),
                 "scan": round(time.perf_counter() - rewritten, 3),
             },
         }
@@ -163,6 +182,22 @@ class ErasureService(ErasureLedger):
         report["erased"] = len(job_ids)
         report["erasedAt"] = erased.isoformat()
         return report
+
+    def rotate_keys(self, tenant_id: str) -> dict[str, Any]:
+        """Rotate the tenant's KEK: every wrapped key of the tenant is rewrapped under a new KEK in
+        one transaction, then the vault file is overwritten in place with the new KEK alone. From
+        then on, a wrapped key left in WAL, a dead tuple or a replica opens nothing. Counts only."""
+        keys = self.store.keys
+        with self.store.transaction() as conn:
+            rotation = keys.begin_rotation(conn, tenant_id)
+        if rotation is None:  # no live tenant key: nothing written yet, or the tenant is destroyed
+            return {"rotated": False, "vaultFile": keys.vault.exists(tenant_id)}
+        keys.finish_rotation(rotation)
+        return {
+            "rotated": True,
+            "rewrapped": rotation.rewrapped,
+            "keksLeft": len(keys.vault.kek_ids(tenant_id)),
+        }
 
     def scan(
         self,
@@ -205,6 +240,8 @@ class ErasureService(ErasureLedger):
             "erasedAt": erased.isoformat(),
             "bytesRewritten": report["bytesRewritten"],
             "byteScan": report["byteScan"],
+            "keys": report["keys"],
+            "wal": report["wal"],
         }
         conn.execute(
             "UPDATE control.deletion_jobs SET targets = %s, proof = %s, erased_at = %s, erasure = %s,"
@@ -227,6 +264,13 @@ def _checkpoint(conninfo: str) -> None:
             conn.execute("CHECKPOINT")
     except psycopg.Error:
         pass  # not a superuser on an external server: its files are not scanned here anyway
+
+
+def _root(files: set[Path]) -> Path:
+    """The directory holding every scanned file (HOME, for the embedded services)."""
+    if not files:
+        return Path("/")
+    return Path(os.path.commonpath([str(f.parent) for f in files]))
 
 
 def _relative(path: str) -> str:

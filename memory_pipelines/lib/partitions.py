@@ -26,6 +26,7 @@ PARTITIONED_TABLES: tuple[str, ...] = (
     "keystore.subject_keys",
     "keystore.team_keys",
     "keystore.tenant_keys",
+    "keystore.build_keys",
 )
 _FORKS = ("main", "fsm", "vm", "init")
 # The tenant's partition of each of `tables` that it has: parent, its oid and qualified name.

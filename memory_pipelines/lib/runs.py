@@ -59,8 +59,8 @@ class AgentRuns:
     def snapshot_prompt(
         self, *, lease_id: str, prompt: str, sources: Iterable[tuple[str, int]] | None = None
     ) -> dict[str, Any]:
-        """Store the prompt the run sent, sealed under the run subject's key, with lineage to every
-        memory version in it (default: everything the lease read). A state write: it takes a permit."""
+        """Store the prompt the run sent, sealed under a key of its own (a build key), with lineage to
+        every memory version in it (default: everything the lease read). A state write: it takes a permit."""
         validation.check_text("prompt", prompt)
         lease = self.gate._lease(lease_id)
         chosen = sorted(
@@ -76,9 +76,12 @@ class AgentRuns:
             if ordering.guard_build(conn, tenant_id, chosen) or Gate._lease_fenced(conn, lease_id):
                 raise FenceClosed("lease", f"lease {lease_id} read something that is being forgotten")
             try:
-                key_id, key = self.store.keys.subject_key(conn, tenant_id, subject_id, create=False)
+                self.store.keys.subject_key(conn, tenant_id, subject_id, create=False)
             except NotFoundError as exc:
                 raise NotFoundError("subject", f"subject {subject_id!r} has no key: they have written nothing") from exc
+            # A key of this snapshot only, deleted with it (migration 0015): a copy of the snapshot in
+            # PostgreSQL's history is sealed under a key gone with the row, even while the subject's lives.
+            key_id, key = self.store.keys.new_build_key(conn, tenant_id, "prompt-snapshot")
             conn.execute(
                 "INSERT INTO derived.prompt_snapshots (tenant_id, snapshot_id, run_id, subject_id, prompt_ct, key_id)"
                 " VALUES (%s, %s, %s, %s, %s, %s)",
@@ -100,8 +103,11 @@ class AgentRuns:
         """The recall chain of a run: memories it read (text while it exists) and derived records."""
         validation.check_id("tenant", tenant_id)
         validation.check_id("run", run_id)
-        self.store.require_tenant(tenant_id=tenant_id)
         with self.store.transaction() as conn:
+            # Visibility and decryption are one check: under the gate lock (shared) no deletion is
+            # accepted until this transaction ends, so nothing judged present is hidden when decrypted.
+            ordering.lock_tenant_shared(conn, tenant_id)
+            self.store.require_tenant(tenant_id=tenant_id)  # joins this transaction
             leases = [
                 r[0]
                 for r in conn.execute(
@@ -136,7 +142,8 @@ class AgentRuns:
                 " ORDER BY created_at",
                 (tenant_id, run_id),
             ).fetchall()
-        texts = self.store.open_texts(tenant_id=tenant_id, sources=present, skip_unreadable=True)
+            # On this transaction's connection (a nested transaction joins it), still under the lock.
+            texts = self.store.open_texts(tenant_id=tenant_id, sources=present, skip_unreadable=True, visible_only=True)
         by_source: dict[tuple[str, int], list[dict[str, str]]] = {}
         for memory_id, version, store, record_id in derived_records:
             by_source.setdefault((memory_id, version), []).append({"store": store, "record_id": record_id})

@@ -21,7 +21,7 @@ def master_key(settings: Settings) -> crypto.MasterKey:
 
 def open_store(settings: Settings, endpoints: Endpoints | None = None) -> MemoryStore:
     endpoints = endpoints or ensure_services(settings)
-    return MemoryStore(endpoints.store_conninfo, KeyStore(master_key(settings)))
+    return MemoryStore(endpoints.store_conninfo, KeyStore(master_key(settings), vault=settings.key_vault_path))
 
 
 def open_backups(settings: Settings, store: MemoryStore) -> BackupService:

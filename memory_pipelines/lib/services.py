@@ -149,6 +149,30 @@ def _ensure_databases(admin_conninfo: str) -> None:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
+# What the embedded server is set to (ALTER SYSTEM, in postgresql.auto.conf): a WAL segment the server
+# recycles is renamed with its old bytes (rows a deletion erased among them) and kept for reuse; with
+# `wal_recycle = off` it is removed once a checkpoint no longer needs it.
+EMBEDDED_SETTINGS = {"wal_recycle": "off"}
+
+
+def configure_embedded(admin_conninfo: str, pgdata: Path | None = None) -> bool:
+    """Apply EMBEDDED_SETTINGS to a running server (ALTER SYSTEM, then a reload); True if it did.
+
+    A server whose `pgdata`/postgresql.auto.conf already holds them costs no connection."""
+    if pgdata is not None:
+        try:
+            auto = (pgdata / "postgresql.auto.conf").read_text(encoding="utf-8")
+        except OSError:
+            auto = ""
+        if all(f"{name} = '{value}'" in auto for name, value in EMBEDDED_SETTINGS.items()):
+            return False
+    with psycopg.connect(admin_conninfo, autocommit=True) as conn:
+        for name, value in EMBEDDED_SETTINGS.items():
+            conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+        conn.execute("SELECT pg_reload_conf()")
+    return True
+
+
 def _dagster_url_from(pg_url: str) -> str:
     parts = urlsplit(pg_url)
     return urlunsplit(parts._replace(scheme="postgresql+psycopg2"))
@@ -454,6 +478,7 @@ def ensure_services(settings: Settings, *, migrate: bool = True) -> Endpoints:
             dagster_url = user_dagster_url or dagster_url
             admin = f"postgresql://postgres@/postgres?host={quote(str(socket_dir), safe='')}"
             _ensure_databases(admin)
+            configure_embedded(admin, settings.pgdata)
             embedded = True
         if migrate:
             try:

@@ -14,6 +14,7 @@ ENV_DAGSTER_PG_URL = "MEMORY_PIPELINES_DAGSTER_PG_URL"
 # rather than the user: such a value belongs to the HOME it was computed for, not to this process's.
 ENV_DAGSTER_PG_URL_EXPORTED = ENV_DAGSTER_PG_URL + "_EXPORTED"
 ENV_KMS_KEY_ID = "MEMORY_PIPELINES_KMS_KEY_ID"
+ENV_KEY_VAULT = "MEMORY_PIPELINES_KEY_VAULT"
 ENV_CHROMA_URL = "MEMORY_PIPELINES_CHROMA_URL"
 ENV_SUMMARIZER_URL = "MEMORY_PIPELINES_SUMMARIZER_URL"
 ENV_SUMMARIZER_MODEL = "MEMORY_PIPELINES_SUMMARIZER_MODEL"
@@ -49,6 +50,7 @@ class Settings:
     pg_url: str | None = None
     dagster_pg_url: str | None = None
     kms_key_id: str | None = None
+    key_vault: Path | None = None
     chroma_url: str | None = None
     summarizer_url: str | None = None
     summarizer_model: str | None = None
@@ -69,6 +71,7 @@ class Settings:
             pg_url=env.get(ENV_PG_URL) or None,
             dagster_pg_url=_users_dagster_url(env),
             kms_key_id=env.get(ENV_KMS_KEY_ID) or None,
+            key_vault=Path(env[ENV_KEY_VAULT]).expanduser().resolve() if env.get(ENV_KEY_VAULT) else None,
             chroma_url=env.get(ENV_CHROMA_URL) or None,
             summarizer_url=env.get(ENV_SUMMARIZER_URL) or None,
             summarizer_model=env.get(ENV_SUMMARIZER_MODEL) or None,
@@ -104,6 +107,11 @@ class Settings:
     @property
     def master_key_path(self) -> Path:
         return self.home / "keys" / "master.key"
+
+    @property
+    def key_vault_path(self) -> Path:
+        """The key vault: one file per tenant holding its key-encryption key (lib/key_vault.py)."""
+        return self.key_vault or self.home / "keys" / "vault"
 
     @property
     def chroma_path(self) -> Path:

@@ -1,7 +1,7 @@
 """Subject and team summaries: an extractive default that needs no network, or an OpenAI-compatible
 HTTP summarizer. Modes (per subject): full original, summary, hybrid (medical and legal always
-keep the full original). Summaries are ciphertext under the subject key or the team key, with
-lineage to every source version.
+keep the full original). Each build of a summary is sealed under a key of its own (a build key,
+wrapped by the tenant's KEK) that the next build destroys, with lineage to every source version.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import psycopg
 
 from memory_pipelines.lib import crypto, lineage, ordering, validation
 from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ValidationError
+from memory_pipelines.lib.keystore import BUILD_KEY_PREFIX
 from memory_pipelines.lib.store import CurrentVersion, MemoryStore
 
 SUBJECT_STORE = "subject_summaries"
@@ -24,6 +25,7 @@ MODES = ("full", "summary", "hybrid")
 DEFAULT_MODE = "hybrid"
 SENSITIVE_CATEGORIES = frozenset({"medical", "legal"})
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+BUILD_KEY_PURPOSE = "summary"
 
 
 class SummarizerError(MemoryPipelinesError):
@@ -211,10 +213,12 @@ class SummaryStore:
                     discarded += 1
                     continue
                 try:
-                    if scope == "subject":
-                        key_id, key = self.store.keys.subject_key(conn, tenant_id, scope_id, create=False)
-                    else:
-                        key_id, key = self._team_key(conn, tenant_id, scope_id)
+                    if scope == "subject":  # never a summary of a subject whose key is gone
+                        self.store.keys.subject_key(conn, tenant_id, scope_id, create=False)
+                    # A key of this build only: replacing the row below deletes the previous build's key
+                    # in this transaction (migration 0015), so the old summary, wherever PostgreSQL's
+                    # history keeps it, is sealed under a key that no longer exists.
+                    key_id, key = self.store.keys.new_build_key(conn, tenant_id, BUILD_KEY_PURPOSE)
                 except NotFoundError:
                     discarded += 1
                     continue
@@ -248,18 +252,13 @@ class SummaryStore:
             "discarded": discarded,
         }
 
-    def _team_key(self, conn: psycopg.Connection, tenant_id: str, team_id: str) -> tuple[str, bytes]:
-        """The team's key; made on the team's first summary, under the gate lock the caller holds (which
-        has just checked the tenant is alive), and never under a destroyed tenant key."""
-        return self.store.keys.team_key(conn, tenant_id, team_id, create=True)
-
     def read(self, *, tenant_id: str, scope: str, scope_id: str) -> dict[str, Any]:
         """The decrypted summary of one subject or team, with its sources."""
         validation.check_id("subject" if scope == "subject" else "team", scope_id)
         self.store.require_tenant(tenant_id=tenant_id)
         with self.store.transaction() as conn:
             row = conn.execute(
-                "SELECT mode, summary_ct, source_count, summarizer, created_at FROM derived.summaries"
+                "SELECT mode, summary_ct, source_count, summarizer, created_at, key_id FROM derived.summaries"
                 " WHERE tenant_id = %s AND scope = %s AND scope_id = %s",
                 (tenant_id, scope, scope_id),
             ).fetchone()
@@ -279,10 +278,7 @@ class SummaryStore:
                 raise NotFoundError(
                     field, f"the {scope} summary of {scope_id!r} is being rebuilt after a deletion; try again later"
                 )
-            if scope == "subject":
-                _, key = self.store.keys.subject_key(conn, tenant_id, scope_id, create=False)
-            else:
-                _, key = self.store.keys.team_key(conn, tenant_id, scope_id, create=False)
+            key = self._key(conn, tenant_id, scope, scope_id, str(row[5]))
             text = crypto.open_sealed(key, bytes(row[1]), _aad(tenant_id, scope, scope_id)).decode()
             sources = record_sources
         return {
@@ -296,6 +292,16 @@ class SummaryStore:
             "created_at": row[4].isoformat(),
             "sources": sources,
         }
+
+    def _key(self, conn: psycopg.Connection, tenant_id: str, scope: str, scope_id: str, key_id: str) -> bytes:
+        """The key a stored summary names: its build's key, or (built before per-build keys) the
+        subject's or the team's key."""
+        keys = self.store.keys
+        if key_id.startswith(BUILD_KEY_PREFIX):
+            return keys.build_key(conn, tenant_id, key_id)
+        if scope == "subject":
+            return keys.subject_key(conn, tenant_id, scope_id, create=False)[1]
+        return keys.team_key(conn, tenant_id, scope_id, create=False)[1]
 
     @staticmethod
     def _forgotten(conn: psycopg.Connection, tenant_id: str, subject: str) -> bool:

@@ -18,6 +18,7 @@ class MemoryStoreResource(dg.ConfigurableResource):
     home: str = DEFAULT_HOME
     pg_url: str | None = None
     kms_key_id: str | None = None
+    key_vault: str | None = None  # the key vault's directory; default HOME/keys/vault
 
     # One store per process and configuration: opening one starts or finds the server.
     _stores: ClassVar[dict[Settings, MemoryStore]] = {}
@@ -29,6 +30,7 @@ class MemoryStoreResource(dg.ConfigurableResource):
                 "MEMORY_PIPELINES_HOME": self.home,
                 "MEMORY_PIPELINES_PG_URL": self.pg_url or "",
                 "MEMORY_PIPELINES_KMS_KEY_ID": self.kms_key_id or "",
+                "MEMORY_PIPELINES_KEY_VAULT": self.key_vault or "",
             }
         )
 

@@ -1,4 +1,6 @@
-"""Deletion adapter of the key store: the subject's key (SUBJECT) or every key of the tenant (TENANT)."""
+"""Deletion adapter of the key store: the subject's key (SUBJECT) or every key of the tenant and its
+key vault file (TENANT). The tenant's KEK rotation, which makes wrapped copies in PostgreSQL's history
+useless, is the physical erasure's (lib/erasure.py), before this adapter compacts the key partitions."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ from memory_pipelines.lib.adapters.base import Context, Erasure, compact
 from memory_pipelines.lib.derived import DerivedStores
 
 STORE = "key_store"
-TABLES = ("keystore.subject_keys", "keystore.team_keys", "keystore.tenant_keys")
+TABLES = ("keystore.subject_keys", "keystore.team_keys", "keystore.tenant_keys", "keystore.build_keys")
 _TENANT_KEYS = (
     "SELECT key_id, wrapped FROM keystore.subject_keys WHERE tenant_id = %s"
     " UNION ALL SELECT key_id, wrapped FROM keystore.team_keys WHERE tenant_id = %s"
     " UNION ALL SELECT key_id, wrapped FROM keystore.tenant_keys WHERE tenant_id = %s"
+    " UNION ALL SELECT key_id, wrapped FROM keystore.build_keys WHERE tenant_id = %s"
 )
 
 
@@ -24,7 +27,7 @@ class KeyStoreAdapter:
 
     def _keys(self, conn: psycopg.Connection, ctx: Context) -> list[tuple[str, bytes | None]]:
         if ctx.tenant_scope:
-            return [(str(k), w) for k, w in conn.execute(_TENANT_KEYS, (ctx.tenant_id,) * 3)]
+            return [(str(k), w) for k, w in conn.execute(_TENANT_KEYS, (ctx.tenant_id,) * 4)]
         subjects = sorted({scope["subject"] for scope in ctx.scopes("SUBJECT")})
         return [
             (str(k), w)
