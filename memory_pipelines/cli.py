@@ -338,12 +338,14 @@ def cmd_restore(args: argparse.Namespace) -> None:
     if not args.backup:
         raise ValidationError("backup", "is required: restore --tenant T --backup ID")
     if not args.wait:
-        _emit(service.request_restore(tenant_id=args.tenant, backup_id=args.backup))
+        _emit(service.request_restore(tenant_id=args.tenant, backup_id=args.backup, restore_id=args.restore_id))
         return
     from memory_pipelines.materialize import failure_message, run_restore
 
     service._backup_row(args.tenant, args.backup)  # bad ids fail here, before a run starts
-    result = run_restore(_settings(args), args.tenant, args.backup)
+    if args.restore_id is not None:
+        service.check_restore_id(tenant_id=args.tenant, backup_id=args.backup, restore_id=args.restore_id)
+    result = run_restore(_settings(args), args.tenant, args.backup, restore_id=args.restore_id)
     if not result["success"] or result["report"] is None:
         raise MemoryPipelinesError("restore", failure_message(result["failures"]))
     _emit({**result["report"], "run_id": result["run_id"]})
@@ -716,6 +718,9 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("--backup", metavar="BACKUP_ID")
     restore.add_argument("--reopen", action="store_true", help="open a tenant a BLOCKED restore left closed")
     restore.add_argument("--wait", action="store_true", help="run the restore now and print its report")
+    restore.add_argument(
+        "--restore-id", metavar="RESTORE_ID", help="id for the restore (r_...); one naming another restore is refused"
+    )
 
     keys = add("keys", cmd_keys, "crypto-shredding of a subject's or a whole tenant's keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")

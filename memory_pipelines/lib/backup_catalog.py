@@ -1,7 +1,8 @@
 """A tenant's backups as a restore chooser sees them: which ids exist and which can still be restored.
 
-A backup can be restored while it has not expired and the tenant key that wraps its object key
-still exists; once that key is destroyed (the tenant crypto-shredded), the backup is unreadable
+A backup can be restored once it is stored (not IN_FLIGHT: registered before its snapshot, still
+being taken or uploaded; not FAILED), while it has not expired and the tenant key that wraps its
+object key still exists; once that key is destroyed (the tenant crypto-shredded), the backup is unreadable
 for good. Subject keys destroyed since the backup only leave those subjects' rows unreadable:
 the backup stays restorable and the restore's journal replay drops them.
 """
@@ -45,7 +46,9 @@ def catalog(service: BackupService, *, tenant_id: str) -> list[dict[str, Any]]:
     for b in backups:
         keys = b.get("key_ids", {})
         shredded = keys.get("tenant_key") != tenant_key
-        if b["expired"]:
+        if b.get("state", "DONE") != "DONE":
+            status = str(b["state"])  # IN_FLIGHT or FAILED
+        elif b["expired"]:
             status = "EXPIRED"
         elif shredded:
             status = "SHREDDED"
@@ -56,7 +59,7 @@ def catalog(service: BackupService, *, tenant_id: str) -> list[dict[str, Any]]:
                 "backup_id": b["backup_id"],
                 "created_at": b["created_at"],
                 "expires_at": b["expires_at"],
-                "bytes": int(b["bytes"]),
+                "bytes": int(b.get("bytes", 0)),
                 "memories": int(b.get("rows", {}).get("memories", 0)),
                 "status": status,
                 "restorable": status == "AVAILABLE",

@@ -6,9 +6,13 @@ stream under a fresh object key. The object key is wrapped by the tenant key, so
 tenant key shreds every backup of the tenant, and destroying a subject key leaves that subject's
 rows unreadable in every backup. The key store is never part of a backup.
 
-A restore closes the tenant's reads (the restore gate), loads the snapshot, replays the deletion
-journal (subject epochs, tombstones, key destructions), verifies that nothing forgotten is left,
-and only then reopens reads.
+A backup is registered (IN_FLIGHT) before its snapshot is taken, so a deletion completing while it
+uploads counts it among the backups that may hold its scope.
+
+A restore closes the tenant's reads (the restore gate), loads the snapshot into temporary tables,
+applies the deletion journal (subject epochs, tombstones, key destructions) and the consent journal
+there, copies only what survives into the tenant's tables, replays and verifies again on them, and
+only then reopens reads (lib/restore_replay.py). A restore id names one restore of one tenant.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import secrets
 import shutil
 import tarfile
@@ -31,11 +36,12 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from memory_pipelines.lib import crypto, ordering, partitions, validation
+from memory_pipelines.lib import bytescan, consent, crypto, ordering, restore_replay, validation
 from memory_pipelines.lib.backup_storage import BackupStorage, LocalBackupStorage, S3BackupStorage
 from memory_pipelines.lib.errors import ConflictError, MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.progress import Progress, no_progress
-from memory_pipelines.lib.store import MemoryStore, repair_heads
+from memory_pipelines.lib.settings import Settings
+from memory_pipelines.lib.store import MemoryStore
 
 FORMAT = 1
 BATCH_ROWS = 20_000
@@ -100,8 +106,40 @@ _LOAD_ORDER = ["subjects", "teams", "team_members", "memories", "memory_versions
 # Lineage is kept as it is, never replaced nor loaded: edges of derived records made after the backup
 # (vectors, postings, summaries, prompt snapshots) must survive, or a later forget could not find them.
 _REPLACED = ["summary_modes", "memory_versions", "memories", "team_members", "teams"]
+# Loaded through temporary tables, in load order: nothing the journals forgot reaches the real ones.
+_STAGED = ["teams", "team_members", "memories", "memory_versions", "summary_modes"]
 
 Hook = Callable[[str], None]
+
+# Generated ids are r_ and 16 hex digits; a caller may choose its own of this form.
+RESTORE_ID_RE = re.compile(r"r_[a-z0-9][a-z0-9_-]{0,61}")
+
+
+def check_restore_id(value: object) -> str:
+    """`value` if it has the form of a restore id, else a ValidationError naming `restore_id`."""
+    if not isinstance(value, str) or not RESTORE_ID_RE.fullmatch(value):
+        raise ValidationError(
+            "restore_id",
+            f"malformed restore id {str(value)[:80]!r}: expected r_ and up to 62 of a-z, 0-9, _ and -"
+            " (or none, for a new id)",
+        )
+    return value
+
+
+def _restore_id_clash(row: tuple[Any, ...] | None, tenant_id: str, backup_id: str, restore_id: str) -> str | None:
+    """Why `restore_id` cannot name this restore (None when it can: it is new, or it is this very
+    restore's request or a retry of it after BLOCKED). Another tenant is never named."""
+    if row is None:
+        return None
+    owner, backup, state = row
+    if owner != tenant_id:
+        return f"restore_id {restore_id} is taken by another restore; leave it empty for a new id"
+    if backup == backup_id and state in ("REQUESTED", "BLOCKED"):
+        return None
+    return (
+        f"restore_id {restore_id} is taken by a {state} restore of {tenant_id!r} from {backup};"
+        " leave it empty for a new id"
+    )
 
 
 def _select(table: str, columns: list[tuple[str, pa.DataType]]) -> psycopg.sql.Composed:
@@ -147,9 +185,66 @@ class BackupService:
         """Snapshot, encrypt and store one tenant; returns the manifest (ids and counts only).
         `progress` hears of each chunk of rows dumped ("backup rows") and each table ("backup tables")."""
         validation.check_id("tenant", tenant_id)
+        self.store.require_tenant(tenant_id=tenant_id)  # nothing is registered for a bad tenant
         self.storage.ensure_expiry(self.days)
         started = time.perf_counter()
         backup_id = "b_" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "_" + secrets.token_hex(4)
+        created = self._register(tenant_id, backup_id)
+        try:
+            manifest = self._take(tenant_id, backup_id, created, progress)
+        except BaseException:
+            self._fail(tenant_id, backup_id)
+            raise
+        with self.store.transaction() as conn:
+            conn.execute(
+                "UPDATE control.backups SET state = 'DONE', manifest = %s, snapshot_at = %s WHERE backup_id = %s",
+                (json.dumps(manifest), manifest["snapshot_at"], backup_id),
+            )
+        return {**_public(manifest), "seconds": round(time.perf_counter() - started, 3)}
+
+    def _register(self, tenant_id: str, backup_id: str) -> datetime:
+        """Record the backup as IN_FLIGHT before its snapshot: from now on a proof counts it, and
+        its expiry bounds its lifetime even if this process dies before the upload lands."""
+        created = datetime.now(UTC)
+        stub = {
+            "format": FORMAT,
+            "backup_id": backup_id,
+            "tenant_id": tenant_id,
+            "object": f"{tenant_id}/{backup_id}.bin",
+            "created_at": created.isoformat(),
+            "expires_at": (created + timedelta(days=self.days)).isoformat(),
+        }
+        with self.store.transaction() as conn:
+            conn.execute(
+                "INSERT INTO control.backups (backup_id, tenant_id, location, object_key, manifest, created_at,"
+                " expires_at, state) VALUES (%s, %s, %s, %s, %s, %s, %s, 'IN_FLIGHT')",
+                (
+                    backup_id,
+                    tenant_id,
+                    self.storage.location,
+                    stub["object"],
+                    json.dumps(stub),
+                    created,
+                    created + timedelta(days=self.days),
+                ),
+            )
+        return created
+
+    def _fail(self, tenant_id: str, backup_id: str) -> None:
+        """A backup that failed in flight: whatever landed is deleted, and it counts for nothing more."""
+        try:
+            for name in (f"{tenant_id}/{backup_id}.bin", f"{tenant_id}/{backup_id}.manifest.json"):
+                self.storage.delete(name)
+        except MemoryPipelinesError:
+            return  # what landed stays until the expiry sweep deletes it: counted as in flight until then
+        with self.store.transaction() as conn:
+            conn.execute(
+                "UPDATE control.backups SET state = 'FAILED', expired_at = now() WHERE backup_id = %s",
+                (backup_id,),
+            )
+
+    def _take(self, tenant_id: str, backup_id: str, created: datetime, progress: Progress) -> dict[str, Any]:
+        """Snapshot, seal and upload; returns the manifest."""
         with self._scratch() as scratch:
             snapshot = scratch / "snapshot"
             snapshot.mkdir()
@@ -158,6 +253,9 @@ class BackupService:
                 # from its versions.
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 self.store._tenant_mode(conn, tenant_id)
+                # The consent entries this snapshot saw; a restore replays every other one.
+                seen = consent.snapshot(conn)
+                snapshot_at = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
                 tenant_key_id, tenant_key = self.store.keys.tenant_key(conn, tenant_id)
                 rows: dict[str, int] = {}
                 for name in _LOAD_ORDER:
@@ -171,6 +269,10 @@ class BackupService:
                         )
                     }
                 )
+            with self.store.transaction() as conn:
+                conn.execute(
+                    "UPDATE control.backups SET snapshot_at = %s WHERE backup_id = %s", (snapshot_at, backup_id)
+                )
             archive = scratch / "snapshot.tar"
             with tarfile.open(archive, "w") as tar:
                 for name in _LOAD_ORDER:
@@ -180,7 +282,6 @@ class BackupService:
             with archive.open("rb") as src, sealed.open("wb") as dst:
                 size = crypto.encrypt_stream(object_key, src, dst, _object_aad(tenant_id, backup_id))
             digest = _sha256(sealed)
-            created = datetime.now(UTC)
             manifest = {
                 "format": FORMAT,
                 "backup_id": backup_id,
@@ -195,27 +296,15 @@ class BackupService:
                 "sha256": digest,
                 "created_at": created.isoformat(),
                 "expires_at": (created + timedelta(days=self.days)).isoformat(),
+                "snapshot_at": snapshot_at.isoformat(),
+                "consent_snapshot": seen,
             }
             del object_key
             manifest_file = scratch / "manifest.json"
             manifest_file.write_text(json.dumps(manifest, indent=2))
             self.storage.put_file(str(manifest["object"]), sealed)
             self.storage.put_file(f"{tenant_id}/{backup_id}.manifest.json", manifest_file)
-        with self.store.transaction() as conn:
-            conn.execute(
-                "INSERT INTO control.backups (backup_id, tenant_id, location, object_key, manifest, created_at,"
-                " expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (
-                    backup_id,
-                    tenant_id,
-                    self.storage.location,
-                    manifest["object"],
-                    json.dumps(manifest),
-                    created,
-                    created + timedelta(days=self.days),
-                ),
-            )
-        return {**_public(manifest), "seconds": round(time.perf_counter() - started, 3)}
+        return manifest
 
     def _dump(
         self, conn: psycopg.Connection, tenant_id: str, name: str, folder: Path, progress: Progress, before: int
@@ -238,15 +327,24 @@ class BackupService:
     # -- listing and expiry --------------------------------------------------------------------
 
     def list_backups(self, *, tenant_id: str) -> list[dict[str, Any]]:
+        """The tenant's backups, oldest first, in flight and failed ones included (ids and counts only)."""
         validation.check_id("tenant", tenant_id)
         with self.store.transaction() as conn:
             rows = conn.execute(
-                "SELECT manifest, location, expired_at FROM control.backups WHERE tenant_id = %s ORDER BY created_at",
+                "SELECT manifest, location, expired_at, state, snapshot_at FROM control.backups WHERE tenant_id = %s"
+                " ORDER BY created_at",
                 (tenant_id,),
             ).fetchall()
+        # IN_FLIGHT: registered, snapshot being taken or uploaded (it may hold anything forgotten since).
         return [
-            {**_public(manifest), "location": location, "expired": expired is not None}
-            for manifest, location, expired in rows
+            {
+                **_public(manifest),
+                "location": location,
+                "expired": expired is not None,
+                "state": state,
+                "snapshot_at": None if taken is None else taken.isoformat(),
+            }
+            for manifest, location, expired, state, taken in rows
         ]
 
     def sweep_expired(self, *, now: datetime | None = None) -> dict[str, int]:
@@ -271,29 +369,56 @@ class BackupService:
             raise ValidationError("backup", f"malformed backup id {backup_id!r}")
         with self.store.transaction() as conn:
             row = conn.execute(
-                "SELECT tenant_id, manifest, expired_at FROM control.backups WHERE backup_id = %s", (backup_id,)
+                "SELECT tenant_id, manifest, expired_at, state FROM control.backups WHERE backup_id = %s", (backup_id,)
             ).fetchone()
         if row is None:
             raise NotFoundError("backup", f"no backup {backup_id!r}")
         if row[0] != tenant_id:
             raise ValidationError("backup", f"backup {backup_id} belongs to another tenant, not {tenant_id!r}")
+        if row[3] == "FAILED":
+            raise NotFoundError("backup", f"backup {backup_id} failed before it was stored")
         if row[2] is not None:
             raise NotFoundError("backup", f"backup {backup_id} expired and was deleted")
+        if row[3] != "DONE":
+            raise ConflictError("backup", f"backup {backup_id} is still being taken; restore it once it is stored")
         return dict(row[1])
 
     # -- restore -------------------------------------------------------------------------------
 
-    def request_restore(self, *, tenant_id: str, backup_id: str) -> dict[str, Any]:
-        """Record a restore for the restore sensor to run; the backup is checked now."""
+    def request_restore(self, *, tenant_id: str, backup_id: str, restore_id: str | None = None) -> dict[str, Any]:
+        """Record a restore for the restore sensor to run; the backup and the restore id are checked now.
+        A `restore_id` already naming another restore is refused (ConflictError), never reused."""
+        if restore_id is not None:
+            check_restore_id(restore_id)
         self._backup_row(tenant_id, backup_id)
-        restore_id = "r_" + secrets.token_hex(8)
+        restore_id = restore_id or "r_" + secrets.token_hex(8)
         with self.store.transaction() as conn:
-            conn.execute(
+            inserted = conn.execute(
                 "INSERT INTO control.restores (restore_id, tenant_id, backup_id, state) VALUES (%s, %s, %s,"
-                " 'REQUESTED')",
+                " 'REQUESTED') ON CONFLICT (restore_id) DO NOTHING RETURNING restore_id",
                 (restore_id, tenant_id, backup_id),
-            )
+            ).fetchone()
+            if inserted is None:
+                row = conn.execute(
+                    "SELECT tenant_id, backup_id, state FROM control.restores WHERE restore_id = %s", (restore_id,)
+                ).fetchone()
+                clash = _restore_id_clash(row, tenant_id, backup_id, restore_id)
+                if clash is not None or (row is not None and row[2] != "REQUESTED"):
+                    raise ConflictError("restore_id", clash or f"restore_id {restore_id} is taken")
         return {"restore_id": restore_id, "tenant_id": tenant_id, "backup_id": backup_id, "state": "REQUESTED"}
+
+    def check_restore_id(self, *, tenant_id: str, backup_id: str, restore_id: str) -> str:
+        """`restore_id` if it may name a restore of `backup_id` into `tenant_id` now: well formed, and
+        new or this restore's own request. Raises ValidationError or ConflictError naming `restore_id`."""
+        check_restore_id(restore_id)
+        with self.store.transaction() as conn:
+            row = conn.execute(
+                "SELECT tenant_id, backup_id, state FROM control.restores WHERE restore_id = %s", (restore_id,)
+            ).fetchone()
+        clash = _restore_id_clash(row, tenant_id, backup_id, restore_id)
+        if clash is not None:
+            raise ConflictError("restore_id", clash)
+        return restore_id
 
     def restore(
         self,
@@ -304,15 +429,21 @@ class BackupService:
         lock_timeout: float = 60.0,
         progress: Progress = no_progress,
     ) -> dict[str, Any]:
-        """Load a backup into the tenant behind the restore gate, replay the journal, verify, reopen;
+        """Load a backup into the tenant behind the restore gate, replay the journals, verify, reopen;
         `progress` hears of each chunk of rows loaded ("restore rows") and each replay step ("restore replay").
 
-        Load, replay and verification are one transaction: a restore that fails verification (or
-        fails at all) rolls back to the tenant's rows as they were, is reported BLOCKED, and keeps
-        the gate closed until a later restore succeeds or `reopen` is called. Never interleaves with
-        a forget run of the tenant (same advisory lock); waits up to `lock_timeout` seconds.
+        The backup's rows are staged in temporary tables, the deletion journal removes there what it
+        forgot and the consent journal reapplies changes made since the backup; only what survives
+        reaches the tenant's tables, where the rules run again (expected to remove nothing) and are
+        verified. All of it is one transaction: a restore that fails verification (or fails at all)
+        rolls back to the tenant's rows as they were, is reported BLOCKED, and keeps the gate closed
+        until a later restore succeeds or `reopen` is called. Never interleaves with a forget run of
+        the tenant (same advisory lock); waits up to `lock_timeout` seconds. A `restore_id` naming
+        another restore is refused (ConflictError) before anything is touched.
         """
         manifest = self._backup_row(tenant_id, backup_id)
+        if restore_id is not None:
+            self.check_restore_id(tenant_id=tenant_id, backup_id=backup_id, restore_id=restore_id)
         with self._tenant_lock(tenant_id, lock_timeout), self._scratch() as scratch:
             self._require_restorable(tenant_id)
             tables = self._fetch_and_open(manifest, scratch)
@@ -321,26 +452,14 @@ class BackupService:
                 # Closing the gate waits for every write in flight (they hold the lock shared) and is
                 # seen by every later one: a restore never meets a write that began before it closed.
                 ordering.lock_tenant_exclusive(conn, tenant_id)
+                self._claim(conn, tenant_id, backup_id, restore_id)
                 conn.execute("UPDATE memory.tenants SET restoring_since = now() WHERE tenant_id = %s", (tenant_id,))
-                conn.execute(
-                    "INSERT INTO control.restores (restore_id, tenant_id, backup_id, state) VALUES (%s, %s, %s,"
-                    " 'RUNNING') ON CONFLICT (restore_id) DO UPDATE SET state = 'RUNNING'",
-                    (restore_id, tenant_id, backup_id),
-                )
             report: dict[str, Any] = {"restore_id": restore_id, "tenant_id": tenant_id, "backup_id": backup_id}
+            owed: restore_replay.Owed = {}
             try:
                 with self.store.transaction() as conn:
-                    started = time.perf_counter()
-                    report["loaded"] = self._load(conn, tenant_id, tables, progress)
-                    # The replay and every query after it plan on the loaded rows, not an empty tenant.
-                    partitions.analyze_tenant(conn, tenant_id)
-                    report["load_seconds"] = round(time.perf_counter() - started, 3)
-                    self._hook("loaded")
-                    started = time.perf_counter()
-                    report["replayed"] = self._replay(conn, tenant_id, progress)
-                    report["replay_seconds"] = round(time.perf_counter() - started, 3)
-                    self._hook("replayed")
-                    report["verification"] = self._verify(conn, tenant_id)
+                    self._load_and_replay(conn, tenant_id, manifest, tables, report, owed, progress)
+                    report["verification"] = restore_replay.verify(conn, tenant_id)
                     if any(report["verification"].values()):
                         raise _VerificationFailed  # rolls the load back: forgotten rows never commit
                     # The sequence the restore leaves: the partitions sensor leaves this change to the
@@ -367,7 +486,95 @@ class BackupService:
             except Exception as exc:
                 self._mark_blocked(restore_id, {**report, "error": type(exc).__name__})
                 raise
+            finally:
+                # Committed or rolled back, rows the safety net deleted left dead tuples: erase them.
+                if owed:
+                    self._owe_erasure(tenant_id, restore_id, owed, report)
         return report
+
+    def _load_and_replay(
+        self,
+        conn: psycopg.Connection,
+        tenant_id: str,
+        manifest: dict[str, Any],
+        tables: dict[str, pa.Table],
+        report: dict[str, Any],
+        owed: restore_replay.Owed,
+        progress: Progress,
+    ) -> None:
+        """Stage, filter by both journals, publish the survivors, then the safety net; fills `report`."""
+        # The gate lock again, held to commit: every journal writer takes it, so the journal the
+        # staged rows were filtered by is the one the published rows meet (lib/restore_replay.py).
+        ordering.lock_tenant_exclusive(conn, tenant_id)
+        clock = [time.perf_counter()]
+
+        def lap() -> float:
+            clock.append(time.perf_counter())
+            return round(clock[-1] - clock[-2], 3)
+
+        seconds: dict[str, float] = {}
+        report["loaded"] = self._load(conn, tenant_id, tables, progress)
+        seconds["stage"] = lap()
+        self._hook("loaded")
+        clock[-1] = time.perf_counter()  # a test's hook is no step of the restore
+        removed, report["consent"] = restore_replay.filter_staged(
+            conn, tenant_id, since=manifest.get("consent_snapshot")
+        )
+        seconds["filter"] = lap()
+        self._hook("filtered")
+        clock[-1] = time.perf_counter()
+        restore_replay.publish(conn, tenant_id, [(name, *TABLES[name]) for name in _STAGED])
+        # The replay and every query after it plan on the loaded rows, not an empty tenant.
+        restore_replay.analyze_published(conn, tenant_id)
+        seconds["publish"] = lap()
+        base = bytescan.base_from_key(self.store.keys.control_key(conn))
+        after, other, found = restore_replay.replay(conn, tenant_id, base, progress)
+        owed.update(found)
+        seconds["replay"] = lap()
+        entries = conn.execute(
+            "SELECT kind, count(*) FROM control.journal WHERE tenant_id = %s GROUP BY kind", (tenant_id,)
+        ).fetchall()
+        report["replayed"] = {
+            "journal_entries": {str(k): int(v) for k, v in entries},
+            "rows_removed": {**removed, **other},
+            # The safety net: the same rules on the tenant's tables once the survivors are in. Zero
+            # unless a journal entry came some way other than through the gate lock.
+            "rows_removed_after_load": after,
+        }
+        report["seconds"] = seconds
+        report["load_seconds"] = round(seconds["stage"] + seconds["publish"], 3)
+        report["replay_seconds"] = round(seconds["filter"] + seconds["replay"], 3)
+        self._hook("replayed")
+
+    def _claim(self, conn: psycopg.Connection, tenant_id: str, backup_id: str, restore_id: str) -> None:
+        """Make `restore_id` this restore's (RUNNING), in the transaction that closes the gate; a
+        restore id naming another restore is refused, never taken over."""
+        inserted = conn.execute(
+            "INSERT INTO control.restores (restore_id, tenant_id, backup_id, state) VALUES (%s, %s, %s,"
+            " 'RUNNING') ON CONFLICT (restore_id) DO NOTHING RETURNING restore_id",
+            (restore_id, tenant_id, backup_id),
+        ).fetchone()
+        if inserted is not None:
+            return
+        row = conn.execute(
+            "SELECT tenant_id, backup_id, state FROM control.restores WHERE restore_id = %s FOR UPDATE",
+            (restore_id,),
+        ).fetchone()
+        clash = _restore_id_clash(row, tenant_id, backup_id, restore_id)
+        if clash is not None:
+            raise ConflictError("restore_id", clash)
+        conn.execute("UPDATE control.restores SET state = 'RUNNING' WHERE restore_id = %s", (restore_id,))
+
+    def _owe_erasure(self, tenant_id: str, restore_id: str, owed: restore_replay.Owed, report: dict[str, Any]) -> None:
+        erasure_hours = Settings.from_env().erasure_hours
+        with self.store.transaction() as conn:
+            report["erasure_owed"] = restore_replay.owe_erasure(
+                conn, tenant_id, restore_id, owed, erasure_hours=erasure_hours
+            )
+            conn.execute(
+                "UPDATE control.restores SET report = report || %s WHERE restore_id = %s",
+                (json.dumps({"erasure_owed": report["erasure_owed"]}), restore_id),
+            )
 
     def _require_restorable(self, tenant_id: str) -> None:
         """The tenant exists and is not deleted; a gate left closed by a BLOCKED restore is no obstacle."""
@@ -463,11 +670,12 @@ class BackupService:
     def _load(
         self, conn: psycopg.Connection, tenant_id: str, tables: dict[str, pa.Table], progress: Progress
     ) -> dict[str, int]:
+        """Empty the tenant's replaced tables and stage the backup's rows in temporary tables (the
+        journals filter them there); subjects go straight in, lineage is never loaded."""
         from psycopg import sql
 
         total = sum(tables[name].num_rows for name in _LOAD_ORDER if name != "lineage")
         done = 0
-
         for name in _REPLACED:
             schema, table = TABLES[name][0].split(".")
             conn.execute(
@@ -476,19 +684,15 @@ class BackupService:
             )
         loaded = {}
         for name in _LOAD_ORDER:
-            qualified, columns = TABLES[name]
-            schema, table = qualified.split(".")
-            names = ["tenant_id", *(c for c, _ in columns)]
             data = tables[name]
+            loaded[name] = data.num_rows
             if name == "subjects":
-                # Subjects stay: their epochs and forgotten marks are newer than any backup.
-                statement = sql.SQL(
+                # Subjects stay: their epochs and forgotten marks are newer than any backup (ids and
+                # flags only; a subject's consent is replayed from the consent journal).
+                conn.execute(
                     "INSERT INTO memory.subjects (tenant_id, user_id, do_not_sell, created_at)"
                     " SELECT %s, * FROM unnest(%s::text[], %s::boolean[], %s::timestamptz[])"
-                    " ON CONFLICT (tenant_id, user_id) DO NOTHING"
-                )
-                conn.execute(
-                    statement,
+                    " ON CONFLICT (tenant_id, user_id) DO NOTHING",
                     (
                         tenant_id,
                         data["user_id"].to_pylist(),
@@ -496,164 +700,17 @@ class BackupService:
                         data["created_at"].to_pylist(),
                     ),
                 )
-                loaded[name] = data.num_rows
                 done += data.num_rows
                 progress(done, total, "restore rows")
-                continue
-            if name == "lineage":
+            elif name == "lineage":
                 # Edges describe derived copies that exist now, not at backup time: the tenant's
                 # current edges all stay (copies of versions this restore drops included: the rebuild
                 # and any forget find them by these edges), and the backup's are not brought back (an
                 # edge of a copy since removed would make a sync believe a restored version indexed).
                 loaded[name] = 0
-                continue
-            copy = sql.SQL("COPY {}.{} ({}) FROM STDIN").format(
-                sql.Identifier(schema), sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, names))
-            )
-            with conn.cursor() as cur, cur.copy(copy) as writer:
-                for batch in data.to_batches(BATCH_ROWS):
-                    cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
-                    for row in zip(*cols, strict=True):
-                        writer.write_row((tenant_id, *row))
-                    done += batch.num_rows
-                    progress(done, total, "restore rows")
-            loaded[name] = data.num_rows
+            else:
+                done = restore_replay.stage(conn, tenant_id, name, TABLES[name][1], data, progress, done, total)
         return loaded
-
-    def _replay(self, conn: psycopg.Connection, tenant_id: str, progress: Progress = no_progress) -> dict[str, Any]:
-        """Apply every journal entry of the tenant to the loaded rows; returns entries and rows removed.
-        Each kind of entry is applied to all rows at once (set-based SQL), so `progress` hears of
-        replay steps ("restore replay"), not of single entries."""
-        entries: dict[str, int] = dict(
-            conn.execute(
-                "SELECT kind, count(*) FROM control.journal WHERE tenant_id = %s GROUP BY kind", (tenant_id,)
-            ).fetchall()
-        )
-        steps = len(_FORGOTTEN) + 3
-        removed: dict[str, int] = {}
-        for reason in _FORGOTTEN:
-            removed[reason] = conn.execute(_forgotten_query(reason, delete=True), (tenant_id, tenant_id)).rowcount
-            progress(len(removed), steps, "restore replay")
-        removed["empty_memories"] = repair_heads(conn, tenant_id=tenant_id)
-        removed.update(_drop_copies_of_dropped_versions(conn, tenant_id))
-        progress(len(_FORGOTTEN) + 2, steps, "restore replay")
-        # Edges to versions the restored rows no longer hold that are left describe copies outside
-        # PostgreSQL (vectors, the analytics file); they stay, so the rebuild after this restore, or a
-        # forget before it, finds and removes those copies.
-        row = conn.execute(
-            "SELECT count(*) FROM derived.lineage l WHERE l.tenant_id = %s AND NOT EXISTS (SELECT 1 FROM"
-            " memory.memory_versions v WHERE v.tenant_id = l.tenant_id AND v.memory_id = l.source_memory_id"
-            " AND v.version = l.source_version)",
-            (tenant_id,),
-        ).fetchone()
-        removed["derived_edges_left_for_rebuild"] = int(row[0]) if row else 0
-        removed["team_members"] = conn.execute(
-            "DELETE FROM memory.team_members tm USING memory.subjects s WHERE tm.tenant_id = %s"
-            " AND s.tenant_id = tm.tenant_id AND s.user_id = tm.user_id AND s.epoch > 0"
-            " AND tm.added_at < (SELECT max(j.created_at) FROM control.journal j WHERE j.tenant_id = tm.tenant_id"
-            " AND j.kind = 'SUBJECT_EPOCH' AND j.subject_id = tm.user_id)",
-            (tenant_id,),
-        ).rowcount
-        progress(steps, steps, "restore replay")
-        return {"journal_entries": {k: int(v) for k, v in entries.items()}, "rows_removed": removed}
-
-    @staticmethod
-    def _verify(conn: psycopg.Connection, tenant_id: str) -> dict[str, int]:
-        """Rows of forgotten scopes left after replay; all must be zero before reads reopen."""
-        counts = {}
-        for reason in _FORGOTTEN:
-            row = conn.execute(_forgotten_query(reason, delete=False), (tenant_id, tenant_id)).fetchone()
-            counts[reason] = int(row[0]) if row else 0
-        return counts
-
-
-# Rows the journal says must not exist: (other tables, condition) on memory_versions v, run as a
-# DELETE by the replay and as a count by the verification. Each takes (tenant_id, tenant_id). An
-# epoch forgets what its subject wrote before it; a version whose key was destroyed, or whose key
-# is unknown to the key store, can never be read again.
-_FORGOTTEN: dict[str, tuple[str, str]] = {
-    "subject_epochs": (
-        "memory.memories m, control.journal j",
-        "v.tenant_id = %s AND m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
-        " AND j.tenant_id = %s AND j.kind = 'SUBJECT_EPOCH' AND j.subject_id = m.user_id"
-        " AND v.created_at < j.created_at",
-    ),
-    "tombstones": (
-        "control.tombstones t",
-        "v.tenant_id = %s AND t.tenant_id = %s AND t.memory_id = v.memory_id AND t.version = v.version",
-    ),
-    "forgotten_memories": (
-        "control.journal j",
-        "v.tenant_id = %s AND j.tenant_id = %s AND j.kind = 'MEMORY_FORGOTTEN' AND j.memory_id = v.memory_id"
-        " AND v.created_at < j.created_at",
-    ),
-    "destroyed_keys": (
-        "",
-        # The key store is read at the tenant's partition only (a constant bound, not a correlation).
-        "v.tenant_id = %s AND (NOT EXISTS (SELECT 1 FROM keystore.subject_keys k WHERE k.tenant_id = %s"
-        " AND k.key_id = v.key_id) OR v.key_id IN (SELECT j.key_id FROM control.journal j"
-        " WHERE j.tenant_id = v.tenant_id AND j.kind = 'KEY_DESTROYED'))",
-    ),
-}
-
-
-# Copies in PostgreSQL of versions a restore dropped (written after the backup, or forgotten), removed
-# in the restore's own transaction: cached recalls and prompt snapshots that read them, summaries
-# that state them (the rebuild after the restore makes them again), and their postings.
-_ORPHAN = (
-    " FROM derived.lineage l WHERE l.tenant_id = %(t)s AND l.store = %(store)s AND NOT EXISTS (SELECT 1"
-    " FROM memory.memory_versions v WHERE v.tenant_id = l.tenant_id AND v.memory_id = l.source_memory_id"
-    " AND v.version = l.source_version)"
-)
-_DROP_RECORDS = {
-    "prompt_snapshots": "DELETE FROM derived.prompt_snapshots WHERE tenant_id = %(t)s AND snapshot_id = ANY(%(ids)s)",
-    "recall_cache": "DELETE FROM derived.recall_cache WHERE tenant_id = %(t)s"
-    " AND encode(cache_key, 'hex') = ANY(%(ids)s)",
-    "subject_summaries": "DELETE FROM derived.summaries WHERE tenant_id = %(t)s AND scope = 'subject'"
-    " AND 'subject:' || scope_id = ANY(%(ids)s)",
-    "team_summaries": "DELETE FROM derived.summaries WHERE tenant_id = %(t)s AND scope = 'team'"
-    " AND 'team:' || scope_id = ANY(%(ids)s)",
-}
-
-
-def _drop_copies_of_dropped_versions(conn: psycopg.Connection, tenant_id: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for store, delete in _DROP_RECORDS.items():
-        ids = [r[0] for r in conn.execute("SELECT DISTINCT l.record_id" + _ORPHAN, {"t": tenant_id, "store": store})]
-        counts[f"dropped_{store}"] = conn.execute(delete, {"t": tenant_id, "ids": ids}).rowcount if ids else 0
-        if ids:
-            conn.execute(
-                "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s AND record_id = ANY(%s)",
-                (tenant_id, store, ids),
-            )
-    pairs = conn.execute(
-        "SELECT DISTINCT l.source_memory_id, l.source_version" + _ORPHAN, {"t": tenant_id, "store": "keyword_index"}
-    ).fetchall()
-    counts["dropped_keyword_postings"] = conn.execute(
-        "DELETE FROM derived.keyword_postings p USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-        " WHERE p.tenant_id = %s AND p.memory_id = w.memory_id AND p.version = w.version",
-        ([m for m, _ in pairs], [v for _, v in pairs], tenant_id),
-    ).rowcount
-    conn.execute(
-        "DELETE FROM derived.lineage l USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-        " WHERE l.tenant_id = %s AND l.store = 'keyword_index' AND l.source_memory_id = w.memory_id"
-        " AND l.source_version = w.version",
-        ([m for m, _ in pairs], [v for _, v in pairs], tenant_id),
-    )
-    return counts
-
-
-def _forgotten_query(reason: str, *, delete: bool) -> Any:
-    from psycopg import sql
-
-    tables, condition = _FORGOTTEN[reason]
-    if delete:
-        using = sql.SQL(" USING " + tables if tables else "")
-        template = sql.SQL("DELETE FROM memory.memory_versions v{} WHERE {}")
-    else:
-        using = sql.SQL(", " + tables if tables else "")
-        template = sql.SQL("SELECT count(*) FROM memory.memory_versions v{} WHERE {}")
-    return template.format(using, sql.SQL(condition))
 
 
 def backup_service(

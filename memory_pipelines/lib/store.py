@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from memory_pipelines.lib import crypto, ordering, partitions, validation
+from memory_pipelines.lib import consent, crypto, ordering, partitions, validation
 from memory_pipelines.lib.errors import (
     ConflictError,
     NotFoundError,
@@ -420,10 +420,7 @@ class MemoryStore:
         validation.check_sharing_mode(sharing_mode)
         with self.transaction() as conn:
             self._ensure_tenant(conn, tenant_id)
-            conn.execute(
-                "UPDATE memory.tenants SET sharing_mode = %s, updated_at = now() WHERE tenant_id = %s",
-                (sharing_mode, tenant_id),
-            )
+            self._set_mode(conn, tenant_id, sharing_mode)
             self._bump(conn, tenant_id)
         return {"tenant_id": tenant_id, "sharing_mode": sharing_mode}
 
@@ -432,9 +429,22 @@ class MemoryStore:
         validation.check_sharing_mode(sharing_mode)
         with self.transaction() as conn:
             self._tenant_mode(conn, tenant_id)
-            conn.execute("UPDATE memory.tenants SET sharing_mode = %s WHERE tenant_id = %s", (sharing_mode, tenant_id))
+            self._set_mode(conn, tenant_id, sharing_mode)
             self._bump(conn, tenant_id)
         return {"tenant_id": tenant_id, "sharing_mode": sharing_mode}
+
+    @staticmethod
+    def _set_mode(conn: psycopg.Connection, tenant_id: str, sharing_mode: str) -> None:
+        # A change is journalled with it, so no restore of an older backup undoes it (lib/consent.py).
+        row = conn.execute(
+            "SELECT sharing_mode FROM memory.tenants WHERE tenant_id = %s FOR UPDATE", (tenant_id,)
+        ).fetchone()
+        conn.execute(
+            "UPDATE memory.tenants SET sharing_mode = %s, updated_at = now() WHERE tenant_id = %s",
+            (sharing_mode, tenant_id),
+        )
+        if row is not None and row[0] != sharing_mode:
+            consent.record(conn, tenant_id, "SHARING_MODE", mode=sharing_mode)
 
     def tenants(self) -> list[dict[str, Any]]:
         """Every tenant with its sharing mode and counts (no text)."""
@@ -493,6 +503,8 @@ class MemoryStore:
                 "ON CONFLICT DO NOTHING RETURNING user_id",
                 (tenant_id, team_id, user_id),
             ).fetchone()
+            if added is not None:
+                consent.record(conn, tenant_id, "TEAM_MEMBER_ADDED", team_id=team_id, subject_id=user_id)
             self._bump(conn, tenant_id)
             members = self._members(conn, tenant_id, team_id)
         return {
@@ -518,6 +530,7 @@ class MemoryStore:
             ).fetchone()
             if removed is None:
                 raise NotFoundError("user", f"user {user_id!r} is not a member of team {team_id!r}")
+            consent.record(conn, tenant_id, "TEAM_MEMBER_REMOVED", team_id=team_id, subject_id=user_id)
             self._bump(conn, tenant_id)
             members = self._members(conn, tenant_id, team_id)
         return {"tenant_id": tenant_id, "team_id": team_id, "user_id": user_id, "removed": True, "members": members}
@@ -885,6 +898,7 @@ class MemoryStore:
                 "WHERE tenant_id = %s AND memory_id = %s",
                 (do_not_sell, tenant_id, memory_id),
             )
+            consent.record(conn, tenant_id, "MEMORY_DO_NOT_SELL", memory_id=memory_id, flag=do_not_sell)
         same_query = original_query is None or original_query == self._open_query(
             conn, {**head, "version": head["current_version"]}
         )
@@ -1136,6 +1150,7 @@ class MemoryStore:
                     "WHERE tenant_id = %s AND memory_id = %s",
                     (value, tenant_id, memory_id),
                 )
+                consent.record(conn, tenant_id, "MEMORY_DO_NOT_SELL", memory_id=memory_id, flag=value)
                 result: dict[str, Any] = {"tenant_id": tenant_id, "memory_id": memory_id, "do_not_sell": value}
             else:
                 assert subject is not None
@@ -1144,6 +1159,7 @@ class MemoryStore:
                     "UPDATE memory.subjects SET do_not_sell = %s WHERE tenant_id = %s AND user_id = %s",
                     (value, tenant_id, subject),
                 )
+                consent.record(conn, tenant_id, "SUBJECT_DO_NOT_SELL", subject_id=subject, flag=value)
                 result = {"tenant_id": tenant_id, "subject": subject, "do_not_sell": value}
             self._bump(conn, tenant_id)
         return result

@@ -1,8 +1,10 @@
 """Issue 11's concurrency soak at CI size: eight OS processes race writes, bulk writes, rollbacks,
 every derived-store build (one with a slow summarizer, one with a slow embedder), agent runs and
-backups against SUBJECT, MEMORY, TENANT and retention deletions and restores accepted at random
-moments, while a long-lived oracle checks every COMPLETE job in every store
-(tests/support/soak.py). Fixed seed, about two minutes; run the module itself for longer soaks.
+backups against SUBJECT, MEMORY, TENANT and retention deletions, physical erasures and restores
+accepted at random moments (each restore after an erasure, and after do-not-sell and membership
+changes), while a long-lived oracle checks every COMPLETE job in every store, the tenant's files after
+each restore and every consent change across it (tests/support/soak.py). Fixed seed, about two
+minutes; run the module itself for longer soaks.
 """
 
 from __future__ import annotations
@@ -48,7 +50,12 @@ EVERY_KIND = (
     "run_batch",
     "retention_sweep",
     "backup",
+    "erase",
+    "consent_memory",
+    "consent_subject",
+    "member_remove",
     "restore",
+    "retention_restores",
 )
 EVERY_CHECK = (
     "decrypt_before",
@@ -67,6 +74,13 @@ EVERY_CHECK = (
     "probe:keyword",
     "probe:recall",
     "recheck_after_restore",
+    "byte_scan:erased_after_restore",
+    "consent:memory_dns",
+    "consent:subject_dns",
+    "consent:member",
+    "consent:team_view_closed",
+    "consent:analytics_excludes_do_not_sell",
+    "rule:swept_between_restores_stays_gone",
     "content:summary",
     "content:prompt_snapshot",
     "content:primary_row",

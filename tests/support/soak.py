@@ -9,7 +9,8 @@ server (Chroma's embedded client is not process-safe):
     slowsum    summaries by a summarizer that sleeps like an LLM call, vectors by a slow embedder
     agents     agent runs: lease, recall, permits, prompt snapshots
     deleter-a  SUBJECT / MEMORY forgets, TENANT forgets of sacrificial tenants, retention sweeps
-    deleter-b  the same on other tenants, backups and restores
+    deleter-b  the same on other tenants, backups, physical erasures and restores; before each restore,
+               do-not-sell and team membership changes on the restored tenant
     oracle     one long-lived process that decrypts every write when it lands (warm key cache)
                and checks every COMPLETE job in every store
 
@@ -24,7 +25,11 @@ covers: exact ids in every store, rules that follow from the design (nothing the
 before the job completed survives it; a forgotten memory gets no version; no write is accepted
 while its scope is being forgotten; no rollback copies a forgotten version forward), a decrypt
 attempt with the oracle's long-lived key cache, paraphrase probes (Chroma, blind index, visible
-recall). After each restore it checks every COMPLETE job of that tenant again. Every few seconds
+recall). After each restore it checks every COMPLETE job of that tenant again, scans the tenant's
+PostgreSQL files for the ciphertext of every forgotten version whose job is ERASED (each restore
+follows an erasure: a restore must not put forgotten bytes back), and checks that every consent and
+membership change made before the restore survived it (a removed member's team view stays closed).
+At the end, the analytics copy holds no do-not-sell row. Every few seconds
 it decrypts every summary and prompt snapshot looking for forgotten canaries and scans every file
 under HOME (after a CHECKPOINT) for canaries in plaintext. At the end, with everyone else stopped,
 it rebuilds every derived store and checks everything again. Violations must be 0.
@@ -67,10 +72,12 @@ from typing import Any
 import psycopg
 
 from memory_pipelines.lib import crypto, retention
+from memory_pipelines.lib.adapters.base import postgres_files
 from memory_pipelines.lib.backups import BackupService
 from memory_pipelines.lib.deletion import OPEN_STATES, DeletionBlocked, DeletionService
 from memory_pipelines.lib.derived import DerivedStores, open_derived, sync_embeddings, sync_keywords
 from memory_pipelines.lib.embedding import MiniLMEmbedder
+from memory_pipelines.lib.erasure import ErasureIncomplete, ErasureService
 from memory_pipelines.lib.errors import (
     ConflictError,
     MemoryPipelinesError,
@@ -172,7 +179,7 @@ def rollback_takes_user() -> bool:
 @dataclass(frozen=True)
 class Event:
     at: float  # seconds after the racing phase starts
-    kind: str  # twin | forget_tenant | retention | backup | restore
+    kind: str  # twin | forget_tenant | retention | backup | erase | restore
     role: str  # the deleter that fires it
     tenant: str
     subject: str | None = None
@@ -200,7 +207,7 @@ class Config:
 
 
 def make_schedule(seconds: float, seed: int, doomed: tuple[str, ...]) -> tuple[Event, ...]:
-    """Fixed-time events, from the seed alone: TENANT forgets, twins, retention, backups, restores."""
+    """Fixed-time events, from the seed alone: TENANT forgets, twins, retention, backups, erasures, restores."""
     rng = random.Random(f"{seed}:schedule")
     events: list[Event] = []
     for n, tenant in enumerate(doomed):
@@ -223,11 +230,32 @@ def make_schedule(seconds: float, seed: int, doomed: tuple[str, ...]) -> tuple[E
     for n in range(restores):
         at = seconds * (0.25 + 0.7 * (n + rng.uniform(0.2, 0.8)) / restores)
         events.append(Event(at, "restore", "deleter-b", RESTORE_TENANT))
+        # Each restore follows a physical erasure of the tenant: its jobs are ERASED when it loads an
+        # older backup that holds them.
+        events.append(Event(max(0.0, at - 4.0), "erase", "deleter-b", RESTORE_TENANT))
     backups = max(2, (restores + 1) // 2)
     for n in range(backups):
         at = seconds * (0.03 + 0.65 * n / backups) + rng.uniform(0, 2)
         events.append(Event(at, "backup", "deleter-b", RESTORE_TENANT))
+    events += retention_restore_events(seconds, seed)
     return tuple(sorted(events, key=lambda e: (e.at, e.role, e.kind)))
+
+
+def retention_restore_events(seconds: float, seed: int) -> list[Event]:
+    """Issue 20: retention, then restores of older and newer backups (`Deleter.retention_between_restores`),
+    on the restored tenant, once per five minutes of racing (at least once). A random stream of its
+    own: the other events' times do not move."""
+    rng = random.Random(f"{seed}:retention-restores")
+    count = max(1, round(seconds / 300))
+    return [
+        Event(
+            seconds * (0.35 + 0.5 * (n + rng.uniform(0.1, 0.6)) / count),
+            "retention_restores",
+            "deleter-b",
+            RESTORE_TENANT,
+        )
+        for n in range(count)
+    ]
 
 
 @dataclass
@@ -256,6 +284,11 @@ class JsonLog:
 
     def emit(self, ev: str, **fields: Any) -> None:
         self.fh.write(json.dumps({"ev": ev, **fields}) + "\n")
+
+
+def log_consent(log: JsonLog, tenant: str, kind: str, key: str, value: bool, t0: float) -> None:
+    """A consent or access change that committed: memory_dns / subject_dns (the flag), member (present)."""
+    log.emit("consent", tenant=tenant, kind=kind, key=key, value=value, t0=t0, t1=time.time())
 
 
 class LogTail:
@@ -497,7 +530,12 @@ class Writer(Worker):
     def join_team(self, tenant: str, user: str) -> None:
         """Forgetting a subject drops their team memberships; they come back to write team memories."""
         team = "red" if tenant not in REGULAR else team_of(user)
-        self.attempt("team_join", lambda: self.store.add_team_member(tenant_id=tenant, team_id=team, user_id=user))
+        t0 = time.time()
+        ok, res = self.attempt(
+            "team_join", lambda: self.store.add_team_member(tenant_id=tenant, team_id=team, user_id=user)
+        )
+        if ok and res["added"]:
+            log_consent(self.log, tenant, "member", f"{team}/{user}", True, t0)
 
     def write_new(self, tenant: str, user: str, *, hinted: bool = False) -> None:
         team = (team_of(user) if tenant in REGULAR else "red") if self.rng.random() < 0.25 else None
@@ -1028,8 +1066,66 @@ class Deleter(Worker):
             if ok:
                 self.backup_ids.append(manifest["backup_id"])
                 self.log.emit("backup", tenant=event.tenant, backup_id=manifest["backup_id"], t=time.time())
+        elif event.kind == "erase":
+            self.erase(event.tenant)
         elif event.kind == "restore":
             self.restore(event.tenant)
+        elif event.kind == "retention_restores":
+            self.retention_between_restores(event.tenant)
+
+    def erase(self, tenant: str) -> None:
+        """The tenant's physical erasure (as its sensor runs it): a hit of its byte scan is a finding."""
+
+        def run() -> dict[str, Any] | None:
+            try:
+                return ErasureService(self.derived).erase_tenant(tenant_id=tenant)
+            except ErasureIncomplete as exc:
+                self.tally.violation(
+                    "erasure_incomplete", key=str(sorted(exc.hits)), hits=exc.hits, t=round(self.now(), 2)
+                )
+                return None
+
+        ok, report = self.attempt("erase", run)
+        if ok and report is not None:
+            self.log.emit("erased", tenant=tenant, jobs=report["jobs"], t=time.time())
+
+    def change_consent(self, tenant: str) -> None:
+        """Do-not-sell flags (two memories, one subject) and one team membership, changed just before a
+        restore of an older backup: none of them may be undone by it."""
+        ok, current = self.attempt("list_current", lambda: self.store.current_versions(tenant_id=tenant))
+        for cv in self.rng.sample(current, min(2, len(current))) if ok else []:
+            value = self.rng.random() < 0.6
+            t0 = time.time()
+            flag = partial(self.store.set_do_not_sell, tenant_id=tenant, user_id=cv.user_id, memory_id=cv.memory_id)
+            done, _ = self.attempt("consent_memory", partial(flag, value=value))
+            if done:
+                log_consent(self.log, tenant, "memory_dns", cv.memory_id, value, t0)
+        user, value = self.rng.choice(subjects_of(tenant)), self.rng.random() < 0.5
+        t0 = time.time()
+        done, _ = self.attempt(
+            "consent_subject",
+            partial(self.store.set_do_not_sell, tenant_id=tenant, user_id=user, subject=user, value=value),
+        )
+        if done:
+            log_consent(self.log, tenant, "subject_dns", user, value, t0)
+        team, members = self.rng.choice(sorted(teams_of(tenant).items()))
+        user = self.rng.choice(members)
+        ok, teams = self.attempt("list_teams", lambda: self.store.teams(tenant_id=tenant))
+        if not ok:
+            return
+        t0 = time.time()
+        if user in teams.get(team, []):
+            done, _ = self.attempt(
+                "member_remove", partial(self.store.remove_team_member, tenant_id=tenant, team_id=team, user_id=user)
+            )
+            if done:
+                log_consent(self.log, tenant, "member", f"{team}/{user}", False, t0)
+        else:
+            done, res = self.attempt(
+                "member_add", partial(self.store.add_team_member, tenant_id=tenant, team_id=team, user_id=user)
+            )
+            if done and res["added"]:
+                log_consent(self.log, tenant, "member", f"{team}/{user}", True, t0)
 
     def sweep(self, tenant: str) -> None:
         def backdate() -> int:
@@ -1067,6 +1163,7 @@ class Deleter(Worker):
             self.tally.notes["restore skipped: no backup yet"] += 1
             return
         backup_id = self.rng.choice(self.backup_ids)
+        self.change_consent(tenant)
         # Writers pile onto the tenant: a restore must never meet a write that began before it
         # closed the tenant (section 9), so give it plenty of writes in flight at that moment.
         for q in (self.ipc.writer_hints, self.ipc.bulk_hints):
@@ -1083,6 +1180,155 @@ class Deleter(Worker):
             # A restore that did not complete keeps the gate closed; the soak goes on with the rows as
             # they were (the operator's `restore --reopen`).
             self.attempt("restore_reopen", lambda: backups.reopen(tenant_id=tenant))
+
+    # -- issue 20: retention, then restores of older and newer backups -------------------------------
+
+    def retention_between_restores(self, tenant: str) -> None:
+        """M v1 (past its retention) -> backup B1 -> M v2 -> backup B2 -> restore B1 (drops v2) -> the
+        sweep of yesterday removes M -> restore B2 -> restore B1. No restore after the sweep, of the
+        newer backup (the only one holding v2) or of the older, may bring any version of M back:
+        checked here after each restore and by the oracle (event `swept_then_restored`)."""
+        assert self.backups is not None
+        user = self.rng.choice(subjects_of(tenant))
+        first = self.rr_write(tenant, user, None)
+        if first is None:
+            return
+        memory_id = first.memory_id
+
+        def backdate() -> int:
+            with self.store.transaction() as conn:
+                return conn.execute(
+                    "UPDATE memory.memories SET created_at = now() - interval '3 days'"
+                    " WHERE tenant_id = %s AND memory_id = %s",
+                    (tenant, memory_id),
+                ).rowcount
+
+        older = self.rr_backup(tenant) if self.attempt("rr_backdate", backdate)[0] else None
+        second = self.rr_write(tenant, user, memory_id) if older else None
+        newer = self.rr_backup(tenant) if second else None
+        if older is None or newer is None or not self.rr_restore(tenant, older, memory_id, after_sweep=False):
+            self.tally.notes["retention_restores: stopped before the sweep"] += 1
+            return
+        day = (datetime.now(UTC) - timedelta(days=1)).date()
+        t0 = time.time()
+        ok, result = self.attempt(
+            "retention_restores_sweep",
+            lambda: retention.sweep(self.service, day=day, policies=RETENTION_POLICIES, tenant_id=tenant, run=False),
+        )
+        job_ids = [entry["job_id"] for entry in result["jobs"].values()] if ok else []
+        self.log.emit("swept", tenant=tenant, job_ids=job_ids, immediate=0, t0=t0, t1=time.time())
+        swept = ok and self.rr_hidden(tenant, memory_id)
+        if not swept:
+            self.tally.notes["retention_restores: the memory was not swept"] += 1
+            return
+        ids = job_ids + result["immediate_forget_job_ids"].get(tenant, [])
+        self.run_batch("retention_restores_run_batch", tenant, ids)
+        for backup_id in (newer, older):
+            self.rr_restore(tenant, backup_id, memory_id, after_sweep=True)
+        self.log.emit(
+            "swept_then_restored",
+            tenant=tenant,
+            memory_id=memory_id,
+            job_ids=job_ids,
+            backups=[older, newer],
+            t=time.time(),
+        )
+        self.tally.ops["retention_restores"] += 1
+
+    def rr_write(self, tenant: str, user: str, memory_id: str | None) -> Any:
+        """A travel memory of `user` (a new one, or a new version of `memory_id`), logged for the oracle."""
+        key, text, _ = self.new_text(tenant, user, None)
+        t0 = time.time()
+        ok, res = self.attempt(
+            "rr_write",
+            partial(
+                self.store.write, tenant_id=tenant, user_id=user, text=text, memory_id=memory_id, category="travel"
+            ),
+        )
+        if not ok or not res.changed:
+            return None
+        op = "write" if memory_id is None else "write_version"
+        self.log_write(
+            op,
+            t0,
+            tenant=tenant,
+            memory_id=res.memory_id,
+            version=res.version,
+            author=user,
+            team=None,
+            text=text,
+            tpl=key,
+            category="travel",
+        )
+        return res
+
+    def rr_backup(self, tenant: str) -> str | None:
+        assert self.backups is not None
+        ok, manifest = self.attempt("backup", partial(self.backups.backup, tenant_id=tenant))
+        if not ok:
+            return None
+        self.backup_ids.append(manifest["backup_id"])  # later restores of the tenant may pick it too
+        self.log.emit("backup", tenant=tenant, backup_id=manifest["backup_id"], t=time.time())
+        return str(manifest["backup_id"])
+
+    def rr_restore(self, tenant: str, backup_id: str, memory_id: str, *, after_sweep: bool) -> bool:
+        """Restore `backup_id` (logged as every restore is); after the sweep, the memory has no version."""
+        assert self.backups is not None
+        backups = self.backups
+        t0 = time.time()
+        ok, report = self.attempt(
+            "restore", lambda: backups.restore(tenant_id=tenant, backup_id=backup_id, lock_timeout=20)
+        )
+        state = report.get("state") if ok else f"failed: {type(report).__name__}"
+        self.log.emit("restored", tenant=tenant, backup_id=backup_id, state=state, t0=t0, t1=time.time())
+        self.tally.notes[f"restore {state}"] += 1
+        if state != "COMPLETE":
+            self.attempt("restore_reopen", lambda: backups.reopen(tenant_id=tenant))
+            return False
+        if after_sweep:
+            self.tally.checks["rule:swept_memory_stays_gone_after_restore"] += 1
+            versions = self.rr_versions(tenant, memory_id)
+            if versions:
+                self.tally.violation(
+                    "swept_memory_back_after_restore",
+                    key=f"{memory_id}|{backup_id}",
+                    tenant=tenant,
+                    memory_id=memory_id,
+                    backup_id=backup_id,
+                    versions=versions,
+                    t=round(self.now(), 2),
+                )
+        return True
+
+    def rr_versions(self, tenant: str, memory_id: str) -> list[int] | None:
+        """The memory's version numbers in the primary (None: could not be read)."""
+
+        def read() -> list[int]:
+            with self.store.transaction() as conn:
+                rows = conn.execute(
+                    "SELECT version FROM memory.memory_versions WHERE tenant_id = %s AND memory_id = %s ORDER BY 1",
+                    (tenant, memory_id),
+                ).fetchall()
+            return [int(r[0]) for r in rows]
+
+        ok, versions = self.attempt("rr_versions", read)
+        return versions if ok else None
+
+    def rr_hidden(self, tenant: str, memory_id: str) -> bool:
+        """Whether every version of the memory is tombstoned (the sweep took it)."""
+
+        def read() -> bool:
+            with self.store.transaction() as conn:
+                row = conn.execute(
+                    "SELECT count(*) = 0 FROM memory.memory_versions v WHERE v.tenant_id = %s AND v.memory_id = %s"
+                    " AND NOT EXISTS (SELECT 1 FROM control.tombstones t WHERE t.tenant_id = v.tenant_id"
+                    " AND t.memory_id = v.memory_id AND t.version = v.version)",
+                    (tenant, memory_id),
+                ).fetchone()
+            return bool(row and row[0])
+
+        ok, hidden = self.attempt("rr_hidden", read)
+        return bool(ok and hidden)
 
     def drain(self) -> None:
         """After the racing phase: run every open job (retrying BLOCKED ones) so they can complete."""
@@ -1233,6 +1479,12 @@ class Oracle(Worker):
         self.jobs: dict[str, Job] = {}
         self.dead: set[str] = set()  # canaries of COMPLETE jobs with no carrier left anywhere
         self.unfetched: list[WriteRec] = []
+        # Ciphertext of each version as stored, by (tenant, memory, version, canary): one incarnation of
+        # a version number (read right after the write and decrypted, so the canary names which).
+        self.ct_of: dict[tuple[str, str, int, str], bytes] = {}
+        # Consent and access changes that committed, by (tenant, kind, key), and restores to check against them.
+        self.consent: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        self.restored: list[dict[str, Any]] = []
         self.next_content = 0.0
         self.next_scan = 0.0
         self.scan_seconds = 0.0
@@ -1242,6 +1494,7 @@ class Oracle(Worker):
             started = time.monotonic()
             self.step("ingest", self.ingest)
             self.step("check_new_jobs", self.check_new_jobs)
+            self.step("after_restores", self.after_restores)
             now = time.monotonic()
             if now >= self.next_content:
                 self.step("content_checks", self.content_checks)
@@ -1310,6 +1563,12 @@ class Oracle(Worker):
             elif ev == "restored":
                 # A restore must not resurrect anything forgotten: every COMPLETE job of it, again.
                 self.recheck(rec["tenant"], why="restore")
+                if rec["state"] == "COMPLETE":
+                    self.restored.append(rec)  # its files and the consent changes: checked after ingesting
+            elif ev == "swept_then_restored":
+                self.note_swept_then_restored(rec)
+            elif ev == "consent":
+                self.consent.setdefault((rec["tenant"], rec["kind"], rec["key"]), []).append(rec)
         self.fetch_and_decrypt()
 
     def fetch_and_decrypt(self) -> None:
@@ -1334,6 +1593,10 @@ class Oracle(Worker):
                 texts = self.store.open_texts(
                     tenant_id=tenant, sources=sorted((m, v) for m, v, _, _ in rows), skip_unreadable=True
                 )
+                for memory_id, version, _, text_ct in rows:
+                    found = CANARY.search(texts.get((memory_id, version), ""))
+                    if found:
+                        self.ct_of.setdefault((tenant, memory_id, version, found.group()), bytes(text_ct))
             except MemoryPipelinesError:
                 self.tally.notes["decrypt_before: store busy, skipped"] += 1
                 continue
@@ -1839,7 +2102,7 @@ class Oracle(Worker):
         """Decrypt with the fresh store (its cache cleared before each pass); None when unreadable."""
         try:
             with self.fresh.transaction() as conn:
-                if team is not None:
+                if team is not None and not key_id.startswith("bk_"):  # a team summary from before build keys
                     found_id, key = self.fresh.keys.team_key(conn, tenant, team, create=False)
                     if found_id != key_id:
                         return None
@@ -1912,11 +2175,214 @@ class Oracle(Worker):
         # after the rebuild, a resurrected vector or posting shows as an exact id anyway).
         self.tally.checks["final_recheck"] += len(self.jobs)
         self.check_jobs(list(self.jobs.values()), probes=0)
+        self.step("after_restores", self.after_restores)
+        for tenant in REGULAR:
+            self.step("consent_final", partial(self.check_consent, tenant, before=time.time()))
+            self.step("analytics_do_not_sell", partial(self.check_analytics_do_not_sell, tenant))
         self.step("content_checks", self.content_checks)
         self.step("primary_scan", self.primary_scan)
         self.step("byte_scan", self.byte_scan)
         self.step("gate_audit", self.gate_audit)
+        self.step("swept_stay_gone", self.check_swept_stay_gone)
         self.tally.notes["dead canaries (forgotten, no carrier left)"] = len(self.dead)
+
+    # -- restores after erasure; consent and access after restores ------------------------------------
+
+    # -- issue 20: a memory swept between restores stays gone -------------------------------------
+
+    def swept_between_restores(self) -> list[dict[str, Any]]:
+        """Memories `Deleter.retention_between_restores` swept, then restored over (logged events)."""
+        if not hasattr(self, "_swept_between_restores"):
+            self._swept_between_restores: list[dict[str, Any]] = []
+        return self._swept_between_restores
+
+    def note_swept_then_restored(self, rec: dict[str, Any]) -> None:
+        self.swept_between_restores().append(rec)
+        self.step("swept_stay_gone", self.check_swept_stay_gone)
+
+    def check_swept_stay_gone(self) -> None:
+        """A memory a retention sweep removed has no version, now or at any later moment: a restore of
+        a backup taken before the sweep (older or newer than a restore made before it) replays the
+        sweep for every version of the memory, not only the versions the store held that day."""
+        for rec in self.swept_between_restores():
+            with self.store.transaction() as conn:
+                versions = [
+                    int(r[0])
+                    for r in conn.execute(
+                        "SELECT version FROM memory.memory_versions WHERE tenant_id = %s AND memory_id = %s",
+                        (rec["tenant"], rec["memory_id"]),
+                    )
+                ]
+            self.tally.checks["rule:swept_between_restores_stays_gone"] += 1
+            if versions:
+                self.tally.violation(
+                    "swept_memory_back",
+                    key=f"{rec['memory_id']}|{versions}",
+                    tenant=rec["tenant"],
+                    memory_id=rec["memory_id"],
+                    job_ids=rec["job_ids"],
+                    versions=versions,
+                    t=round(self.now(), 2),
+                )
+
+    def after_restores(self) -> None:
+        """For each COMPLETE restore logged since the last pass: its tenant's files, then its consent."""
+        while self.restored:
+            rec = self.restored.pop(0)
+            self.step("erased_stay_erased", partial(self.check_erased_files, rec["tenant"]))
+            self.step("consent_after_restore", partial(self.check_consent, rec["tenant"], before=rec["t0"]))
+
+    def erased_jobs(self, tenant: str) -> set[str]:
+        with self.store.transaction() as conn:
+            rows = conn.execute(
+                "SELECT job_id FROM control.deletion_jobs WHERE tenant_id = %s AND state = 'COMPLETE'"
+                " AND erased_at IS NOT NULL",
+                (tenant,),
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    def forgotten_incarnations(self, job: Job) -> list[tuple[str, str, int, str]]:
+        """(tenant, memory, version, canary) of each version incarnation the job forgot: the one each
+        target had when the job was accepted, and every version its scope covers. A version the job did
+        not forget may carry the same text (a rollback copies it) and be dropped by a restore legitimately."""
+        before = self.accepted_at(job) or job.completed_at
+        found = []
+        for m, v in sorted(job.targets):
+            earlier = [w for w in self.recs.get((job.tenant, m, v), []) if w.t1 < before]
+            if earlier and earlier[-1].canary:
+                found.append((job.tenant, m, v, str(earlier[-1].canary)))
+        found += [(job.tenant, w.memory_id, w.version, w.canary) for w in job.covered if w.canary]
+        return found
+
+    def check_erased_files(self, tenant: str) -> None:
+        """No file of the tenant's PostgreSQL partitions holds the ciphertext of a forgotten version
+        whose job is ERASED (before and after the scan), as an attacker reading HOME would look for it."""
+        with psycopg.connect(self.cfg.conninfo, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+        erased = self.erased_jobs(tenant)
+        dead = self.refresh_dead()
+        wanted: dict[bytes, str] = {}
+        for job_id in sorted(erased):
+            job = self.jobs.get(job_id)
+            for key in self.forgotten_incarnations(job) if job is not None else []:
+                if key[3] in dead and key in self.ct_of:
+                    wanted[self.ct_of[key]] = key[3]
+        if not wanted:
+            return
+        with self.store.transaction() as conn:
+            files = postgres_files(conn, tenant)
+        found: dict[str, set[str]] = {}
+        for path in files:
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue  # rewritten while listed: the new file is in the next scan
+            for ct, canary in wanted.items():
+                if ct in data:
+                    found.setdefault(canary, set()).add(path.name)
+        self.tally.checks["byte_scan:erased_after_restore"] += len(wanted)
+        still = erased & self.erased_jobs(tenant)
+        for canary, where in sorted(found.items()):
+            jobs = [j for j in sorted(still) if canary in self.jobs[j].canaries]
+            if jobs and self.confirmed({canary}):
+                self.tally.violation(
+                    "byte_scan:erased_ciphertext_back_after_restore",
+                    key=canary,
+                    tenant=tenant,
+                    canary=canary,
+                    files=sorted(where)[:5],
+                    jobs=jobs[:3],
+                    t=round(self.now(), 2),
+                )
+
+    def check_consent(self, tenant: str, *, before: float) -> None:
+        """Every do-not-sell flag and membership changed (and committed) before `before` (a restore's
+        start, or the end of the soak) is as last changed: a restore restores content, never older
+        consent or access. Keys changed since, or by overlapping changes, are not judged."""
+        with self.store.transaction() as conn:
+            memories = dict(
+                conn.execute("SELECT memory_id, do_not_sell FROM memory.memories WHERE tenant_id = %s", (tenant,))
+            )
+            subjects = dict(
+                conn.execute("SELECT user_id, do_not_sell FROM memory.subjects WHERE tenant_id = %s", (tenant,))
+            )
+            rows = conn.execute("SELECT team_id, user_id FROM memory.team_members WHERE tenant_id = %s", (tenant,))
+            members = {f"{t}/{u}" for t, u in rows}
+            forgets = conn.execute(
+                "SELECT subject_id, extract(epoch from created_at) FROM control.deletion_jobs WHERE tenant_id = %s"
+                " AND scope = 'SUBJECT'",
+                (tenant,),
+            ).fetchall()
+        self.settle()  # changes that committed before the reads above are logged by now
+        closed: list[tuple[str, str]] = []
+        for (where, kind, key), entries in sorted(self.consent.items()):
+            if where != tenant or not entries:
+                continue
+            ordered = sorted(entries, key=lambda e: e["t1"])
+            last = ordered[-1]
+            if last["t0"] >= before or last["t1"] >= before or not any(e["t1"] < before for e in ordered):
+                continue
+            if len(ordered) > 1 and ordered[-2]["t1"] > last["t0"]:
+                continue  # two changes overlapped: which committed last is unknown
+            if kind == "memory_dns":
+                if key not in memories:
+                    continue  # forgotten, or written after the restored backup: nothing to hold the flag
+                actual: bool | None = bool(memories[key])
+            elif kind == "subject_dns":
+                actual = bool(subjects.get(key, False))
+            else:
+                user = key.split("/", 1)[1]
+                if last["value"] and any(s == user and float(t) >= last["t0"] - 1 for s, t in forgets):
+                    continue  # forgotten since it joined: the forget removes the membership
+                actual = key in members
+                if not last["value"]:
+                    closed.append((key.split("/", 1)[0], user))
+            self.tally.checks[f"consent:{kind}"] += 1
+            if actual != bool(last["value"]):
+                self.tally.violation(
+                    "consent:change_undone",
+                    key=f"{tenant}|{kind}|{key}|{last['t1']}",
+                    tenant=tenant,
+                    change=kind,
+                    record=key,
+                    expected=last["value"],
+                    actual=actual,
+                    changed_at=round(last["t1"] - self.start, 2),
+                    t=round(self.now(), 2),
+                )
+        for team, user in closed[:4]:
+            self.tally.checks["consent:team_view_closed"] += 1
+            try:
+                self.store.list_visible(tenant_id=tenant, user_id=user, team_id=team)
+            except PermissionDeniedError:
+                continue
+            self.tally.violation(
+                "consent:removed_member_sees_team",
+                key=f"{tenant}|{team}|{user}|{before}",
+                tenant=tenant,
+                team=team,
+                user=user,
+                t=round(self.now(), 2),
+            )
+
+    def check_analytics_do_not_sell(self, tenant: str) -> None:
+        """After the final rebuild: the analytics copy holds no row of a do-not-sell memory or subject."""
+        table = self.derived.analytics.read_partition(tenant, columns=["memory_id"])
+        copied = set(table["memory_id"].to_pylist()) if table is not None else set()
+        with self.store.transaction() as conn:
+            opted_out = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT m.memory_id FROM memory.memories m JOIN memory.subjects s ON s.tenant_id = m.tenant_id"
+                    " AND s.user_id = m.user_id WHERE m.tenant_id = %s AND (m.do_not_sell OR s.do_not_sell)",
+                    (tenant,),
+                )
+            }
+        self.tally.checks["consent:analytics_excludes_do_not_sell"] += len(opted_out)
+        for memory_id in sorted(copied & opted_out):
+            self.tally.violation(
+                "consent:analytics_holds_do_not_sell", key=f"{tenant}|{memory_id}", tenant=tenant, record=memory_id
+            )
 
     def gate_audit(self) -> None:
         audit = Gate(self.store).audit()

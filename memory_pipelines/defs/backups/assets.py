@@ -17,7 +17,11 @@ BACKUPS_SCHEMA = dg.TableSchema(
         dg.TableColumn("expires_at", "string", description="When the backup is deleted (UTC)"),
         dg.TableColumn("bytes", "int", description="Size of the encrypted object"),
         dg.TableColumn("memories", "int", description="Memories in the snapshot"),
-        dg.TableColumn("status", "string", description="AVAILABLE, EXPIRED, or SHREDDED (tenant key destroyed)"),
+        dg.TableColumn(
+            "status",
+            "string",
+            description="AVAILABLE, IN_FLIGHT (being taken), FAILED, EXPIRED, or SHREDDED (tenant key destroyed)",
+        ),
         dg.TableColumn("restorable", "bool", description="A restore can use it now"),
         dg.TableColumn(
             "subject_keys_shredded",

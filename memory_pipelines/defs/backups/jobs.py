@@ -4,7 +4,7 @@ from pydantic import Field
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.backup_catalog import catalog, check_backup_id
 from memory_pipelines.lib.backups import BackupService
-from memory_pipelines.lib.errors import ValidationError
+from memory_pipelines.lib.errors import ConflictError, ValidationError
 from memory_pipelines.lib.progress import throttled
 from memory_pipelines.resources import BackupResource, MemoryStoreResource
 
@@ -28,8 +28,24 @@ class RestoreConfig(dg.Config):
         " partition), or from `memory-pipelines backup list --tenant T`.",
     )
     restore_id: str | None = Field(
-        default=None, description="Optional id for the restore report; empty: a new r_... id"
+        default=None,
+        description="Optional id for the restore report, r_ and up to 62 of a-z, 0-9, _ and -; empty: a new"
+        " r_... id. An id that names another restore (of any tenant) is refused.",
     )
+
+
+def require_restore_id(service: BackupService, tenant_id: str, backup_id: str, restore_id: str | None) -> None:
+    """Fail the run before anything is touched when `restore_id` is malformed or names another restore."""
+    if restore_id is None or restore_id == "":
+        return
+    try:
+        service.check_restore_id(tenant_id=tenant_id, backup_id=backup_id, restore_id=restore_id)
+    except (ValidationError, ConflictError) as exc:
+        raise dg.Failure(
+            description=f"restore_id: {exc.message}",
+            metadata={"field": "restore_id"},
+            allow_retries=False,
+        ) from exc
 
 
 def require_restorable(service: BackupService, tenant_id: str, backup_id: str) -> None:
@@ -63,22 +79,31 @@ def require_restorable(service: BackupService, tenant_id: str, backup_id: str) -
 def restore_tenant(
     context: dg.OpExecutionContext, config: RestoreConfig, memory_store: MemoryStoreResource, backups: BackupResource
 ) -> dg.Output[dict]:
-    """Load a backup behind the restore gate, replay the deletion journal, verify, reopen reads."""
+    """Load a backup behind the restore gate, replay the deletion and consent journals, verify, reopen reads."""
     service = backups.service(store=memory_store.store())
     require_restorable(service, context.partition_key, config.backup_id)
+    require_restore_id(service, context.partition_key, config.backup_id, config.restore_id)
     report = service.restore(
         tenant_id=context.partition_key,
         backup_id=config.backup_id,
-        restore_id=config.restore_id,
+        restore_id=config.restore_id or None,
         progress=throttled(context.log.info),
     )
-    removed = report.get("replayed", {}).get("rows_removed", {})
+    replayed = report.get("replayed", {})
+    owed = report.get("erasure_owed", {})
     metadata = {
         "state": dg.MetadataValue.text(report["state"]),
         "restore_id": dg.MetadataValue.text(report["restore_id"]),
         **{f"loaded_{t}": dg.MetadataValue.int(n) for t, n in report.get("loaded", {}).items()},
-        **{f"removed_{reason}": dg.MetadataValue.int(n) for reason, n in removed.items()},
+        **{f"removed_{reason}": dg.MetadataValue.int(n) for reason, n in replayed.get("rows_removed", {}).items()},
+        # The safety net on the tenant's own tables: zero, or the jobs named below owe an erasure again.
+        **{
+            f"removed_after_load_{reason}": dg.MetadataValue.int(n)
+            for reason, n in replayed.get("rows_removed_after_load", {}).items()
+        },
+        **{f"consent_{k}": dg.MetadataValue.int(n) for k, n in report.get("consent", {}).items()},
         **{f"left_{reason}": dg.MetadataValue.int(n) for reason, n in report.get("verification", {}).items()},
+        **({"erasure_owed_jobs": dg.MetadataValue.json(owed.get("jobs", []))} if owed else {}),
     }
     if report["state"] != "COMPLETE":
         raise dg.Failure(description="restore verification found forgotten rows; reads stay closed", metadata=metadata)
