@@ -283,6 +283,7 @@ def cmd_deletion(args: argparse.Namespace) -> None:
     if args.deletion_command == "erase":
         from memory_pipelines.materialize import run_erasure
 
+        _store(args).require_tenant(tenant_id=args.tenant)  # an unknown tenant is not made a partition
         result = run_erasure(_settings(args), args.tenant)
         _emit(result)
         if not result["success"]:
@@ -803,6 +804,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
     for name, value in vars(args).items():
         if isinstance(value, str):
             validation.check_utf8(name, value)
+    # The platform's own tenants (evaluation, canary drills) are not customers' to read or write.
+    if isinstance(getattr(args, "tenant", None), str):
+        validation.check_customer_tenant("tenant", args.tenant)
 
 
 def _error(field: str, message: str) -> None:

@@ -532,7 +532,7 @@ def launch_and_wait(settings: Settings, launches: Sequence[Launch], leave_out: S
 
 
 # Jobs partitioned by tenant: their partition must exist before a run of it is created.
-_TENANT_JOBS = {"tenant_refresh", "backup", "restore", "forget", "retention", "memories_snapshot"}
+_TENANT_JOBS = {"tenant_refresh", "backup", "restore", "forget", "retention", "memories_snapshot", "erase"}
 
 
 def _one(settings: Settings, launch: Launch, leave_out: Sequence[str] = ()) -> RunOutcome:

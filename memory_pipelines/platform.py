@@ -231,6 +231,7 @@ class MemoryPlatform:
         do_not_sell: bool | None = None,
     ) -> Row:
         """Write a memory, or a new version of `memory_id`; identical re-writes are no-ops (`changed` False)."""
+        validation.check_customer_tenant("tenant", tenant_id)
         return self.store.write(
             tenant_id=tenant_id,
             user_id=user_id,
@@ -246,6 +247,7 @@ class MemoryPlatform:
 
     def write_many(self, *, tenant_id: str, items: Rows) -> Rows:
         """Bulk-write new memories (`user_id`, `text`, optional fields) in one transaction: all or nothing."""
+        validation.check_customer_tenant("tenant", tenant_id)
         return [result.as_dict() for result in self.store.write_many(tenant_id=tenant_id, items=items)]
 
     def recall(
@@ -269,12 +271,14 @@ class MemoryPlatform:
         (~14 s for 1,000 memories, as `materialize` would). Writes in a batch share one sync.
         `sync=False` reads the indexes as the Dagster assets last built them.
         """
-        if sync:
+        validation.check_customer_tenant("tenant", tenant_id)
+        if validation.check_bool("sync", sync):
             # Bad input is refused before any index work.
             validation.check_id("tenant", tenant_id)
             validation.check_id("user", user_id)
             validation.check_optional_id("team", team_id)
             validation.check_text("query", query)
+            validation.check_recall(k, mode)
             self._sync_recall_indexes(tenant_id)
         return self.derived.recaller.recall(
             tenant_id=tenant_id, user_id=user_id, team_id=team_id, query=query, k=k, mode=mode
@@ -295,6 +299,7 @@ class MemoryPlatform:
 
     def sync(self, *, tenant_id: str) -> dict[str, dict[str, int]]:
         """Bring every derived store of the tenant up to date (what `materialize` does, without Dagster)."""
+        validation.check_customer_tenant("tenant", tenant_id)
         validation.check_id("tenant", tenant_id)
         seq = self.store.change_seq(tenant_id=tenant_id)
         counts = self.derived.sync_all(tenant_id=tenant_id)
@@ -304,22 +309,27 @@ class MemoryPlatform:
 
     def list(self, *, tenant_id: str, user_id: str, team_id: str | None = None) -> Rows:
         """Current memories visible to the user: the personal view, or the team view with `team_id`."""
+        validation.check_customer_tenant("tenant", tenant_id)
         return self.store.list_visible(tenant_id=tenant_id, user_id=user_id, team_id=team_id)
 
     def history(self, *, tenant_id: str, memory_id: str) -> Rows:
         """Every version of a memory, oldest first."""
+        validation.check_customer_tenant("tenant", tenant_id)
         return self.store.history(tenant_id=tenant_id, memory_id=memory_id)
 
     def rollback(self, *, tenant_id: str, memory_id: str, user_id: str) -> Row:
         """Make the previous version current again, as a new version (only the author may)."""
+        validation.check_customer_tenant("tenant", tenant_id)
         return self.store.rollback(tenant_id=tenant_id, memory_id=memory_id, user_id=user_id)
 
     def export(self, *, tenant_id: str, subject: str) -> Rows:
         """Every version of every memory the subject wrote, personal and team (GDPR Art. 15/20, CCPA)."""
+        validation.check_customer_tenant("tenant", tenant_id)
         return list(self.store.iter_export(tenant_id=tenant_id, subject=subject))
 
     def export_json(self, *, tenant_id: str, subject: str) -> Iterator[str]:
         """The subject's export as chunks of one JSON document, streamed (what `memory-pipelines export` prints)."""
+        validation.check_customer_tenant("tenant", tenant_id)
         return self.store.export_json(tenant_id=tenant_id, subject=subject)
 
     # -- forgetting --------------------------------------------------------------------------------
@@ -342,6 +352,7 @@ class MemoryPlatform:
         Returns a handle: `wait()` runs the cascade, `proof()` proves it. The same open request
         again returns the first one's job (`duplicate` True).
         """
+        validation.check_customer_tenant("tenant", tenant_id)
         job = self.deletions.request(
             tenant_id=tenant_id,
             subject=subject,
@@ -362,6 +373,7 @@ class MemoryPlatform:
 
     def backup(self, *, tenant_id: str) -> Row:
         """Back the tenant up now, encrypted; returns the manifest (backup_id, counts, expiry; no text)."""
+        validation.check_customer_tenant("tenant", tenant_id)
         return self.backups.backup(tenant_id=tenant_id)
 
     def restore(self, *, tenant_id: str, backup_id: str) -> Row:
@@ -371,12 +383,14 @@ class MemoryPlatform:
         rows are as before and it stays closed until a later restore succeeds). Recall rebuilds its
         indexes from the restored memories on its next call.
         """
+        validation.check_customer_tenant("tenant", tenant_id)
         return self.backups.restore(tenant_id=tenant_id, backup_id=backup_id)
 
     # -- lineage and explain -----------------------------------------------------------------------
 
     def lineage(self, *, tenant_id: str, memory_id: str | None = None, record: str | None = None) -> Any:
         """Derived records of every version of `memory_id`, or the sources of a derived `record` (STORE:ID)."""
+        validation.check_customer_tenant("tenant", tenant_id)
         if (memory_id is None) == (record is None):
             raise ValidationError("memory_id", "give exactly one of memory_id or record")
         if memory_id is not None:
@@ -386,6 +400,7 @@ class MemoryPlatform:
 
     def explain(self, *, tenant_id: str, run_id: str) -> Row:
         """The recall chain of an agent run: memories it read (text while present) and derived records."""
+        validation.check_customer_tenant("tenant", tenant_id)
         from memory_pipelines.lib.runs import AgentRuns
 
         return AgentRuns(self.derived).explain(tenant_id=tenant_id, run_id=run_id)

@@ -11,22 +11,20 @@ from typing import Any
 
 import psycopg
 
+from memory_pipelines.lib import validation
 from memory_pipelines.lib.backups import BackupService
 from memory_pipelines.lib.deletion import DeletionService
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.store import MemoryStore
 
 # -- tenants that are never `tenants` partitions ------------------------------------------------
-# The one rule: the canary drill's tenants (`canary-...`) and the evaluation tenant (`eval`, from
-# assets/eval/memory_eval_set.json, or any `eval-...`) are internal; sensors, schedules and the CLI
+# The canary drill's tenants (`canary-...`) and the evaluation's (`eval`, `eval-...`) are the
+# platform's own (lib/validation.py): no customer door accepts them; sensors, schedules and the CLI
 # treat them as outside the tenant partitions.
 CANARY_PREFIX = "canary-"
-RESERVED_TENANT_PREFIXES = (CANARY_PREFIX, "eval-")
-RESERVED_TENANT_IDS = frozenset({"eval"})
-
-
-def is_reserved_tenant(tenant_id: str) -> bool:
-    return tenant_id in RESERVED_TENANT_IDS or tenant_id.startswith(RESERVED_TENANT_PREFIXES)
+RESERVED_TENANT_IDS = validation.RESERVED_TENANT_IDS
+RESERVED_TENANT_PREFIXES = validation.RESERVED_TENANT_PREFIXES
+is_reserved_tenant = validation.is_reserved_tenant
 
 
 def retired_tenants(store: MemoryStore, candidates: list[str]) -> set[str]:
@@ -73,7 +71,8 @@ def run_canary_drill(
     stamp = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
     tenant = f"{CANARY_PREFIX}{stamp}-{uuid.uuid4().hex[:6]}"
     secrets = [f"canary{uuid.uuid4().hex}" for _ in range(3)]
-    store.create_tenant(tenant_id=tenant, sharing_mode="shared_pool")
+    with validation.platform_owned():
+        store.create_tenant(tenant_id=tenant, sharing_mode="shared_pool")
     store.add_team_member(tenant_id=tenant, team_id="drill", user_id="canary-subject")
     store.add_team_member(tenant_id=tenant, team_id="drill", user_id="canary-witness")
     written = [

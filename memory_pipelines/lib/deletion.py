@@ -381,9 +381,11 @@ class DeletionService(DeletionLedger):
         (`duplicate`), COMPLETE or not, and nothing new is accepted."""
         validation.check_id("tenant", tenant_id)
         validation.check_optional_id("requested_by", requested_by)
+        validation.check_bool("all_tenant", all_tenant)
+        validation.check_optional_str("confirm", confirm)
         if request_key is not None and not 0 < len(request_key) <= 200:
             raise ValidationError("request_key", "must be 1 to 200 characters")
-        if basis not in DEADLINE_DAYS:
+        if not isinstance(basis, str) or basis not in DEADLINE_DAYS:
             raise ValidationError("basis", f"must be one of {', '.join(DEADLINE_DAYS)}")
         given = [subject is not None, memory_id is not None, all_tenant]
         if sum(given) != 1:

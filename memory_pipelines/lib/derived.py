@@ -99,6 +99,8 @@ class DerivedStores:
 
     def sources_of_record(self, *, tenant_id: str, record: str) -> dict[str, Any]:
         """The memory versions a derived record `STORE:ID` was made from."""
+        if not isinstance(record, str):
+            raise ValidationError("record", f"must be a string STORE:ID, got {type(record).__name__}")
         store_name, sep, record_id = record.partition(":")
         if not sep or store_name not in lineage.STORES or not record_id:
             raise ValidationError("record", f"must be STORE:ID with STORE one of {', '.join(lineage.STORES)}")

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import psycopg
 
+from memory_pipelines.lib import validation
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import ServiceError, ValidationError
 from memory_pipelines.lib.paths import ASSETS_DIR
@@ -176,7 +177,8 @@ def seed_eval_tenant(store: MemoryStore, eval_set: EvalSet) -> dict[str, tuple[s
     existing = _key_map(store, tenant)
     if existing is not None:
         return existing
-    store.create_tenant(tenant_id=tenant, sharing_mode="shared_pool")
+    with validation.platform_owned():
+        store.create_tenant(tenant_id=tenant, sharing_mode="shared_pool")
     for team, members in sorted(eval_set.teams.items()):
         for member in members:
             store.add_team_member(tenant_id=tenant, team_id=team, user_id=member)

@@ -17,13 +17,13 @@ import math
 from typing import Any
 
 from memory_pipelines.lib import crypto, lineage, ordering, validation
-from memory_pipelines.lib.errors import NotFoundError, ValidationError
+from memory_pipelines.lib.errors import NotFoundError
 from memory_pipelines.lib.keyword import KeywordIndex
 from memory_pipelines.lib.store import MemoryStore
 from memory_pipelines.lib.vectors import VectorStore
 
 CACHE_STORE = "recall_cache"
-MODES = ("semantic", "keyword", "hybrid")
+MODES = validation.RECALL_MODES
 _RRF_K = 60  # reciprocal rank fusion constant (Cormack et al.)
 _KEYWORD_FUSED = 1000  # keyword ranks hybrid fuses (scores change down to rank 1,000)
 # Semantic candidates the store rejects (superseded, hidden since) are made up for by asking Chroma
@@ -88,10 +88,7 @@ class Recaller:
         `use_cache=False` measures the indexes themselves (evaluation).
         """
         validation.check_text("query", query)
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 100:
-            raise ValidationError("k", "must be an integer from 1 to 100")
-        if mode not in MODES:
-            raise ValidationError("mode", f"must be one of {', '.join(MODES)}")
+        validation.check_recall(k, mode)
         scope = self.store.recall_scope(tenant_id=tenant_id, user_id=user_id, team_id=team_id)
         change_seq = scope["change_seq"]
         with self.store.transaction() as conn:

@@ -91,14 +91,25 @@ def load_policies(path: Path = POLICY_FILE) -> Policies:
     return Policies(version=str(version.value), keep_days=keep, immediate=frozenset(immediate))
 
 
+# Days a sweep or preview may name: a policy's period subtracted from (or a day added to) any of
+# them stays a valid date; 0001-01-01 minus seven years is not one (OverflowError).
+MIN_DAY, MAX_DAY = date(1970, 1, 1), date(9000, 12, 31)
+
+
 def check_day(day: Any) -> date:
-    """A sweep day from a date or an ISO string (field `date`)."""
+    """A sweep day from a date or an ISO string (field `date`), from 1970-01-01 to 9000-12-31."""
     if isinstance(day, date) and not isinstance(day, datetime):
-        return day
-    try:
-        return date.fromisoformat(str(day))
-    except ValueError:
-        raise ValidationError("date", f"must be a day as YYYY-MM-DD, got {day!r}") from None
+        the_day = day
+    else:
+        try:
+            the_day = date.fromisoformat(str(day))
+        except ValueError:
+            raise ValidationError("date", f"must be a day as YYYY-MM-DD, got {day!r}") from None
+    if not MIN_DAY <= the_day <= MAX_DAY:
+        raise ValidationError(
+            "date", f"must be from {MIN_DAY.isoformat()} to {MAX_DAY.isoformat()}, got {the_day.isoformat()}"
+        )
+    return the_day
 
 
 def check_sweep_day(day: Any, *, today: date | None = None) -> date:

@@ -381,9 +381,12 @@ class MemoryStore:
 
     @staticmethod
     def _ensure_tenant(conn: psycopg.Connection, tenant_id: str) -> None:
-        conn.execute(
-            "INSERT INTO memory.tenants (tenant_id) VALUES (%s) ON CONFLICT (tenant_id) DO NOTHING", (tenant_id,)
-        )
+        created = conn.execute(
+            "INSERT INTO memory.tenants (tenant_id) VALUES (%s) ON CONFLICT (tenant_id) DO NOTHING RETURNING 1",
+            (tenant_id,),
+        ).fetchone()
+        if created is not None:
+            validation.check_new_tenant(tenant_id)  # raising rolls the insert back
         MemoryStore._tenant_mode(conn, tenant_id)  # refuses a deleted tenant
 
     @staticmethod
@@ -600,6 +603,8 @@ class MemoryStore:
             confidence = validation.check_confidence(confidence)
         if original_query is not None:
             validation.check_text("original_query", original_query)
+        validation.check_optional_bool("shareable", shareable)
+        validation.check_optional_bool("do_not_sell", do_not_sell)
 
         with self.transaction() as conn:
             # Ordered against deletion acceptance and the restore gate (see lib/ordering.py); then
@@ -662,6 +667,7 @@ class MemoryStore:
         """
         validation.check_id("tenant", tenant_id)
         allowed = {"user_id", "text", "team_id", "shareable", "category", "confidence", "original_query", "do_not_sell"}
+        items = validation.check_items("items", items)
         for n, item in enumerate(items):
             field = f"items[{n}]"
             unknown = set(item) - allowed
@@ -671,11 +677,12 @@ class MemoryStore:
             validation.check_text(f"{field}.text", item.get("text"))
             validation.check_optional_id(f"{field}.team_id", item.get("team_id"))
             if item.get("category") is not None:
-                validation.check_category(item["category"])
+                validation.check_category(item["category"], f"{field}.category")
             if item.get("confidence") is not None:
-                validation.check_confidence(item["confidence"])
-            if item.get("original_query") is not None:
-                validation.check_text(f"{field}.original_query", item["original_query"])
+                validation.check_confidence(item["confidence"], f"{field}.confidence")
+            validation.check_optional_text(f"{field}.original_query", item.get("original_query"))
+            validation.check_optional_bool(f"{field}.shareable", item.get("shareable"))
+            validation.check_optional_bool(f"{field}.do_not_sell", item.get("do_not_sell"))
         results: list[WriteResult] = []
         with self.transaction() as conn:
             ordering.lock_tenant_shared(conn, tenant_id)
@@ -1133,6 +1140,7 @@ class MemoryStore:
         """
         validation.check_id("tenant", tenant_id)
         validation.check_id("user", user_id)
+        validation.check_bool("value", value)
         if (memory_id is None) == (subject is None):
             raise ValidationError("memory_id", "give exactly one of memory_id or subject")
         if subject is not None:

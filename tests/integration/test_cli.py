@@ -385,3 +385,20 @@ def test_input_that_is_not_utf8_is_exit_2_naming_the_field(cli_env, args, stdin,
     assert result.stdout == b""
     assert b"Traceback" not in result.stderr
     assert f"memory-pipelines: error: {field}: ".encode() in result.stderr, result.stderr
+
+
+def test_deletion_erase_of_a_tenant_dagster_has_never_seen(cli_env, store, derived, tenant):
+    """Issue 21: a tenant written only through the Python API had no Dagster partition, and `deletion
+    erase` failed with "Nonexistent partition keys"; an unknown tenant is refused, not made a partition."""
+    from memory_pipelines.lib.deletion import DeletionService
+
+    store.write(tenant_id=tenant, user_id="ida", text="Ida's locker code is 4411")
+    store.write(tenant_id=tenant, user_id="joe", text="Joe keeps the spare keys")
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="ida")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    assert service.status(job_id=job["job_id"])["targets"]["physical"].startswith("PENDING:")
+    erased = ok(cli_env, "deletion", "erase", "--tenant", tenant)
+    assert erased["success"] is True and erased["erased_jobs"] == 1 and erased["scan_hits"] == 0, erased
+    assert service.status(job_id=job["job_id"])["targets"]["physical"].startswith("ERASED:")
+    refused(cli(cli_env, "deletion", "erase", "--tenant", "ghost-" + tenant), 3, "tenant")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from memory_pipelines.devserver import group_members
-from memory_pipelines.lib import services
+from memory_pipelines.lib import services, validation
 from memory_pipelines.lib.runtime import open_store
 from tests.conftest import CLI, settings_for
 
@@ -93,7 +93,8 @@ def test_dev_in_the_background_shows_every_asset_and_ends_with_all_its_processes
     settings = settings_for(home)
     store = open_store(settings)
     store.write(tenant_id="acme", user_id="alice", text="seen through the UI")
-    store.write(tenant_id="canary-drill-x", user_id="alice", text="internal: never a partition")
+    with validation.platform_owned():  # as the canary drill makes its tenants
+        store.write(tenant_id="canary-drill-x", user_id="alice", text="internal: never a partition")
     store.close()
     port, stderr, pid_file = free_port(), tmp_path / "dev.stderr", tmp_path / "dev.pid"
     shell = subprocess.Popen(

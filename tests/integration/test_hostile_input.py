@@ -40,6 +40,7 @@ from memory_pipelines.lib.runtime import open_backups, open_store
 from memory_pipelines.lib.services import Endpoints
 from memory_pipelines.lib.settings import Settings
 from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.platform import MemoryPlatform
 from tests.conftest import CLI
 
 A, B = "hx-a", "hx-b"  # the two tenants, in a database of their own
@@ -552,6 +553,11 @@ def cli_cases(w: World) -> list[Case]:
         c("retention sweep injection", 2, "date", "retention", "sweep", "--date", INJECTION),
         c("retention preview bad month", 2, "date", "retention", "preview", "--date", "2026-13-01"),
         c("retention preview year 99999", 2, "date", "retention", "preview", "--date", "99999-01-01"),
+        # issue 21: day 1 minus a policy's years was an OverflowError (exit 1)
+        c("retention preview year 1", 2, "date", "retention", "preview", "--date", "0001-01-01"),
+        c("retention sweep year 1", 2, "date", "retention", "sweep", "--date", "0001-01-01"),
+        c("retention sweep year 1 --wait", 2, "date", "retention", "sweep", "--date", "0001-01-01", "--wait"),
+        c("retention preview year 9999", 2, "date", "retention", "preview", "--date", "9999-12-31"),
         # agent runs
         c(
             "run open ttl zero",
@@ -847,6 +853,185 @@ def api_cases(w: World) -> list[Case]:
     ]
 
 
+def platform_cases(w: World) -> list[Case]:
+    """The Python API's column (issue 21): `MemoryPlatform` with wrong types, None, huge values and
+    nested junk. Each is refused with the field named and nothing changed, as the CLI refuses."""
+    mp = MemoryPlatform(settings=Settings.from_env(w.env), store=w.store, derived=w.derived, backups=w.backups)
+    ids = w.ids
+    m_a, m_carol = ids["alice"], ids["carol"]
+    ok = {"user_id": "alice", "text": "fine"}
+
+    def c(name: str, code: int, fld: str, call: Callable[[], object]) -> Case:
+        return Case("py: " + name, code, fld, api=call)
+
+    def write(**kw: Any) -> Callable[[], object]:
+        return lambda: mp.write(**{"tenant_id": A, "user_id": "alice", "text": "x", **kw})
+
+    def many(items: Any, tenant: Any = A) -> Callable[[], object]:
+        return lambda: mp.write_many(tenant_id=tenant, items=items)
+
+    def recall(**kw: Any) -> Callable[[], object]:
+        return lambda: mp.recall(**{"tenant_id": A, "user_id": "alice", "query": "q", **kw})
+
+    def forget(**kw: Any) -> Callable[[], object]:
+        return lambda: mp.forget(**{"tenant_id": A, **kw})
+
+    junk: tuple[Any, ...] = ("false", "no", "true", 0, 1, [], {"x": 1}, 0.0)
+    categories: tuple[Any, ...] = ("Medical", 5, "x" * 40, [])
+    cases = [
+        # write: exact types, a bool is a bool
+        *(c(f"write shareable {v!r}", 2, "shareable", write(shareable=v)) for v in junk),
+        *(c(f"write do_not_sell {v!r}", 2, "do_not_sell", write(do_not_sell=v)) for v in ("yes", 1, [True], b"1")),
+        c("write shareable banana on a new version", 2, "shareable", write(memory_id=m_a, shareable="banana")),
+        *(
+            c(f"write text {label}", 2, "text", write(text=v))
+            for label, v in (
+                ("None", None),
+                ("int", 123),
+                ("list", ["a"]),
+                ("bytes", b"x"),
+                ("empty", ""),
+                ("blank", "   "),
+                ("oversize", BIG),
+                ("dict", {"text": "x"}),
+                ("NUL", "a\x00b"),
+            )
+        ),
+        *(
+            c(f"write user {label}", 2, "user", write(user_id=v))
+            for label, v in (
+                ("None", None),
+                ("int", 5),
+                ("empty", ""),
+                ("too long", "a" * 65),
+                ("comment marker", "a--b"),
+                ("injection", INJECTION),
+                ("nested", [["alice"]]),
+            )
+        ),
+        *(
+            c(f"write tenant {label}", 2, "tenant", write(tenant_id=v))
+            for label, v in (
+                ("None", None),
+                ("int", 7),
+                ("list", [A]),
+                ("reserved eval", "eval"),
+                ("reserved canary", "canary-x"),
+                ("reserved eval-", "eval-acme"),
+                ("injection", INJECTION),
+                ("huge", "t" * 100_000),
+                ("traversal", "../" + B),
+            )
+        ),
+        *(
+            c(f"write memory_id {v!r}", 2, "memory_id", write(memory_id=v))
+            for v in ("m_x", 123, ["m_"], "M_" + "0" * 32)
+        ),
+        c("write another tenant's memory", 3, "memory_id", write(memory_id=m_carol)),
+        c("write unknown memory", 3, "memory_id", write(memory_id=UNKNOWN_MEMORY)),
+        *(c(f"write team {v!r}", 2, "team", write(team_id=v)) for v in (5, "", ["core"], "a b")),
+        *(c(f"write category {v!r}", 2, "category", write(category=v)) for v in categories),
+        *(
+            c(f"write confidence {v!r}", 2, "confidence", write(confidence=v))
+            for v in ("0.5", True, float("nan"), 2, -0.1, 1e308, [0.5])
+        ),
+        *(c(f"write original_query {v!r}", 2, "original_query", write(original_query=v)) for v in (5, "\x00", "")),
+        # write_many: items are a list of mappings of known fields with exact types
+        *(
+            c(f"write_many items {label}", 2, "items", many(v))
+            for label, v in (("None", None), ("str", "abc"), ("dict", ok), ("int", 3), ("bytes", b"[]"))
+        ),
+        *(
+            c(f"write_many item {label}", 2, "items[0]", many([v]))
+            for label, v in (("int", 1), ("None", None), ("pair list", ["user_id", "x"]), ("str", "alice: x"))
+        ),
+        c("write_many non-string field name", 2, "items[0]", many([{**ok, 5: "x"}])),
+        c("write_many second item a tuple", 2, "items[1]", many((ok, ("user_id", "bob")))),
+        *(
+            c(f"write_many {key} {v!r}", 2, f"items[0].{key}", many([{**ok, key: v}]))
+            for key, v in (
+                ("shareable", "no"),
+                ("shareable", 1),
+                ("do_not_sell", "yes"),
+                ("do_not_sell", 0),
+                ("confidence", "1"),
+                ("confidence", float("inf")),
+                ("category", 5),
+                ("category", "Bad Category"),
+                ("original_query", 3),
+                ("original_query", {"q": 1}),
+                ("team_id", 7),
+                ("text", None),
+                ("text", {"nested": ["x"]}),
+                ("user_id", None),
+                ("user_id", ["alice"]),
+            )
+        ),
+        c("write_many memory_id is not a field", 2, "items[0].memory_id", many([{**ok, "memory_id": m_a}])),
+        c("write_many item without text", 2, "items[0].text", many([{"user_id": "alice"}])),
+        c("write_many item without user", 2, "items[0].user_id", many([{"text": "x"}])),
+        c("write_many second item oversize", 2, "items[1].text", many([ok, {"user_id": "bob", "text": BIG}])),
+        c("write_many tenant None", 2, "tenant", many([ok], tenant=None)),
+        c("write_many tenant reserved", 2, "tenant", many([ok], tenant="eval")),
+        # recall: refused before any index work
+        *(c(f"recall k {v!r}", 2, "k", recall(k=v)) for v in ("5", 0, True, None, 5.0, 10**100, -1)),
+        *(c(f"recall mode {v!r}", 2, "mode", recall(mode=v)) for v in ("fuzzy", None, ["hybrid"], 1)),
+        *(c(f"recall query {v!r}", 2, "query", recall(query=v)) for v in (None, 5, "", "\x00", ["q"])),
+        *(c(f"recall sync {v!r}", 2, "sync", recall(sync=v)) for v in ("no", 0, None)),
+        c("recall user None", 2, "user", recall(user_id=None)),
+        c("recall team int", 2, "team", recall(team_id=5)),
+        c("recall tenant reserved", 2, "tenant", recall(tenant_id="eval")),
+        c("recall another tenant's team", 3, "team", recall(tenant_id=B, user_id="carol", team_id="core")),
+        # reads and versions
+        c("list user None", 2, "user", lambda: mp.list(tenant_id=A, user_id=None)),  # type: ignore[arg-type]
+        c("list team list", 2, "team", lambda: mp.list(tenant_id=A, user_id="alice", team_id=[])),  # type: ignore[arg-type]
+        c("list tenant reserved", 2, "tenant", lambda: mp.list(tenant_id="canary-1", user_id="alice")),
+        c("history memory None", 2, "memory_id", lambda: mp.history(tenant_id=A, memory_id=None)),  # type: ignore[arg-type]
+        c("history memory not hex", 2, "memory_id", lambda: mp.history(tenant_id=A, memory_id="m_" + "g" * 32)),
+        c("history unknown memory", 3, "memory_id", lambda: mp.history(tenant_id=A, memory_id=UNKNOWN_MEMORY)),
+        c("rollback user int", 2, "user", lambda: mp.rollback(tenant_id=A, memory_id=m_a, user_id=5)),  # type: ignore[arg-type]
+        c("rollback another's memory", 4, "user", lambda: mp.rollback(tenant_id=A, memory_id=m_a, user_id="bob")),
+        c("export subject None", 2, "subject", lambda: mp.export(tenant_id=A, subject=None)),  # type: ignore[arg-type]
+        c("export subject injection", 2, "subject", lambda: mp.export(tenant_id=A, subject=INJECTION)),
+        c("export_json subject int", 2, "subject", lambda: list(mp.export_json(tenant_id=A, subject=5))),  # type: ignore[arg-type]
+        c("sync tenant None", 2, "tenant", lambda: mp.sync(tenant_id=None)),  # type: ignore[arg-type]
+        c("sync unknown tenant", 3, "tenant", lambda: mp.sync(tenant_id="ghost-tenant")),
+        # forget: nothing is accepted on a refusal
+        *(c(f"forget all_tenant {v!r}", 2, "all_tenant", forget(all_tenant=v)) for v in ("yes", 1, None, [True])),
+        *(c(f"forget subject {v!r}", 2, "subject", forget(subject=v)) for v in (5, "", ["alice"])),
+        c("forget nothing named", 2, "scope", forget()),
+        c("forget subject and memory", 2, "scope", forget(subject="alice", memory_id=m_a)),
+        *(c(f"forget memory_id {v!r}", 2, "memory_id", forget(memory_id=v)) for v in ("x", 5, {"id": m_a})),
+        *(
+            c(f"forget version {v!r}", 2, "version", forget(memory_id=m_a, version=v))
+            for v in ("2", True, 0, 2**63, 1.5)
+        ),
+        c("forget version without memory", 2, "version", forget(subject="alice", version=1)),
+        *(c(f"forget basis {v!r}", 2, "basis", forget(subject="alice", basis=v)) for v in (["x"], None, "because")),
+        c("forget confirm int", 2, "confirm", forget(all_tenant=True, confirm=5)),
+        c("forget confirm wrong", 2, "confirm", forget(all_tenant=True, confirm=B)),
+        c("forget requested_by int", 2, "requested_by", forget(subject="alice", requested_by=5)),
+        c("forget unknown subject", 3, "subject", forget(subject="zed")),
+        c("forget tenant reserved", 2, "tenant", forget(tenant_id="eval", subject="alice")),
+        c("deletion job None", 2, "job_id", lambda: mp.deletion(job_id=None)),  # type: ignore[arg-type]
+        c("deletion unknown job", 3, "job_id", lambda: mp.deletion(job_id="del_" + "0" * 32)),
+        # backups, lineage, explain
+        c("backup tenant None", 2, "tenant", lambda: mp.backup(tenant_id=None)),  # type: ignore[arg-type]
+        c("backup tenant reserved", 2, "tenant", lambda: mp.backup(tenant_id="canary-z")),
+        *(
+            c(f"restore backup {label}", 2, "backup", lambda v=v: mp.restore(tenant_id=A, backup_id=v))  # type: ignore[misc]
+            for label, v in (("None", None), ("int", 5), ("other tenant's", ids["backup_b"]), ("traversal", "../x"))
+        ),
+        c("lineage neither", 2, "memory_id", lambda: mp.lineage(tenant_id=A)),
+        c("lineage both", 2, "memory_id", lambda: mp.lineage(tenant_id=A, memory_id=m_a, record="chroma:x")),
+        c("lineage memory int", 2, "memory_id", lambda: mp.lineage(tenant_id=A, memory_id=5)),  # type: ignore[arg-type]
+        c("lineage record int", 2, "record", lambda: mp.lineage(tenant_id=A, record=5)),  # type: ignore[arg-type]
+        c("explain run None", 2, "run", lambda: mp.explain(tenant_id=A, run_id=None)),  # type: ignore[arg-type]
+        c("explain run list", 2, "run", lambda: mp.explain(tenant_id=A, run_id=["r"])),  # type: ignore[arg-type]
+    ]
+    return cases
+
+
 # -- running them ---------------------------------------------------------------------------------
 
 
@@ -919,12 +1104,15 @@ def test_hostile_inputs_are_refused_and_change_nothing(
     monkeypatch.delenv("MEMORY_PIPELINES_DEBUG", raising=False)
     monkeypatch.delenv("MEMORY_PIPELINES_KMS_KEY_ID", raising=False)
     monkeypatch.delenv("MEMORY_PIPELINES_CHROMA_URL", raising=False)
-    cases = cli_cases(world) + api_cases(world)
+    python_api = platform_cases(world)
+    cases = cli_cases(world) + api_cases(world) + python_api
     assert len({c.name for c in cases}) == len(cases), "case names must be unique"
     started = time.monotonic()
     failures: dict[str, list[str]] = {}
     known: dict[str, str] = {}
     tracebacks = changed = 0
+    py_tracebacks: set[str] = set()
+    py_changed: set[str] = set()
     before = fingerprint(world)
     for case in cases:
         if case.api is not None:
@@ -941,8 +1129,13 @@ def test_hostile_inputs_are_refused_and_change_nothing(
         if case.owner_bug:
             known[case.name] = f"{case.owner_bug} [{'; '.join(found)[:300]}]" if found else "now passes: drop the mark"
         else:
-            tracebacks += "Traceback" in outcome.stderr or outcome.code in ("raised", 1)
+            crashed = "Traceback" in outcome.stderr or outcome.code in ("raised", 1)
+            tracebacks += crashed
             changed += bool(moved)
+            if crashed:
+                py_tracebacks.add(case.name)
+            if moved:
+                py_changed.add(case.name)
             if found:
                 failures[case.name] = found
         before = after
@@ -956,5 +1149,12 @@ def test_hostile_inputs_are_refused_and_change_nothing(
         )
         for name, why in known.items():
             print(f"  known bug, owned elsewhere: {name}: {why}")
+        print(
+            f"python API (MemoryPlatform): {len(python_api)} cases,"
+            f" {sum(name in py_tracebacks for name in (c.name for c in python_api))} tracebacks,"
+            f" {sum(name in py_changed for name in (c.name for c in python_api))} changes on refusal,"
+            f" {sum(c.name in failures for c in python_api)} failing"
+        )
     assert len(cases) >= 100
+    assert len(python_api) >= 100
     assert not failures, "\n".join(f"{name}: {'; '.join(why)}" for name, why in failures.items())
