@@ -219,13 +219,15 @@ def cmd_recall(args: argparse.Namespace) -> None:
 
 
 def cmd_analytics(args: argparse.Namespace) -> None:
-    from memory_pipelines.lib.analytics import AnalyticsStore, parse_select
+    from memory_pipelines.lib.analytics import AnalyticsStore, QueryLimits, parse_select
 
     parse_select(args.sql)  # before any service starts
     # Unknown, deleted and restoring tenants are refused as everywhere else; the query then sees
     # only this tenant's rows, less those an accepted deletion hides.
     store = _store(args)
-    _emit(AnalyticsStore(_settings(args).analytics_root, store=store).query(args.sql, tenant_id=args.tenant))
+    settings = _settings(args)
+    analytics = AnalyticsStore(settings.analytics_root, store=store, limits=QueryLimits.of(settings))
+    _emit(analytics.query(args.sql, tenant_id=args.tenant))
 
 
 def cmd_materialize(args: argparse.Namespace) -> None:

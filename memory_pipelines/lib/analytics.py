@@ -52,7 +52,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memory_pipelines.lib import crypto, lineage, ordering, validation
-from memory_pipelines.lib.errors import NotFoundError, ValidationError
+from memory_pipelines.lib.errors import NotFoundError, ServiceError, ValidationError
+from memory_pipelines.lib.settings import (
+    DEFAULT_ANALYTICS_MEMORY_MB,
+    DEFAULT_ANALYTICS_THREADS,
+    DEFAULT_ANALYTICS_TIMEOUT,
+    ENV_ANALYTICS_MEMORY_MB,
+    ENV_ANALYTICS_TIMEOUT,
+    Settings,
+)
 from memory_pipelines.lib.store import CurrentVersion, MemoryStore
 
 STORE = "analytics"
@@ -194,6 +202,19 @@ def hidden_now(store: MemoryStore, tenant_id: str) -> Hidden:
     )
 
 
+@dataclass(frozen=True)
+class QueryLimits:
+    """What one analytics query may take of the machine: DuckDB's memory and threads, and wall time."""
+
+    memory_mb: int = DEFAULT_ANALYTICS_MEMORY_MB
+    threads: int = DEFAULT_ANALYTICS_THREADS
+    timeout_seconds: float = DEFAULT_ANALYTICS_TIMEOUT
+
+    @classmethod
+    def of(cls, settings: Settings) -> QueryLimits:
+        return cls(settings.analytics_memory_mb, settings.analytics_threads, settings.analytics_timeout_seconds)
+
+
 class AnalyticsStore:
     """Parquet files under `root/memories/tenant_id=T/bucket=NN/` and a DuckDB database with views over them.
 
@@ -205,9 +226,11 @@ class AnalyticsStore:
         root: Path,
         *,
         store: MemoryStore | None = None,
+        limits: QueryLimits | None = None,
         empty_bucket_grace: float = EMPTY_BUCKET_GRACE_SECONDS,
     ) -> None:
         self.root = root
+        self.limits = limits or QueryLimits()
         self.data_dir = root / "memories"
         self.database = root / "analytics.duckdb"
         self.empty_bucket_grace = empty_bucket_grace
@@ -553,11 +576,37 @@ class AnalyticsStore:
         # The hive partition columns are in the path, not the file; added back, as the view has them.
         table = table.append_column("bucket", _buckets(table["user_pseudonym"]))
         table = table.append_column("tenant_id", pa.array([tenant_id] * table.num_rows, pa.string()))
+        limits = self.limits
+        timed_out = threading.Event()
         try:
-            with _sandbox(table) as con:
-                cursor = con.execute(statement)
-                columns = [d[0] for d in cursor.description or []]
-                fetched = cursor.fetchmany(max_rows + 1)
+            with _sandbox(table, limits) as con:
+
+                def interrupt() -> None:
+                    timed_out.set()
+                    con.interrupt()
+
+                timer = threading.Timer(limits.timeout_seconds, interrupt)
+                timer.start()
+                try:
+                    cursor = con.execute(statement)
+                    columns = [d[0] for d in cursor.description or []]
+                    fetched = cursor.fetchmany(max_rows + 1)
+                finally:
+                    timer.cancel()
+        except duckdb.InterruptException as exc:
+            if not timed_out.is_set():
+                raise
+            raise ServiceError(
+                "sql",
+                f"stopped after {limits.timeout_seconds:g} s, the limit of one analytics query"
+                f" ({ENV_ANALYTICS_TIMEOUT}); narrow it, or raise the limit",
+            ) from exc
+        except duckdb.OutOfMemoryException as exc:
+            raise ServiceError(
+                "sql",
+                f"needs more than {limits.memory_mb} MB, the limit of one analytics query ({ENV_ANALYTICS_MEMORY_MB});"
+                " narrow it, or raise the limit",
+            ) from exc
         except duckdb.Error as exc:
             raise ValidationError("sql", f"{type(exc).__name__}: {_one_line(str(exc))}") from exc
         return {
@@ -650,9 +699,11 @@ def parse_select(sql: object) -> duckdb.Statement:
 
 
 @contextmanager
-def _sandbox(table: pa.Table) -> Iterator[duckdb.DuckDBPyConnection]:
+def _sandbox(table: pa.Table, limits: QueryLimits) -> Iterator[duckdb.DuckDBPyConnection]:
     """A fresh in-memory DuckDB holding only `table` as `memories`, locked before any user SQL runs."""
     config: dict[str, str | bool | int | float | list[str]] = {
+        "memory_limit": f"{limits.memory_mb}MB",
+        "threads": limits.threads,
         # Python replacement scans would let SQL name any variable of the calling frames.
         "python_enable_replacements": False,
         "autoinstall_known_extensions": False,

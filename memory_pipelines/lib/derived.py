@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from memory_pipelines.lib import lineage, validation
-from memory_pipelines.lib.analytics import AnalyticsStore
+from memory_pipelines.lib.analytics import AnalyticsStore, QueryLimits
 from memory_pipelines.lib.embedding import Embedder, MiniLMEmbedder
 from memory_pipelines.lib.errors import ValidationError
 from memory_pipelines.lib.keyword import KeywordIndex
@@ -125,7 +125,7 @@ def open_derived(
         vectors=vectors,
         keywords=KeywordIndex(store),
         summaries=SummaryStore(store, summarizer_from(settings)),
-        analytics=AnalyticsStore(settings.analytics_root, store=store),
+        analytics=AnalyticsStore(settings.analytics_root, store=store, limits=QueryLimits.of(settings)),
     )
 
 

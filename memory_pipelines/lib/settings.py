@@ -29,6 +29,9 @@ ENV_BACKUP_DAYS = "MEMORY_PIPELINES_BACKUP_RETENTION_DAYS"
 ENV_ERASURE_HOURS = "MEMORY_PIPELINES_ERASURE_HOURS"
 ENV_ERASURE_BATCH_MINUTES = "MEMORY_PIPELINES_ERASURE_BATCH_MINUTES"
 ENV_BACKGROUND_NICE = "MEMORY_PIPELINES_BACKGROUND_NICE"
+ENV_ANALYTICS_MEMORY_MB = "MEMORY_PIPELINES_ANALYTICS_MEMORY_MB"
+ENV_ANALYTICS_THREADS = "MEMORY_PIPELINES_ANALYTICS_THREADS"
+ENV_ANALYTICS_TIMEOUT = "MEMORY_PIPELINES_ANALYTICS_TIMEOUT_SECONDS"
 DEFAULT_HOME = "./.memory_pipelines"
 DEFAULT_BACKUP_DAYS = 35
 # A COMPLETE deletion's bytes leave every file within this many hours (the physical erasure run).
@@ -40,6 +43,11 @@ DEFAULT_ERASURE_BATCH_MINUTES = 60
 # Measured on 2 cores: another tenant's recall p99 during a 100-subject forget and its erasure
 # went from 5.75x its idle p99 to 1.31x (benchmarks/forget_isolation.py).
 DEFAULT_BACKGROUND_NICE = 10
+# Bounds of one `analytics --sql` query (DuckDB's memory_limit, threads, and a wall-clock timeout):
+# a user's SQL may ask for anything (`range(1e12)`); it gets this much of the machine, then an error.
+DEFAULT_ANALYTICS_MEMORY_MB = 1024
+DEFAULT_ANALYTICS_THREADS = 2
+DEFAULT_ANALYTICS_TIMEOUT = 30
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,9 @@ class Settings:
     erasure_hours: int = DEFAULT_ERASURE_HOURS
     erasure_batch_minutes: int = DEFAULT_ERASURE_BATCH_MINUTES
     background_nice: int = DEFAULT_BACKGROUND_NICE
+    analytics_memory_mb: int = DEFAULT_ANALYTICS_MEMORY_MB
+    analytics_threads: int = DEFAULT_ANALYTICS_THREADS
+    analytics_timeout_seconds: int = DEFAULT_ANALYTICS_TIMEOUT
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -90,6 +101,15 @@ class Settings:
                 unit="minutes",
             ),
             background_nice=niceness(ENV_BACKGROUND_NICE, env.get(ENV_BACKGROUND_NICE), DEFAULT_BACKGROUND_NICE),
+            analytics_memory_mb=positive_int(
+                ENV_ANALYTICS_MEMORY_MB, env.get(ENV_ANALYTICS_MEMORY_MB), DEFAULT_ANALYTICS_MEMORY_MB, unit="MB"
+            ),
+            analytics_threads=positive_int(
+                ENV_ANALYTICS_THREADS, env.get(ENV_ANALYTICS_THREADS), DEFAULT_ANALYTICS_THREADS, unit="threads"
+            ),
+            analytics_timeout_seconds=positive_int(
+                ENV_ANALYTICS_TIMEOUT, env.get(ENV_ANALYTICS_TIMEOUT), DEFAULT_ANALYTICS_TIMEOUT, unit="seconds"
+            ),
         )
 
     @property

@@ -402,3 +402,32 @@ def test_deletion_erase_of_a_tenant_dagster_has_never_seen(cli_env, store, deriv
     assert erased["success"] is True and erased["erased_jobs"] == 1 and erased["scan_hits"] == 0, erased
     assert service.status(job_id=job["job_id"])["targets"]["physical"].startswith("ERASED:")
     refused(cli(cli_env, "deletion", "erase", "--tenant", "ghost-" + tenant), 3, "tenant")
+
+
+def test_a_runaway_analytics_query_ends_with_a_clear_error(cli_env, store, tenant):
+    """Issue 21, item 5: DuckDB's memory, threads and time per query are capped (on the code before, a
+    query over range() ran unbounded and could take the machine's memory)."""
+    store.write(tenant_id=tenant, user_id="alice", text="Alice likes tea")
+    AnalyticsStore(cli_env["home"] / "analytics").rebuild(store=store, tenant_id=tenant)
+    limits = {"MEMORY_PIPELINES_ANALYTICS_TIMEOUT_SECONDS": "2", "MEMORY_PIPELINES_ANALYTICS_MEMORY_MB": "128"}
+    env = {**cli_env, "env": {**cli_env["env"], **limits}}
+    started = datetime.now(UTC)
+    slow = cli(env, "analytics", "--tenant", tenant, "--sql", "SELECT count(*) FROM range(1000000000000)")
+    refused(slow, 6, "sql")
+    assert "stopped after 2 s" in slow.stderr and "MEMORY_PIPELINES_ANALYTICS_TIMEOUT_SECONDS" in slow.stderr
+    assert (datetime.now(UTC) - started).total_seconds() < 30
+    big = cli(env, "analytics", "--tenant", tenant, "--sql", "SELECT * FROM range(100000000) ORDER BY random()")
+    refused(big, 6, "sql")
+    assert "more than 128 MB" in big.stderr and "MEMORY_PIPELINES_ANALYTICS_MEMORY_MB" in big.stderr
+    threads = ok(env, "analytics", "--tenant", tenant, "--sql", "SELECT current_setting('threads') FROM memories")
+    assert threads["rows"] == [[2]]
+    bad = cli(
+        {**cli_env, "env": {**cli_env["env"], "MEMORY_PIPELINES_ANALYTICS_THREADS": "0"}},
+        "analytics",
+        "--tenant",
+        tenant,
+        "--sql",
+        "SELECT 1",
+    )
+    refused(bad, 2, "MEMORY_PIPELINES_ANALYTICS_THREADS")
+    assert ok(cli_env, "analytics", "--tenant", tenant, "--sql", "SELECT count(*) FROM memories")["rows"] == [[1]]
