@@ -257,3 +257,24 @@ def run_cli(
         timeout=timeout,
         check=False,
     )
+
+
+@pytest.fixture
+def kms_key(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A KMS master key on moto's server (127.0.0.1), reached through the standard boto3 variables
+    a deployment sets for its KMS region, endpoint and credentials."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    for name, value in {
+        "AWS_ENDPOINT_URL_KMS": f"http://{host}:{port}",
+        "AWS_DEFAULT_REGION": "eu-west-1",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+    }.items():
+        monkeypatch.setenv(name, value)
+    yield boto3.client("kms").create_key(Description="memory-pipelines master")["KeyMetadata"]["KeyId"]
+    server.stop()

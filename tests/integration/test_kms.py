@@ -4,29 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import boto3
 import psycopg
 import pytest
-from moto.server import ThreadedMotoServer
 
 from memory_pipelines.lib.runtime import open_store
-
-
-@pytest.fixture
-def kms_key(monkeypatch):
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    # Standard boto3 variables: what a deployment sets for its KMS region, endpoint and credentials.
-    for name, value in {
-        "AWS_ENDPOINT_URL_KMS": f"http://{host}:{port}",
-        "AWS_DEFAULT_REGION": "eu-west-1",
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-    }.items():
-        monkeypatch.setenv(name, value)
-    yield boto3.client("kms").create_key(Description="memory-pipelines master")["KeyMetadata"]["KeyId"]
-    server.stop()
 
 
 def test_store_with_a_kms_master_key(session_settings, endpoints, tenant, kms_key):

@@ -506,26 +506,6 @@ def test_a_key_wrapped_while_a_rotation_waits_is_rewrapped_with_the_rest(world: 
         assert len(_fresh(world).keys.subject_key(conn, tenant, "carol", create=False)[1]) == crypto.KEY_BYTES
 
 
-@pytest.fixture
-def kms_key(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    for name, value in {
-        "AWS_ENDPOINT_URL_KMS": f"http://{host}:{port}",
-        "AWS_DEFAULT_REGION": "eu-west-1",
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-    }.items():
-        monkeypatch.setenv(name, value)
-    import boto3
-
-    yield boto3.client("kms").create_key(Description="memory-pipelines master")["KeyMetadata"]["KeyId"]
-    server.stop()
-
-
 def test_kek_rotation_with_a_kms_master_key(world: World, kms_key: str) -> None:
     """The vault's KEKs are KMS data keys (bound to the tenant and their purpose); rotating them
     keeps everything readable through KMS, and a tenant's destruction removes its vault file."""

@@ -105,6 +105,9 @@ RESTORE_TENANT = "soak-c"
 SHARING = {"soak-a": "strict", "soak-b": "shared_pool", "soak-c": "progressive"}
 SUBJECTS = tuple(f"u{i:02d}" for i in range(10))
 TEAMS = {"red": SUBJECTS[:5], "blue": SUBJECTS[5:]}
+# A team of the restored tenant that only consent changes touch (writers rejoin their own teams at
+# once, so a removal there is seldom the last change a restore meets): its removals are judged.
+CONSENT_TEAM, CONSENT_MEMBERS = "green", SUBJECTS[:3]
 DOOMED_SUBJECTS = SUBJECTS[:4]  # sacrificial tenants (TENANT scope) are small: one team, four users
 # Which deleter runs the batches of a tenant (one runner per tenant keeps the batches meaningful;
 # twins and the final drain still cross over, which the tenant lock must handle).
@@ -1108,8 +1111,13 @@ class Deleter(Worker):
         )
         if done:
             log_consent(self.log, tenant, "subject_dns", user, value, t0)
-        team, members = self.rng.choice(sorted(teams_of(tenant).items()))
-        user = self.rng.choice(members)
+        # Every other change (the first included) is in the team only consent changes touch.
+        self.consent_changes = getattr(self, "consent_changes", 0) + 1
+        if tenant == RESTORE_TENANT and self.consent_changes % 2:
+            team, user = CONSENT_TEAM, self.rng.choice(CONSENT_MEMBERS)
+        else:
+            team, members = self.rng.choice(sorted(teams_of(tenant).items()))
+            user = self.rng.choice(members)
         ok, teams = self.attempt("list_teams", lambda: self.store.teams(tenant_id=tenant))
         if not ok:
             return
@@ -1157,8 +1165,6 @@ class Deleter(Worker):
             )
 
     def restore(self, tenant: str) -> None:
-        assert self.backups is not None
-        backups = self.backups
         if not self.backup_ids:
             self.tally.notes["restore skipped: no backup yet"] += 1
             return
@@ -1169,6 +1175,14 @@ class Deleter(Worker):
         for q in (self.ipc.writer_hints, self.ipc.bulk_hints):
             q.put(("hammer", tenant, time.time() + 3.0))
         self.pause(1.0)
+        self.restore_logged(tenant, backup_id)
+
+    def restore_logged(self, tenant: str, backup_id: str) -> bool:
+        """Restore `backup_id`, logged for the oracle; True when COMPLETE. A restore that did not
+        complete keeps the gate closed; the soak goes on with the rows as they were (the operator's
+        `restore --reopen`)."""
+        assert self.backups is not None
+        backups = self.backups
         t0 = time.time()
         ok, report = self.attempt(
             "restore", lambda: backups.restore(tenant_id=tenant, backup_id=backup_id, lock_timeout=20)
@@ -1177,9 +1191,9 @@ class Deleter(Worker):
         self.log.emit("restored", tenant=tenant, backup_id=backup_id, state=state, t0=t0, t1=time.time())
         self.tally.notes[f"restore {state}"] += 1
         if state != "COMPLETE":
-            # A restore that did not complete keeps the gate closed; the soak goes on with the rows as
-            # they were (the operator's `restore --reopen`).
             self.attempt("restore_reopen", lambda: backups.reopen(tenant_id=tenant))
+            return False
+        return True
 
     # -- issue 20: retention, then restores of older and newer backups -------------------------------
 
@@ -1273,17 +1287,7 @@ class Deleter(Worker):
 
     def rr_restore(self, tenant: str, backup_id: str, memory_id: str, *, after_sweep: bool) -> bool:
         """Restore `backup_id` (logged as every restore is); after the sweep, the memory has no version."""
-        assert self.backups is not None
-        backups = self.backups
-        t0 = time.time()
-        ok, report = self.attempt(
-            "restore", lambda: backups.restore(tenant_id=tenant, backup_id=backup_id, lock_timeout=20)
-        )
-        state = report.get("state") if ok else f"failed: {type(report).__name__}"
-        self.log.emit("restored", tenant=tenant, backup_id=backup_id, state=state, t0=t0, t1=time.time())
-        self.tally.notes[f"restore {state}"] += 1
-        if state != "COMPLETE":
-            self.attempt("restore_reopen", lambda: backups.reopen(tenant_id=tenant))
+        if not self.restore_logged(tenant, backup_id):
             return False
         if after_sweep:
             self.tally.checks["rule:swept_memory_stays_gone_after_restore"] += 1
@@ -2443,6 +2447,9 @@ def seed_world(cfg: Config, store: MemoryStore, derived: DerivedStores) -> int:
         for team_id, members in teams_of(tenant).items():
             for user in members:
                 store.add_team_member(tenant_id=tenant, team_id=team_id, user_id=user)
+        if tenant == RESTORE_TENANT:
+            for user in CONSENT_MEMBERS:
+                store.add_team_member(tenant_id=tenant, team_id=CONSENT_TEAM, user_id=user)
         for user in subjects_of(tenant):
             for n in range(4):
                 team: str | None = (team_of(user) if tenant in REGULAR else "red") if n == 3 else None
