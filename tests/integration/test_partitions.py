@@ -42,13 +42,15 @@ def _bound(tenant_id: str) -> str:
     return "FOR VALUES IN ('" + tenant_id.replace("'", "''") + "')"
 
 
-def _children(conn: psycopg.Connection, tenant_id: str) -> dict[str, list[str]]:
+def _children(
+    conn: psycopg.Connection, tenant_id: str, parents: tuple[str, ...] = PARTITIONED_TABLES
+) -> dict[str, list[str]]:
     """parent -> every partition whose bound is exactly this tenant (straight from the catalog)."""
     rows = conn.execute(
         "SELECT i.inhparent::regclass::text, c.oid::regclass::text FROM pg_inherits i"
         " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = ANY(%s::regclass[])"
         " AND pg_get_expr(c.relpartbound, 0) = %s",
-        (list(PARTITIONED_TABLES), _bound(tenant_id)),
+        (list(parents), _bound(tenant_id)),
     ).fetchall()
     out: dict[str, list[str]] = {}
     for parent, child in rows:
@@ -442,53 +444,125 @@ def scratch_database(store: MemoryStore) -> Iterator[str]:
             conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+# The tables 0011 partitions (keystore.build_keys came with 0015, partitioned from the start).
+OLD_LAYOUT_TABLES = tuple(t for t in PARTITIONED_TABLES if t != "keystore.build_keys")
+
+
 def _all_rows(conn: psycopg.Connection) -> dict[str, list[tuple[Any, ...]]]:
     return {
         table: conn.execute(sql.SQL("SELECT * FROM {} ORDER BY 1, 2, 3, 4").format(sql.SQL(table))).fetchall()
-        for table in PARTITIONED_TABLES
+        for table in OLD_LAYOUT_TABLES
     }
+
+
+def _populate_old_layout(conn: psycopg.Connection, tenant_id: str) -> None:
+    """Rows of the tenant in every table 0011 partitions, as the 0010 layout holds them. Written as
+    SQL: today's store writes columns and tables of later migrations (key vaults, the consent
+    journal), so it cannot write a 0010 database. Ciphertexts are opaque bytes here; reading rows
+    wrapped the old way is tested in test_wal_keys (rotation of rows written before key vaults)."""
+    blob = secrets.token_bytes
+    conn.execute("INSERT INTO memory.tenants (tenant_id, sharing_mode) VALUES (%s, 'shared_pool')", (tenant_id,))
+    for user in ("alice", "bob"):
+        conn.execute("INSERT INTO memory.subjects (tenant_id, user_id) VALUES (%s, %s)", (tenant_id, user))
+    conn.execute("INSERT INTO memory.teams (tenant_id, team_id) VALUES (%s, 'crew')", (tenant_id,))
+    conn.execute(
+        "INSERT INTO memory.team_members (tenant_id, team_id, user_id) VALUES (%s, 'crew', 'bob')", (tenant_id,)
+    )
+    conn.execute(
+        "INSERT INTO keystore.tenant_keys (tenant_id, key_id, wrapped, provider) VALUES (%s, %s, %s, 'local')",
+        (tenant_id, f"tk_{tenant_id}", blob(60)),
+    )
+    for user in ("alice", "bob"):
+        conn.execute(
+            "INSERT INTO keystore.subject_keys (tenant_id, user_id, key_id, tenant_key_id, wrapped)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (tenant_id, user, f"sk_{tenant_id}_{user}", f"tk_{tenant_id}", blob(60)),
+        )
+    conn.execute(
+        "INSERT INTO keystore.team_keys (tenant_id, team_id, key_id, tenant_key_id, wrapped)"
+        " VALUES (%s, 'crew', %s, %s, %s)",
+        (tenant_id, f"tmk_{tenant_id}_crew", f"tk_{tenant_id}", blob(60)),
+    )
+    for memory_id, user, team, versions in (("m_" + "a" * 32, "alice", None, 2), ("m_" + "b" * 32, "bob", "crew", 1)):
+        conn.execute(
+            "INSERT INTO memory.memories (tenant_id, memory_id, user_id, team_id, memory_type, current_version)"
+            " VALUES (%s, %s, %s, %s, %s, %s)",
+            (tenant_id, memory_id, user, team, "personal" if team is None else "team_shared", versions),
+        )
+        for version in range(1, versions + 1):
+            conn.execute(
+                "INSERT INTO memory.memory_versions (tenant_id, memory_id, version, category, confidence, text_ct,"
+                " text_mac, key_id, superseded_at) VALUES (%s, %s, %s, 'general', 0.8, %s, %s, %s,"
+                " CASE WHEN %s THEN now() END)",
+                (tenant_id, memory_id, version, blob(48), blob(32), f"sk_{tenant_id}_{user}", version < versions),
+            )
+            conn.execute(
+                "INSERT INTO derived.keyword_postings (tenant_id, token_mac, memory_id, version)"
+                " VALUES (%s, %s, %s, %s)",
+                (tenant_id, blob(32), memory_id, version),
+            )
+    for scope, scope_id, key_id in (
+        ("subject", "alice", f"sk_{tenant_id}_alice"),
+        ("team", "crew", f"tmk_{tenant_id}_crew"),
+    ):
+        conn.execute(
+            "INSERT INTO derived.summaries (tenant_id, scope, scope_id, mode, summary_ct, key_id, sources_hash,"
+            " source_count, summarizer) VALUES (%s, %s, %s, 'hybrid', %s, %s, %s, 1, 'extractive')",
+            (tenant_id, scope, scope_id, blob(64), key_id, blob(32)),
+        )
+    conn.execute(
+        "INSERT INTO derived.prompt_snapshots (tenant_id, snapshot_id, run_id, subject_id, prompt_ct, key_id)"
+        " VALUES (%s, %s, 'run-1', 'alice', %s, %s)",
+        (tenant_id, "ps_" + secrets.token_hex(12), blob(40), f"sk_{tenant_id}_alice"),
+    )
 
 
 def test_migration_moves_rows_of_the_old_layout_into_partitions(
     store: MemoryStore, scratch_database: str, tmp_path: Path
 ) -> None:
-    old = tmp_path / "migrations"
-    old.mkdir()
-    for version, _, path in migrations.available():
-        if version <= 10:
-            shutil.copy(path, old / path.name)
+    steps = {}
+    for upto in (10, 11):
+        steps[upto] = tmp_path / f"migrations-{upto}"
+        steps[upto].mkdir()
+        for version, _, path in migrations.available():
+            if version <= upto:
+                shutil.copy(path, steps[upto] / path.name)
     with psycopg.connect(scratch_database) as conn:
-        assert migrations.migrate(conn, old)[-1] == "0010_restore_sequence"
+        assert migrations.migrate(conn, steps[10])[-1] == "0010_restore_sequence"
+    with psycopg.connect(scratch_database) as conn:
+        for tenant_id in ("acme", "globex"):
+            _populate_old_layout(conn, tenant_id)
+    with psycopg.connect(scratch_database) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_inherits").fetchone() == (0,)
+        rows = _all_rows(conn)
+        assert all(rows.values())
+    with psycopg.connect(scratch_database) as conn:
+        assert migrations.migrate(conn, steps[11]) == ["0011_tenant_partitions"]
+    with psycopg.connect(scratch_database) as conn:
+        assert _all_rows(conn) == rows
+        for tenant_id in ("acme", "globex"):
+            children = _children(conn, tenant_id, OLD_LAYOUT_TABLES)
+            assert {parent: len(names) for parent, names in children.items()} == dict.fromkeys(OLD_LAYOUT_TABLES, 1)
+            for parent, [child] in children.items():
+                moved = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY 1, 2, 3, 4").format(sql.SQL(child)))
+                assert moved.fetchall() == [r for r in rows[parent] if r[0] == tenant_id], (tenant_id, parent)
+        assert conn.execute("SELECT to_regclass('memory.memory_versions_pre0011')").fetchone() == (None,)
+    # Every later migration applies on top, and the store writes and reads on the new layout.
+    with psycopg.connect(scratch_database) as conn:
+        migrations.migrate(conn)
     upgraded = MemoryStore(scratch_database, KeyStore(store.keys.master))
     try:
-        ids = {tenant_id: _populate(upgraded, tenant_id) for tenant_id in ("acme", "globex")}
-        with psycopg.connect(scratch_database) as conn:
-            assert conn.execute("SELECT count(*) FROM pg_inherits").fetchone() == (0,)
-            rows = _all_rows(conn)
-            assert all(rows.values())
-        upgraded.close()
-        with psycopg.connect(scratch_database) as conn:
-            assert "0011_tenant_partitions" in migrations.migrate(conn)
-        with psycopg.connect(scratch_database) as conn:
-            assert _all_rows(conn) == rows
-            for tenant_id in ids:
-                found = partitions.tenant_partitions(conn, tenant_id)
-                assert set(found) == set(PARTITIONED_TABLES)
-                for parent in PARTITIONED_TABLES:
-                    moved = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY 1, 2, 3, 4").format(sql.SQL(found[parent])))
-                    assert moved.fetchall() == [r for r in rows[parent] if r[0] == tenant_id], (tenant_id, parent)
-            assert conn.execute("SELECT to_regclass('memory.memory_versions_pre0011')").fetchone() == (None,)
-        # The store reads and writes on the new layout.
-        for tenant_id, tenant_ids in ids.items():
-            texts = upgraded.open_texts(tenant_id=tenant_id, sources=[tenant_ids["personal"], tenant_ids["team"]])
-            assert texts[tenant_ids["personal"]] == "Alice drinks oolong tea now"
-            assert KeywordIndex(upgraded).search(tenant_id=tenant_id, query="tuesdays", limit=5)
-            summary = SummaryStore(upgraded, ExtractiveSummarizer()).read(
-                tenant_id=tenant_id, scope="team", scope_id="crew"
-            )
-            assert "Tuesdays" in summary["summary"]
-        upgraded.write(tenant_id="acme", user_id="carol", text="Carol joined after the upgrade")
+        with upgraded.transaction() as conn:
+            for parent in OLD_LAYOUT_TABLES:
+                count = conn.execute(
+                    sql.SQL("SELECT count(*) FROM {} WHERE tenant_id = 'acme'").format(sql.SQL(parent))
+                )
+                assert count.fetchone() == (len([r for r in rows[parent] if r[0] == "acme"]),), parent
         upgraded.create_tenant(tenant_id="initech")
+        written = upgraded.write(tenant_id="initech", user_id="carol", text="Carol joined after the upgrade")
+        assert upgraded.open_texts(tenant_id="initech", sources=[(written.memory_id, 1)]) == {
+            (written.memory_id, 1): "Carol joined after the upgrade"
+        }
         with psycopg.connect(scratch_database) as conn:
             assert set(partitions.tenant_partitions(conn, "initech")) == set(PARTITIONED_TABLES)
     finally:
