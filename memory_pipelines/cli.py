@@ -20,6 +20,7 @@ from memory_pipelines.lib import validation
 from memory_pipelines.lib.crypto import DecryptionError
 from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.paths import PROJECT_ROOT
+from memory_pipelines.lib.private import restrict_umask
 from memory_pipelines.lib.progress import ENV_VERBOSE
 from memory_pipelines.lib.settings import ENV_HOME, Settings
 from memory_pipelines.lib.store import MemoryStore
@@ -818,6 +819,16 @@ def _error(field: str, message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Whatever this command and the processes it starts write under HOME is the owner's alone; a
+    # caller of main() in its own process gets its umask back.
+    umask = restrict_umask()
+    try:
+        return _main(argv)
+    finally:
+        os.umask(umask)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         _check_arguments(args)

@@ -32,6 +32,7 @@ import psycopg
 from memory_pipelines.lib import progress
 from memory_pipelines.lib.errors import ServiceError, ValidationError
 from memory_pipelines.lib.paths import PROJECT_ROOT
+from memory_pipelines.lib.private import private_dir
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.settings import ENV_HOME, Settings
 
@@ -128,7 +129,7 @@ def _children_output(settings: Settings) -> Iterator[TextIO | None]:
             os.close(saved)
         return
     log = settings.home / RUN_LOG
-    log.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(log.parent)
     if log.exists() and log.stat().st_size > RUN_LOG_MAX_BYTES:
         log.replace(log.with_name(log.name + ".1"))
     terminal = os.isatty(2)

@@ -53,6 +53,7 @@ import pyarrow.parquet as pq
 
 from memory_pipelines.lib import crypto, lineage, ordering, validation
 from memory_pipelines.lib.errors import NotFoundError, ServiceError, ValidationError
+from memory_pipelines.lib.private import private_dir, private_file
 from memory_pipelines.lib.settings import (
     DEFAULT_ANALYTICS_MEMORY_MB,
     DEFAULT_ANALYTICS_THREADS,
@@ -242,8 +243,9 @@ class AnalyticsStore:
 
         Each holder opens the lock file itself, and flock locks of separate open files exclude
         each other within one process too. Always taken last (after any PostgreSQL lock)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         with open(self.root / LOCK_FILE, "a+") as fh:
+            private_file(self.root / LOCK_FILE)
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
             try:
                 yield
@@ -417,7 +419,7 @@ class AnalyticsStore:
         Buckets it no longer needs are emptied (then reaped), stale temporary files removed."""
         report = Rewrite(rows=table.num_rows)
         directory = self.partition_dir(tenant_id)
-        directory.mkdir(parents=True, exist_ok=True)
+        private_dir(directory)
         # Any temporary file seen under the writer lock was left by a writer that died.
         for stale in directory.glob("**/*.tmp"):
             stale.unlink(missing_ok=True)
@@ -438,9 +440,10 @@ class AnalyticsStore:
         try:
             for bucket, table in sorted(tables.items()):
                 target = self.bucket_file(tenant_id, bucket)
-                target.parent.mkdir(parents=True, exist_ok=True)
+                private_dir(target.parent)
                 tmp = target.with_name(f"{BUCKET_FILE}.{os.getpid()}-{threading.get_ident()}.tmp")
                 pq.write_table(table, tmp)
+                private_file(tmp)
                 staged.append((tmp, target))
                 report.bytes_written += tmp.stat().st_size
             for tmp, target in staged:
@@ -542,6 +545,7 @@ class AnalyticsStore:
                         + _literal(self._view_pattern())
                         + ", hive_partitioning = true, hive_types = {'tenant_id': 'VARCHAR', 'bucket': 'INTEGER'})"
                     )
+            private_file(tmp)
             os.replace(tmp, self.database)
         finally:
             tmp.unlink(missing_ok=True)

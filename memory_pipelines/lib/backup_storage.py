@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from memory_pipelines.lib.errors import NotFoundError, ServiceError
+from memory_pipelines.lib.private import private_dir, private_file
 
 LIFECYCLE_RULE_ID = "memory-pipelines-backup-expiry"
 
@@ -39,9 +40,10 @@ class LocalBackupStorage:
 
     def put_file(self, name: str, path: Path) -> None:
         target = self._path(name)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(target.parent)
         tmp = target.with_name(target.name + ".part")
         shutil.copyfile(path, tmp)
+        private_file(tmp)
         tmp.replace(target)
 
     def get_file(self, name: str, path: Path) -> None:

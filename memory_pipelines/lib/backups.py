@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from memory_pipelines.lib import bytescan, consent, crypto, ordering, restore_replay, validation
 from memory_pipelines.lib.backup_storage import BackupStorage, LocalBackupStorage, S3BackupStorage
 from memory_pipelines.lib.errors import ConflictError, MemoryPipelinesError, NotFoundError, ValidationError
+from memory_pipelines.lib.private import private_dir
 from memory_pipelines.lib.progress import Progress, no_progress
 from memory_pipelines.lib.settings import Settings
 from memory_pipelines.lib.store import MemoryStore
@@ -172,8 +173,8 @@ class BackupService:
     @contextmanager
     def _scratch(self) -> Iterator[Path]:
         # Scratch files hold ciphertext columns and ids only; they are removed whatever happens.
-        self.staging.mkdir(parents=True, exist_ok=True)
-        path = Path(tempfile.mkdtemp(prefix="scratch-", dir=self.staging))
+        private_dir(self.staging)
+        path = Path(tempfile.mkdtemp(prefix="scratch-", dir=self.staging))  # mkdtemp: 0700
         try:
             yield path
         finally:

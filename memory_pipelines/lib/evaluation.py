@@ -30,6 +30,7 @@ from memory_pipelines.lib import validation
 from memory_pipelines.lib.derived import DerivedStores
 from memory_pipelines.lib.errors import ServiceError, ValidationError
 from memory_pipelines.lib.paths import ASSETS_DIR
+from memory_pipelines.lib.private import private_dir, private_file
 from memory_pipelines.lib.progress import Progress, no_progress
 from memory_pipelines.lib.recall import MODES
 from memory_pipelines.lib.store import MemoryStore
@@ -435,9 +436,10 @@ def trend_chart(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.legend(loc="center left", fontsize=7, frameon=False)
     ax.tick_params(axis="x", labelrotation=45, labelsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     fig.savefig(path)
     plt.close(fig)
+    private_file(path)
     return path
 
 

