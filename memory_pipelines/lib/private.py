@@ -11,6 +11,7 @@ listed by anyone else.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 OWNER_ONLY_UMASK = 0o077
@@ -47,6 +48,11 @@ def private_file(path: Path) -> Path:
     return path
 
 
+def _ours(info: os.stat_result) -> bool:
+    # A shared directory (sticky, like /tmp given as HOME) is never ours to narrow, even as root.
+    return info.st_uid == os.geteuid() and not info.st_mode & stat.S_ISVTX
+
+
 def narrow(path: Path, mode: int) -> None:
     """Take from `path` (when it is ours) every permission bit `mode` does not grant."""
     try:
@@ -54,7 +60,7 @@ def narrow(path: Path, mode: int) -> None:
     except FileNotFoundError:
         return
     current = info.st_mode & 0o777
-    if info.st_uid == os.geteuid() and current & ~mode:
+    if _ours(info) and current & ~mode:
         os.chmod(path, current & mode)
 
 
@@ -62,6 +68,6 @@ def traversable_dir(path: Path, *, others_traverse: bool) -> Path:
     """A directory on the way to a service user's data: 0711 when another user (PostgreSQL's service
     user) must pass through it, else 0700. Never listable by anyone else."""
     private_dir(path, mode=TRAVERSABLE_MODE if others_traverse else DIR_MODE)
-    if others_traverse and path.stat().st_uid == os.geteuid():
+    if others_traverse and _ours(path.stat()):
         os.chmod(path, TRAVERSABLE_MODE)
     return path
