@@ -105,9 +105,10 @@ RESTORE_TENANT = "soak-c"
 SHARING = {"soak-a": "strict", "soak-b": "shared_pool", "soak-c": "progressive"}
 SUBJECTS = tuple(f"u{i:02d}" for i in range(10))
 TEAMS = {"red": SUBJECTS[:5], "blue": SUBJECTS[5:]}
-# A team of the restored tenant that only consent changes touch (writers rejoin their own teams at
-# once, so a removal there is seldom the last change a restore meets): its removals are judged.
-CONSENT_TEAM, CONSENT_MEMBERS = "green", SUBJECTS[:3]
+# A team of the restored tenant that only consent changes touch, of users who never write and are
+# never forgotten (writers rejoin their own teams at once and forgets drop memberships, so a removal
+# there was seldom the last change a restore met): its removals are judged at every run.
+CONSENT_TEAM, CONSENT_MEMBERS = "green", ("c00", "c01", "c02")
 DOOMED_SUBJECTS = SUBJECTS[:4]  # sacrificial tenants (TENANT scope) are small: one team, four users
 # Which deleter runs the batches of a tenant (one runner per tenant keeps the batches meaningful;
 # twins and the final drain still cross over, which the tenant lock must handle).
@@ -1113,14 +1114,16 @@ class Deleter(Worker):
             log_consent(self.log, tenant, "subject_dns", user, value, t0)
         # Every other change (the first included) is in the team only consent changes touch.
         self.consent_changes = getattr(self, "consent_changes", 0) + 1
-        if tenant == RESTORE_TENANT and self.consent_changes % 2:
-            team, user = CONSENT_TEAM, self.rng.choice(CONSENT_MEMBERS)
-        else:
-            team, members = self.rng.choice(sorted(teams_of(tenant).items()))
-            user = self.rng.choice(members)
         ok, teams = self.attempt("list_teams", lambda: self.store.teams(tenant_id=tenant))
         if not ok:
             return
+        if tenant == RESTORE_TENANT and self.consent_changes % 2:
+            # A removal whenever one is possible: that is the change a restore could undo.
+            present = [u for u in CONSENT_MEMBERS if u in teams.get(CONSENT_TEAM, [])]
+            team, user = CONSENT_TEAM, self.rng.choice(present or CONSENT_MEMBERS)
+        else:
+            team, members = self.rng.choice(sorted(teams_of(tenant).items()))
+            user = self.rng.choice(members)
         t0 = time.time()
         if user in teams.get(team, []):
             done, _ = self.attempt(
