@@ -273,8 +273,7 @@ class MemoryPlatform:
         """
         validation.check_customer_tenant("tenant", tenant_id)
         if validation.check_bool("sync", sync):
-            # Bad input is refused before any index work.
-            validation.check_id("tenant", tenant_id)
+            # Bad input is refused before any index work (the tenant id is checked above).
             validation.check_id("user", user_id)
             validation.check_optional_id("team", team_id)
             validation.check_text("query", query)
@@ -300,7 +299,6 @@ class MemoryPlatform:
     def sync(self, *, tenant_id: str) -> dict[str, dict[str, int]]:
         """Bring every derived store of the tenant up to date (what `materialize` does, without Dagster)."""
         validation.check_customer_tenant("tenant", tenant_id)
-        validation.check_id("tenant", tenant_id)
         seq = self.store.change_seq(tenant_id=tenant_id)
         counts = self.derived.sync_all(tenant_id=tenant_id)
         with self._lock:
