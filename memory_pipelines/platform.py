@@ -246,7 +246,11 @@ class MemoryPlatform:
         ).as_dict()
 
     def write_many(self, *, tenant_id: str, items: Rows) -> Rows:
-        """Bulk-write new memories (`user_id`, `text`, optional fields) in one transaction: all or nothing."""
+        """Bulk-write new memories (`user_id`, `text`, optional fields); every item is checked first.
+
+        Commits in chunks so a deletion never waits for the whole batch; one stopped part way raises
+        `PartialWriteError` with `written` (what landed). Writing the same items again is safe.
+        """
         validation.check_customer_tenant("tenant", tenant_id)
         return [result.as_dict() for result in self.store.write_many(tenant_id=tenant_id, items=items)]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MemoryPipelinesError(Exception):
     """Base class for every error the API reports to its callers."""
@@ -42,3 +44,18 @@ class ServiceError(MemoryPipelinesError):
     """An engine (PostgreSQL, KMS) could not be reached or refused to serve."""
 
     exit_code = 6
+
+
+class PartialWriteError(MemoryPipelinesError):
+    """A bulk write stopped part way: `written` (results as dicts, in item order) was committed, the
+    items after it were not. Writing the same items again is safe: stored ones come back unchanged."""
+
+    def __init__(self, cause: MemoryPipelinesError, *, written: list[dict[str, Any]], total: int) -> None:
+        super().__init__(
+            cause.field,
+            f"{cause.message} (the first {len(written)} of {total} items were written before this; the rest"
+            " were not, and writing the same items again returns those unchanged)",
+        )
+        self.exit_code = cause.exit_code
+        self.cause = cause
+        self.written = written

@@ -105,6 +105,16 @@ def ensure_tenant(conn: psycopg.Connection, tenant_id: str) -> None:
     conn.execute("SELECT memory.ensure_tenant_partitions(%s)", (tenant_id,))
 
 
+def estimated_rows(conn: psycopg.Connection, tenant_id: str, table: str) -> int:
+    """The planner's row count of the tenant's partition of `table` (0 if never analyzed)."""
+    _check_tables([table])
+    part = _partitions(conn, tenant_id, [table]).get(table)
+    if part is None:
+        return 0
+    row = conn.execute("SELECT reltuples FROM pg_catalog.pg_class WHERE oid = %s", (part.oid,)).fetchone()
+    return max(0, int(row[0])) if row is not None else 0
+
+
 def tenant_partitions(conn: psycopg.Connection, tenant_id: str) -> dict[str, str]:
     """Parent table -> the tenant's partition of it (qualified), for every parent where it has one."""
     return {parent: part.qualified for parent, part in _partitions(conn, tenant_id).items()}

@@ -19,7 +19,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from memory_pipelines.lib import consent, crypto, ordering, partitions, validation
+from memory_pipelines.lib import consent, crypto, ordering, validation
+from memory_pipelines.lib.bulk_write import BulkWriter, check_items
 from memory_pipelines.lib.errors import (
     ConflictError,
     NotFoundError,
@@ -143,8 +144,6 @@ _SCOPE_VERSIONS = {
     " ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id WHERE m.tenant_id = %(tenant)s" + where
     for scope, where in _SCOPE_MEMORIES.items()
 }
-# A bulk write of this many memories refreshes the planner statistics of the tenant's partitions.
-ANALYZE_AFTER = 1000
 _CANDIDATES = "unnest(%(m)s::text[], %(v)s::int[]) AS c(memory_id, version)"
 _CONFIRM_VISIBLE = {
     (scope, in_scope): visible_candidates_sql(_CANDIDATES, scope, in_scope=in_scope)
@@ -659,114 +658,16 @@ class MemoryStore:
             return result
 
     def write_many(self, *, tenant_id: str, items: list[dict[str, Any]]) -> list[WriteResult]:
-        """Bulk-write new memories (no `memory_id`) in one transaction: all or nothing.
+        """Bulk-write new memories (no `memory_id`); results in item order.
 
         Each item has `user_id`, `text` and optionally `team_id`, `shareable`, `category`,
         `confidence`, `original_query`, `do_not_sell`. The no-op rule holds as for `write`: an
         item identical to a current memory of its author in the same scope returns that memory.
+        Every item is checked before anything is written; the write commits in chunks (see
+        lib/bulk_write.py), and one stopped part way raises `PartialWriteError` naming what landed.
         """
         validation.check_id("tenant", tenant_id)
-        allowed = {"user_id", "text", "team_id", "shareable", "category", "confidence", "original_query", "do_not_sell"}
-        items = validation.check_items("items", items)
-        for n, item in enumerate(items):
-            field = f"items[{n}]"
-            unknown = set(item) - allowed
-            if unknown:
-                raise ValidationError(f"{field}.{sorted(unknown)[0]}", "is not a memory field")
-            validation.check_id(f"{field}.user_id", item.get("user_id"))
-            validation.check_text(f"{field}.text", item.get("text"))
-            validation.check_optional_id(f"{field}.team_id", item.get("team_id"))
-            if item.get("category") is not None:
-                validation.check_category(item["category"], f"{field}.category")
-            if item.get("confidence") is not None:
-                validation.check_confidence(item["confidence"], f"{field}.confidence")
-            validation.check_optional_text(f"{field}.original_query", item.get("original_query"))
-            validation.check_optional_bool(f"{field}.shareable", item.get("shareable"))
-            validation.check_optional_bool(f"{field}.do_not_sell", item.get("do_not_sell"))
-        results: list[WriteResult] = []
-        with self.transaction() as conn:
-            ordering.lock_tenant_shared(conn, tenant_id)
-            self._ensure_tenant(conn, tenant_id)
-            users = sorted({item["user_id"] for item in items})
-            for user_id in users:
-                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{tenant_id}\x1f{user_id}",))
-            # Same rule as a single write: nothing lands for a subject that is being forgotten.
-            forgotten = conn.execute(
-                "INSERT INTO memory.subjects (tenant_id, user_id) SELECT %s, unnest(%s::text[])"
-                " ON CONFLICT (tenant_id, user_id) DO UPDATE SET user_id = EXCLUDED.user_id"
-                " RETURNING user_id, forgotten_at IS NOT NULL",
-                (tenant_id, users),
-            ).fetchall()
-            for user_id in sorted(u for u, gone in forgotten if gone)[:1]:
-                raise ConflictError(
-                    "user", f"subject {user_id!r} is being forgotten; writes resume when that job completes"
-                )
-            for team_id, user_id in sorted({(i["team_id"], i["user_id"]) for i in items if i.get("team_id")}):
-                self._require_member(conn, tenant_id, team_id, user_id)
-            keys = {user_id: self.keys.subject_key(conn, tenant_id, user_id) for user_id in users}
-            macs = [
-                crypto.mac(crypto.derive_key(keys[i["user_id"]][1], b"memory-text-mac"), i["text"].encode("utf-8"))
-                for i in items
-            ]
-            existing: dict[tuple[str, str | None, bytes], tuple[str, int]] = {}
-            # Only visible memories are the same memory: one being forgotten is gone once its job
-            # completes, so an identical text is a new memory (the gate lock orders this read).
-            for memory_id, version, user_id, team_id, text_mac in conn.execute(_SAME_TEXTS, (tenant_id, macs)):
-                existing[(user_id, team_id, bytes(text_mac))] = (memory_id, version)
-            heads, versions = [], []
-            for item, text_mac in zip(items, macs, strict=True):
-                user_id, team_id = item["user_id"], item.get("team_id")
-                found = existing.get((user_id, team_id, text_mac))
-                if found is not None:
-                    results.append(WriteResult(tenant_id, found[0], found[1], user_id, team_id, False))
-                    continue
-                memory_id = validation.new_memory_id()
-                existing[(user_id, team_id, text_mac)] = (memory_id, 1)
-                key_id, key = keys[user_id]
-                heads.append(
-                    (
-                        tenant_id,
-                        memory_id,
-                        user_id,
-                        team_id,
-                        "personal" if team_id is None else "team_shared",
-                        bool(item.get("do_not_sell")),
-                    )
-                )
-                versions.append(
-                    (
-                        tenant_id,
-                        memory_id,
-                        1,
-                        bool(item.get("shareable")),
-                        item.get("category") or DEFAULT_CATEGORY,
-                        DEFAULT_CONFIDENCE if item.get("confidence") is None else float(item["confidence"]),
-                        crypto.seal(key, item["text"].encode("utf-8"), _text_aad(tenant_id, memory_id, 1)),
-                        text_mac,
-                        self._seal_query(key, tenant_id, memory_id, 1, item.get("original_query")),
-                        key_id,
-                    )
-                )
-                results.append(WriteResult(tenant_id, memory_id, 1, user_id, team_id, True))
-            with conn.cursor() as cur:
-                with cur.copy(
-                    "COPY memory.memories (tenant_id, memory_id, user_id, team_id, memory_type, do_not_sell,"
-                    " current_version) FROM STDIN"
-                ) as copy:
-                    for head in heads:
-                        copy.write_row((*head, 1))
-                with cur.copy(
-                    "COPY memory.memory_versions (tenant_id, memory_id, version, shareable, category, confidence,"
-                    " text_ct, text_mac, original_query_ct, key_id) FROM STDIN"
-                ) as copy:
-                    for row in versions:
-                        copy.write_row(row)
-            if heads:
-                self._bump(conn, tenant_id)
-        if len(heads) >= ANALYZE_AFTER:
-            with self.transaction() as conn:
-                partitions.analyze_tenant(conn, tenant_id)
-        return results
+        return BulkWriter(self, tenant_id).write(check_items(items))
 
     def _head_for_write(
         self, conn: psycopg.Connection, tenant_id: str, user_id: str, memory_id: str, team_id: str | None

@@ -572,7 +572,7 @@ def test_migration_moves_rows_of_the_old_layout_into_partitions(
 def test_a_bulk_write_refreshes_the_planner_statistics_of_the_tenants_partitions(store, tenant):
     """Until autovacuum reaches a new partition the planner takes a bulk-loaded tenant for an empty
     one; `write_many` of ANALYZE_AFTER memories or more analyzes the tenant's partitions itself."""
-    from memory_pipelines.lib.store import ANALYZE_AFTER
+    from memory_pipelines.lib.bulk_write import FIRST_ANALYZE as ANALYZE_AFTER
 
     items = [{"user_id": f"u{i % 7}", "text": f"note {i} of {tenant}"} for i in range(ANALYZE_AFTER)]
     store.write_many(tenant_id=tenant, items=items)
