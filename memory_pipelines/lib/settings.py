@@ -16,6 +16,8 @@ ENV_DAGSTER_PG_URL_EXPORTED = ENV_DAGSTER_PG_URL + "_EXPORTED"
 ENV_KMS_KEY_ID = "MEMORY_PIPELINES_KMS_KEY_ID"
 ENV_KEY_VAULT = "MEMORY_PIPELINES_KEY_VAULT"
 ENV_CHROMA_URL = "MEMORY_PIPELINES_CHROMA_URL"
+ENV_CHROMA_TOKEN = "MEMORY_PIPELINES_CHROMA_TOKEN"
+ENV_CHROMA_ISOLATION = "MEMORY_PIPELINES_CHROMA_ISOLATION"
 ENV_SUMMARIZER_URL = "MEMORY_PIPELINES_SUMMARIZER_URL"
 ENV_SUMMARIZER_MODEL = "MEMORY_PIPELINES_SUMMARIZER_MODEL"
 ENV_SUMMARIZER_API_KEY = "MEMORY_PIPELINES_SUMMARIZER_API_KEY"
@@ -48,6 +50,9 @@ DEFAULT_BACKGROUND_NICE = 10
 DEFAULT_ANALYTICS_MEMORY_MB = 1024
 DEFAULT_ANALYTICS_THREADS = 2
 DEFAULT_ANALYTICS_TIMEOUT = 30
+# The embedded Chroma server runs in a network namespace of its own ("netns"), reachable only through
+# its token-checking proxy; "none" is the opt-out for a system that cannot make one (lib/chroma_proxy.py).
+CHROMA_ISOLATIONS = ("auto", "netns", "none")
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class Settings:
     kms_key_id: str | None = None
     key_vault: Path | None = None
     chroma_url: str | None = None
+    chroma_token: str | None = field(default=None, repr=False)
+    chroma_isolation: str = "auto"
     summarizer_url: str | None = None
     summarizer_model: str | None = None
     summarizer_api_key: str | None = field(default=None, repr=False)
@@ -84,6 +91,8 @@ class Settings:
             kms_key_id=env.get(ENV_KMS_KEY_ID) or None,
             key_vault=Path(env[ENV_KEY_VAULT]).expanduser().resolve() if env.get(ENV_KEY_VAULT) else None,
             chroma_url=env.get(ENV_CHROMA_URL) or None,
+            chroma_token=env.get(ENV_CHROMA_TOKEN) or None,
+            chroma_isolation=_choice(ENV_CHROMA_ISOLATION, env.get(ENV_CHROMA_ISOLATION), CHROMA_ISOLATIONS),
             summarizer_url=env.get(ENV_SUMMARIZER_URL) or None,
             summarizer_model=env.get(ENV_SUMMARIZER_MODEL) or None,
             summarizer_api_key=env.get(ENV_SUMMARIZER_API_KEY) or None,
@@ -183,6 +192,17 @@ def positive_int(name: str, raw: str | None, default: int, *, unit: str = "days"
     if value < 1:
         raise ValidationError(name, f"must be at least 1, got {value}")
     return value
+
+
+def _choice(name: str, raw: str | None, choices: tuple[str, ...]) -> str:
+    """One of `choices` (the first when unset) from an environment variable (named in the error)."""
+    if not raw:
+        return choices[0]
+    if raw not in choices:
+        from memory_pipelines.lib.errors import ValidationError
+
+        raise ValidationError(name, f"must be one of {', '.join(choices)}, got {raw!r}")
+    return raw
 
 
 def _users_dagster_url(env: Mapping[str, str]) -> str | None:

@@ -299,14 +299,20 @@ class VectorStore:
                 import chromadb
                 from chromadb.config import Settings as ChromaSettings
 
+                from memory_pipelines.lib.services import chroma_headers
+
                 assert self.url is not None
                 parts = urlsplit(self.url)
+                # The token of HOME's own server (its proxy refuses requests without it), or
+                # MEMORY_PIPELINES_CHROMA_TOKEN for an external one.
+                headers = chroma_headers(self.url)
                 self._client = self._call(
                     "connecting",
                     lambda: chromadb.HttpClient(
                         host=parts.hostname or "localhost",
                         port=parts.port or (443 if parts.scheme == "https" else 8000),
                         ssl=parts.scheme == "https",
+                        headers=headers,
                         settings=ChromaSettings(anonymized_telemetry=False),
                     ),
                 )
