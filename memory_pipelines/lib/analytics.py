@@ -3,14 +3,21 @@
 No memory text (only its length), user and team ids pseudonymised with an HMAC under the tenant
 key, do-not-sell memories excluded.
 
-Layout: `root/memories/tenant_id=T/bucket=NN/part.parquet`. A row's bucket is the first byte of its
-author's pseudonym (that same HMAC) modulo BUCKETS, so it says nothing the row does not already say
-and needs no key of its own. Team memories sit in their author's bucket, and a memory keeps its
-author for life, so each memory lives in exactly one bucket file. Forgetting a subject rewrites that
-subject's bucket alone; a rebuild writes every bucket file of the tenant aside, then renames them
-all in one pass. Each file is replaced whole by a rename, so a reader sees each memory's old row or
-its new one, never both and never half a file (across buckets, a reader listing files during the
-renames of a rebuild may see some already new and some still old).
+Layout: `root/tenants/tenant=H/bucket=NN/part.parquet`, where H is `paths.tenant_hash(T)` (the
+digest that names the tenant's Chroma collection): no file or directory is named by a raw tenant
+id, so tenants differing in case only (`Acme`, `acme`) never share a directory on a
+case-insensitive file system, and a listing of HOME names no tenant. Each row carries its tenant
+as a real column, `tenant_id`: every read keeps only the rows whose column is the tenant asked for,
+and the view takes `tenant_id` from the files (the hash key of the path is left out of it).
+
+A row's bucket is the first byte of its author's pseudonym (that same HMAC) modulo BUCKETS, so it
+says nothing the row does not already say and needs no key of its own. Team memories sit in their
+author's bucket, and a memory keeps its author for life, so each memory lives in exactly one bucket
+file. Forgetting a subject rewrites that subject's bucket alone; a rebuild writes every bucket file
+of the tenant aside, then renames them all in one pass. Each file is replaced whole by a rename, so
+a reader sees each memory's old row or its new one, never both and never half a file (across
+buckets, a reader listing files during the renames of a rebuild may see some already new and some
+still old).
 
 One writer at a time across processes: every write of a Parquet file and every change of the
 DuckDB file happens under an fcntl lock on `root/.analytics.lock` (held for a file write, never
@@ -22,17 +29,22 @@ A bucket left without rows is replaced by an empty file, unlinked once it has be
 `empty_bucket_grace` seconds by a later write that looks at it (every rebuild does): the view globs
 its files and then opens them, and a file unlinked in between would fail a notebook's query.
 
-Installs written before the buckets hold one file per tenant (`tenant_id=T/memories.parquet`). It
-is read as before, and the first write after the upgrade converts every such tenant under the
-writer lock: buckets written, then the view switched, then the old files removed, so each reader
-(these methods prefer the old file while it exists; the old view globs only old files) sees one
-whole copy throughout.
+Older installs name each tenant's directory by its raw id, `root/memories/tenant_id=T/`, holding
+either buckets without the `tenant_id` column (`bucket=NN/part.parquet`) or, from before the
+buckets, one file (`memories.parquet`). Such a directory is read as before, and the first write
+after the upgrade (or `refresh_views`) converts every one of them under the writer lock: the new
+directory written whole, then the view switched, then each old directory renamed out of the way
+in one step and its files unlinked. So each reader sees one whole copy throughout: these methods
+read the old directory while it is there, and turn to the new one, already complete, when they
+find it gone or lose a file of it mid-read; the old view globs only old files and the new one only
+new files (hence a new top directory, `tenants`, rather than new names beside the old ones). An old
+directory shared by two tenants differing in case (on macOS) cannot be told apart from its files:
+it converts to the tenant its name shows, and the next rebuild of each tenant replaces that.
 """
 
 from __future__ import annotations
 
 import fcntl
-import math
 import os
 import shutil
 import threading
@@ -40,8 +52,6 @@ import time as clock
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import date, datetime, time
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +61,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from memory_pipelines.lib import crypto, lineage, ordering, validation
-from memory_pipelines.lib.errors import NotFoundError, ServiceError, ValidationError
+from memory_pipelines.lib import crypto, lineage, ordering, sql_sandbox, validation
+from memory_pipelines.lib.errors import NotFoundError, ValidationError
+from memory_pipelines.lib.paths import tenant_hash
 from memory_pipelines.lib.private import private_dir, private_file
 from memory_pipelines.lib.settings import (
     DEFAULT_ANALYTICS_MEMORY_MB,
     DEFAULT_ANALYTICS_THREADS,
     DEFAULT_ANALYTICS_TIMEOUT,
-    ENV_ANALYTICS_MEMORY_MB,
-    ENV_ANALYTICS_TIMEOUT,
     Settings,
 )
 from memory_pipelines.lib.store import CurrentVersion, MemoryStore
@@ -79,6 +88,9 @@ SCHEMA = pa.schema(
         ("created_at", pa.timestamp("us", tz="UTC")),
         ("updated_at", pa.timestamp("us", tz="UTC")),
         ("version_created_at", pa.timestamp("us", tz="UTC")),
+        # In the file, not only in the path: the directory is named by a hash of the tenant, and
+        # reads keep only the rows whose column is the tenant asked for.
+        ("tenant_id", pa.string()),
     ]
 )
 # 64 buckets: 256 is a multiple of it, so the first HMAC byte spreads authors evenly; a tenant of
@@ -86,7 +98,12 @@ SCHEMA = pa.schema(
 # tenant holds at most 64 files (more buckets would mean more files and footers per full read).
 BUCKETS = 64
 BUCKET_FILE = "part.parquet"
+DATA_DIR = "tenants"  # root/tenants/tenant=<tenant_hash>/bucket=NN/part.parquet
+TENANT_KEY = "tenant"  # the hive key of a tenant's directory; its value is the hash, never the id
+OLD_DATA_DIR = "memories"  # installs from before the hashed names: root/memories/tenant_id=<id>/
+OLD_TENANT_KEY = "tenant_id"
 LEGACY_FILE = "memories.parquet"  # the one file per tenant of installs from before the buckets
+RETIRED_DIR = ".retired"  # an old directory renamed here during its conversion, then unlinked
 EMPTY_BUCKET_GRACE_SECONDS = 600.0
 # Only a plain SELECT (FROM-first, WITH, VALUES, DESCRIBE and SUMMARIZE parse as one too). Never
 # EXPLAIN: `EXPLAIN ANALYZE` executes its statement, `COPY ... TO` included.
@@ -217,7 +234,8 @@ class QueryLimits:
 
 
 class AnalyticsStore:
-    """Parquet files under `root/memories/tenant_id=T/bucket=NN/` and a DuckDB database with views over them.
+    """Parquet files under `root/tenants/tenant=H/bucket=NN/` (H the tenant's hash) and a DuckDB
+    database with views over them.
 
     `store` is the memory store whose accepted deletions `query` hides (every product path gives it);
     without one, `query` reads the files as they are."""
@@ -232,7 +250,8 @@ class AnalyticsStore:
     ) -> None:
         self.root = root
         self.limits = limits or QueryLimits()
-        self.data_dir = root / "memories"
+        self.data_dir = root / DATA_DIR
+        self.old_data_dir = root / OLD_DATA_DIR
         self.database = root / "analytics.duckdb"
         self.empty_bucket_grace = empty_bucket_grace
         self.store = store
@@ -253,7 +272,7 @@ class AnalyticsStore:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
     def partition_dir(self, tenant_id: str) -> Path:
-        return self.data_dir / f"tenant_id={tenant_id}"
+        return self.data_dir / f"{TENANT_KEY}={tenant_hash(tenant_id)}"
 
     def partition_file(self, tenant_id: str) -> Path:
         """The tenant's partition: a directory of bucket files since the buckets (the name stays
@@ -272,8 +291,20 @@ class AnalyticsStore:
                 found[int(number)] = path
         return dict(sorted(found.items()))
 
-    def _legacy_file(self, tenant_id: str) -> Path:
-        return self.partition_dir(tenant_id) / LEGACY_FILE
+    def _old_partition_dir(self, tenant_id: str) -> Path:
+        """Where an install from before the hashed names kept the tenant (read and converted only)."""
+        return self.old_data_dir / f"{OLD_TENANT_KEY}={tenant_id}"
+
+    def tenant_files(self, tenant_id: str) -> list[Path]:
+        """Every file that may hold the tenant's rows, whatever it is: its directory's, and those of
+        an old directory not converted yet or left renamed aside by a crash mid-conversion (the
+        physical erasure byte-scans them all)."""
+        directories = (
+            self.partition_dir(tenant_id),
+            self._old_partition_dir(tenant_id),
+            self.root / RETIRED_DIR / tenant_hash(tenant_id),
+        )
+        return sorted(f for d in directories if d.is_dir() for f in d.rglob("*") if f.is_file())
 
     def subject_bucket(self, *, store: MemoryStore, tenant_id: str, user_id: str) -> int:
         """The bucket holding `user_id`'s rows (it needs the tenant key, as the pseudonym does)."""
@@ -312,6 +343,7 @@ class AnalyticsStore:
                     "created_at": cv.created_at,
                     "updated_at": cv.updated_at,
                     "version_created_at": cv.version_created_at,
+                    "tenant_id": tenant_id,
                 }
                 for cv in kept
             ],
@@ -418,6 +450,8 @@ class AnalyticsStore:
         """Under writer_lock: the tenant's partition becomes `table`, one file per bucket of its rows.
         Buckets it no longer needs are emptied (then reaped), stale temporary files removed."""
         report = Rewrite(rows=table.num_rows)
+        # Every row under the tenant's directory names that tenant: reads keep no other.
+        table = _with_tenant(table, tenant_id)
         directory = self.partition_dir(tenant_id)
         private_dir(directory)
         # Any temporary file seen under the writer lock was left by a writer that died.
@@ -472,35 +506,53 @@ class AnalyticsStore:
                 pass  # not empty: left as it is
 
     def _upgrade_locked(self) -> None:
-        """Under writer_lock: convert every tenant still in the one-file layout (see the module
-        docstring). A no-op, one directory listing, once they are all converted."""
-        legacy = sorted(self.data_dir.glob(f"*/{LEGACY_FILE}"))
-        if not legacy:
+        """Under writer_lock: convert every tenant still under its raw id (see the module
+        docstring). A no-op, two stats, once they are all converted."""
+        retired = self.root / RETIRED_DIR
+        if retired.exists():
+            shutil.rmtree(retired)  # what a conversion that died left renamed aside: converted already
+        if not self.old_data_dir.is_dir():
             return
-        for path in legacy:
-            with open(path, "rb") as fh:
-                table = pq.ParquetFile(fh).read()
-            self._replace_partition_locked(path.parent.name.removeprefix("tenant_id="), table)
+        old = sorted(d for d in self.old_data_dir.glob(f"{OLD_TENANT_KEY}=*") if d.is_dir())
+        if not old:
+            with suppress(OSError):
+                self.old_data_dir.rmdir()  # gone once empty; anything else left in it is not ours
+            return
+        for directory in old:
+            tenant_id = directory.name.removeprefix(f"{OLD_TENANT_KEY}=")
+            table = self._read_old(directory, tenant_id)
+            # Nothing else writes old directories: one that vanished meanwhile held no rows.
+            self._replace_partition_locked(tenant_id, SCHEMA.empty_table() if table is None else table)
         self._write_view(self._has_data())
-        for path in legacy:
-            path.unlink(missing_ok=True)
+        private_dir(retired)
+        for directory in old:
+            # One rename takes the whole old copy away at once (a reader mid-read loses a file and
+            # turns to the new copy), then its files go: unlinked, as every removal here does.
+            aside = retired / tenant_hash(directory.name.removeprefix(f"{OLD_TENANT_KEY}="))
+            os.replace(directory, aside)
+            shutil.rmtree(aside)
+        retired.rmdir()
+        with suppress(OSError):
+            self.old_data_dir.rmdir()  # gone once empty; anything else left in it is not ours
 
     def drop(self, *, store: MemoryStore, tenant_id: str) -> int:
         """Remove the tenant's partition and its lineage (tenant offboarding); returns rows removed."""
         with store.transaction() as conn:
             _lock_partition(conn, tenant_id)
             table = self.read_partition(tenant_id)
-            with self.writer_lock(), suppress(FileNotFoundError):
-                shutil.rmtree(self.partition_dir(tenant_id))
+            with self.writer_lock():
+                self._upgrade_locked()  # an old directory would otherwise outlive the drop
+                with suppress(FileNotFoundError):
+                    shutil.rmtree(self.partition_dir(tenant_id))
             conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
         self.refresh_views()
         return 0 if table is None else table.num_rows
 
     def _has_data(self) -> bool:
-        return any(self.data_dir.glob("*/*/*.parquet"))
+        return any(self.data_dir.glob(f"{TENANT_KEY}=*/bucket=*/*.parquet"))
 
     def _view_pattern(self) -> str:
-        return str(self.data_dir / "*" / "*" / "*.parquet")
+        return str(self.data_dir / f"{TENANT_KEY}=*" / "bucket=*" / "*.parquet")
 
     def refresh_views(self) -> None:
         """Create the `memories` view over every tenant's buckets (or drop it when there is none).
@@ -538,12 +590,16 @@ class AnalyticsStore:
         try:
             with duckdb.connect(str(tmp)) as con:
                 if has_data:
-                    # DDL takes no bound parameters; the path is ours (under HOME), quoted as a literal.
-                    # Types given: left to guess, a tenant named "0042" would read as the number 42.
+                    # DDL takes no bound parameters; the path is ours (under HOME, no tenant id in it),
+                    # quoted as a literal. `tenant_id` comes from the files, last as it always was;
+                    # the path's hash is left out. Types given: left to guess, a hash of digits
+                    # only would read as a number.
                     con.execute(
-                        "CREATE VIEW memories AS SELECT * FROM read_parquet("  # noqa: S608
+                        f"CREATE VIEW memories AS SELECT * EXCLUDE ({TENANT_KEY}, tenant_id), tenant_id"  # noqa: S608
+                        " FROM read_parquet("
                         + _literal(self._view_pattern())
-                        + ", hive_partitioning = true, hive_types = {'tenant_id': 'VARCHAR', 'bucket': 'INTEGER'})"
+                        + ", hive_partitioning = true"
+                        + f", hive_types = {{'{TENANT_KEY}': 'VARCHAR', 'bucket': 'INTEGER'}})"
                     )
             private_file(tmp)
             os.replace(tmp, self.database)
@@ -577,47 +633,19 @@ class AnalyticsStore:
             )
         if hidden:
             table = hidden.keep(table)
-        # The hive partition columns are in the path, not the file; added back, as the view has them.
-        table = table.append_column("bucket", _buckets(table["user_pseudonym"]))
-        table = table.append_column("tenant_id", pa.array([tenant_id] * table.num_rows, pa.string()))
+        # The bucket is in the path, not the file; added back where the view has it, before
+        # `tenant_id` (in the file, and read_partition kept only this tenant's rows).
+        table = table.add_column(table.schema.get_field_index("tenant_id"), "bucket", _buckets(table["user_pseudonym"]))
         limits = self.limits
-        timed_out = threading.Event()
-        try:
-            with _sandbox(table, limits) as con:
-
-                def interrupt() -> None:
-                    timed_out.set()
-                    con.interrupt()
-
-                timer = threading.Timer(limits.timeout_seconds, interrupt)
-                timer.start()
-                try:
-                    cursor = con.execute(statement)
-                    columns = [d[0] for d in cursor.description or []]
-                    fetched = cursor.fetchmany(max_rows + 1)
-                finally:
-                    timer.cancel()
-        except duckdb.InterruptException as exc:
-            if not timed_out.is_set():
-                raise
-            raise ServiceError(
-                "sql",
-                f"stopped after {limits.timeout_seconds:g} s, the limit of one analytics query"
-                f" ({ENV_ANALYTICS_TIMEOUT}); narrow it, or raise the limit",
-            ) from exc
-        except duckdb.OutOfMemoryException as exc:
-            raise ServiceError(
-                "sql",
-                f"needs more than {limits.memory_mb} MB, the limit of one analytics query ({ENV_ANALYTICS_MEMORY_MB});"
-                " narrow it, or raise the limit",
-            ) from exc
-        except duckdb.Error as exc:
-            raise ValidationError("sql", f"{type(exc).__name__}: {_one_line(str(exc))}") from exc
-        return {
-            "columns": columns,
-            "rows": [[_json_value(v) for v in row] for row in fetched[:max_rows]],
-            "truncated": len(fetched) > max_rows,
-        }
+        answer = sql_sandbox.run(
+            table,
+            statement.query,
+            memory_mb=limits.memory_mb,
+            threads=limits.threads,
+            timeout_seconds=limits.timeout_seconds,
+            max_rows=max_rows,
+        )
+        return {"columns": answer.columns, "rows": answer.rows, "truncated": answer.truncated}
 
     def read_partition(
         self, tenant_id: str, *, buckets: set[int] | None = None, columns: list[str] | None = None
@@ -625,22 +653,23 @@ class AnalyticsStore:
         """The tenant's rows (every bucket's, in bucket order, or those of `buckets`; all columns or
         `columns`), or None when it has no partition.
 
-        No writer lock: each file is opened once and read through that handle (pyarrow given a
-        path may open it again, and would then read a file renamed over it meanwhile with the old
-        one's footer); a bucket file gone between the listing and the open held no rows. A
-        one-file partition not yet converted is read alone: its conversion ends by removing it.
+        Only rows whose `tenant_id` column is `tenant_id`: the directory is found by the tenant's
+        hash, and the rows must name the tenant too. No writer lock: each file is opened once and
+        read through that handle (pyarrow given a path may open it again, and would then read a
+        file renamed over it meanwhile with the old one's footer); a bucket file gone between the
+        listing and the open held no rows. An old directory not yet converted is read instead
+        while it is there (see the module docstring).
         """
-        try:
-            fh = open(self._legacy_file(tenant_id), "rb")
-        except (FileNotFoundError, NotADirectoryError):
-            pass
-        else:
-            with fh:
-                return pq.ParquetFile(fh).read(columns=columns)
+        old = self._old_partition_dir(tenant_id)
+        if old.is_dir():
+            table = self._read_old(old, tenant_id, buckets=buckets, columns=columns)
+            if table is not None:
+                return table
         if not self.partition_dir(tenant_id).is_dir():
             return None
+        wanted = None if columns is None else [*columns, *(["tenant_id"] if "tenant_id" not in columns else [])]
         empty = SCHEMA.empty_table()
-        tables = [empty.select(columns) if columns else empty]
+        tables = [empty.select(wanted) if wanted else empty]
         for bucket, path in self.bucket_files(tenant_id).items():
             if buckets is not None and bucket not in buckets:
                 continue
@@ -649,8 +678,55 @@ class AnalyticsStore:
             except FileNotFoundError:
                 continue
             with fh:
-                tables.append(pq.ParquetFile(fh).read(columns=columns))
-        return pa.concat_tables(tables)
+                tables.append(pq.ParquetFile(fh).read(columns=wanted))
+        table = pa.concat_tables(tables)
+        table = table.filter(pc.equal(table["tenant_id"], tenant_id))  # a null is no match: dropped
+        return table.select(columns) if columns is not None else table
+
+    def _read_old(
+        self, directory: Path, tenant_id: str, *, buckets: set[int] | None = None, columns: list[str] | None = None
+    ) -> pa.Table | None:
+        """The rows of an old directory (its one file while there, else its buckets), each given the
+        `tenant_id` its directory names; None once it is gone, or when it loses a file between the
+        listing and the open: only its conversion takes files from it, and that renames the whole
+        directory away after the new copy is complete, so the caller reads the new copy instead."""
+        wanted = None if columns is None else [c for c in columns if c != "tenant_id"]
+
+        def finish(table: pa.Table) -> pa.Table:
+            table = _with_tenant(table, tenant_id)
+            return table.select(columns) if columns is not None else table
+
+        try:
+            fh = open(directory / LEGACY_FILE, "rb")
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        else:
+            with fh:
+                return finish(pq.ParquetFile(fh).read(columns=wanted))
+        found: dict[int, Path] = {}
+        try:
+            for path in directory.glob(f"bucket=*/{BUCKET_FILE}"):
+                number = path.parent.name.removeprefix("bucket=")
+                if number.isdigit() and int(number) < BUCKETS:
+                    found[int(number)] = path
+        except FileNotFoundError:
+            return None  # renamed away as the listing began
+        if not found and not directory.is_dir():
+            return None  # renamed away before the listing
+        old_schema = pa.schema([f for f in SCHEMA if f.name != "tenant_id"])
+        empty = old_schema.empty_table()
+        tables = [empty.select(wanted) if wanted is not None else empty]
+        for bucket, path in sorted(found.items()):
+            if buckets is not None and bucket not in buckets:
+                continue
+            try:
+                fh = open(path, "rb")
+            except FileNotFoundError:
+                return None
+            with fh:
+                table = pq.ParquetFile(fh).read(columns=wanted)
+            tables.append(table.drop_columns([c for c in table.column_names if c == "tenant_id"]))
+        return finish(pa.concat_tables(tables))
 
     def check(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
         """Counts that must be zero: text columns, do-not-sell rows, rows without lineage or not current."""
@@ -669,6 +745,14 @@ class AnalyticsStore:
             "without_lineage": sum(1 for i in ids if i not in edges),
             "not_current": sum(1 for i in ids if i not in current),
         }
+
+
+def _with_tenant(table: pa.Table, tenant_id: str) -> pa.Table:
+    """`table` with its `tenant_id` column set to `tenant_id` throughout (added when missing)."""
+    column = pa.array([tenant_id] * table.num_rows, pa.string())
+    if "tenant_id" in table.column_names:
+        return table.set_column(table.column_names.index("tenant_id"), SCHEMA.field("tenant_id"), column)
+    return table.append_column(SCHEMA.field("tenant_id"), column)
 
 
 def _rows_in(path: Path) -> int:
@@ -702,47 +786,5 @@ def parse_select(sql: object) -> duckdb.Statement:
     return statements[0]
 
 
-@contextmanager
-def _sandbox(table: pa.Table, limits: QueryLimits) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A fresh in-memory DuckDB holding only `table` as `memories`, locked before any user SQL runs."""
-    config: dict[str, str | bool | int | float | list[str]] = {
-        "memory_limit": f"{limits.memory_mb}MB",
-        "threads": limits.threads,
-        # Python replacement scans would let SQL name any variable of the calling frames.
-        "python_enable_replacements": False,
-        "autoinstall_known_extensions": False,
-        "autoload_known_extensions": False,
-        "allow_community_extensions": False,
-        # No spill files: an in-memory database would otherwise write `.tmp/` in the working directory.
-        "temp_directory": "",
-    }
-    with duckdb.connect(":memory:", config=config) as con:
-        con.register("memories", table)
-        # Our own data is in; from here on nothing, the user's SQL included, can reach a file or
-        # turn a setting back (SET and RESET fail once the configuration is locked).
-        con.execute("SET enable_external_access = false")
-        con.execute("SET lock_configuration = true")
-        yield con
-
-
 def _one_line(message: str) -> str:
     return " ".join(message.split())
-
-
-def _json_value(value: Any) -> Any:
-    """DuckDB's Python values as JSON: timestamps ISO 8601, decimals as numbers, bytes as hex."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, Decimal):
-        return float(value) if value.is_finite() else str(value)
-    if isinstance(value, (datetime, date, time)):
-        return value.isoformat()
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).hex()
-    if isinstance(value, dict):
-        return {str(k): _json_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_value(v) for v in value]
-    return str(value)  # UUID, timedelta, ...

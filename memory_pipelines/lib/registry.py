@@ -84,7 +84,7 @@ STORES: tuple[StoreSpec, ...] = (
     StoreSpec(
         "analytics",
         "team:analytics",
-        "memory_id:version in tenant_id=T partition",
+        "memory_id:version in the tenant=<hash of T> partition (rows carry tenant_id)",
         "analytics-v1",
         600,
         "no Parquet row of a target in the tenant partition",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import hashlib
 import logging
 import sqlite3
 import threading
@@ -26,6 +25,7 @@ from memory_pipelines.lib import lineage, ordering
 from memory_pipelines.lib.embedding import Embedder
 from memory_pipelines.lib.errors import MemoryPipelinesError, ServiceError
 from memory_pipelines.lib.hnsw_files import clear_unused_capacity, unused_capacity_holds_data
+from memory_pipelines.lib.paths import tenant_hash
 from memory_pipelines.lib.progress import Progress, no_progress
 from memory_pipelines.lib.store import CurrentVersion, MemoryStore
 
@@ -100,8 +100,9 @@ def _reopen_embedded() -> None:
 
 
 def collection_name(tenant_id: str) -> str:
-    # Chroma names allow fewer characters than tenant ids; a digest is always valid and stable.
-    return "mem-" + hashlib.sha256(tenant_id.encode()).hexdigest()[:32]
+    # Chroma names allow fewer characters than tenant ids; a digest is always valid and stable
+    # (the same one names the tenant's analytics directory).
+    return "mem-" + tenant_hash(tenant_id)
 
 
 def read_pages(col: Any, *, include: list[str], ids: Sequence[str] | None = None) -> dict[str, list[Any]]:

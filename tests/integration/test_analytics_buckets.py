@@ -27,6 +27,7 @@ from memory_pipelines.lib.analytics import (
     bucket_of,
 )
 from memory_pipelines.lib.deletion import DeletionService
+from memory_pipelines.lib.paths import tenant_hash
 from memory_pipelines.lib.store import MemoryStore
 
 USERS = [f"user{i:02d}" for i in range(12)]
@@ -92,7 +93,7 @@ def test_each_row_is_filed_under_its_authors_keyed_bucket(store, tenant, analyti
     assert not (analytics.partition_dir(tenant) / LEGACY_FILE).exists()
     owner = {cv.memory_id: cv.user_id for cv in store.current_versions(tenant_id=tenant)}
     for bucket, path in files.items():
-        assert path == analytics.data_dir / f"tenant_id={tenant}" / f"bucket={bucket:02d}" / BUCKET_FILE
+        assert path == analytics.data_dir / f"tenant={tenant_hash(tenant)}" / f"bucket={bucket:02d}" / BUCKET_FILE
         table = pq.read_table(path)
         assert table.schema.equals(SCHEMA)
         # The bucket is the first byte of the row's own keyed pseudonym: no key of its own.
@@ -249,7 +250,8 @@ def test_query_sandbox_and_view_have_the_same_columns_and_one_tenant(store, tena
     other = tenant + "-other"
     store.write(tenant_id=other, user_id="user01", text="another tenant's row")
     analytics.rebuild(store=store, tenant_id=other)
-    expected = [*SCHEMA.names, "bucket", "tenant_id"]
+    # tenant_id is in the files now, and still last, after the bucket of the path, as it always was.
+    expected = [*(name for name in SCHEMA.names if name != "tenant_id"), "bucket", "tenant_id"]
     sandbox = analytics.query("SELECT * FROM memories LIMIT 1", tenant_id=tenant)
     assert sandbox["columns"] == expected
     with analytics.connect() as con:
@@ -284,19 +286,25 @@ def _legacy_rows(n: int) -> pa.Table:
     return table
 
 
+def legacy_dir(analytics: AnalyticsStore, tenant: str) -> Path:
+    return analytics.root / "memories" / f"tenant_id={tenant}"  # named by the raw id, as then
+
+
 def to_legacy_layout(analytics: AnalyticsStore, tenant: str, table: pa.Table) -> None:
     """What an install from before the buckets holds: one file per tenant, a view over `*/*.parquet`."""
-    directory = analytics.partition_dir(tenant)
+    directory = legacy_dir(analytics, tenant)
     directory.mkdir(parents=True, exist_ok=True)
-    for path in analytics.bucket_files(tenant).values():
-        path.unlink()
-        path.parent.rmdir()
-    pq.write_table(table, directory / LEGACY_FILE)
+    if analytics.partition_dir(tenant).exists():
+        for path in analytics.bucket_files(tenant).values():
+            path.unlink()
+            path.parent.rmdir()
+        analytics.partition_dir(tenant).rmdir()
+    pq.write_table(table.drop_columns([c for c in table.column_names if c == "tenant_id"]), directory / LEGACY_FILE)
     analytics.database.unlink(missing_ok=True)
     import duckdb
 
     with duckdb.connect(str(analytics.database)) as con:
-        pattern = str(analytics.data_dir / "*" / "*.parquet")
+        pattern = str(analytics.root / "memories" / "*" / "*.parquet")
         con.execute(f"CREATE VIEW memories AS SELECT * FROM read_parquet('{pattern}', hive_partitioning = true)")
 
 
@@ -306,9 +314,9 @@ def test_the_one_file_layout_is_read_then_converted_at_the_first_write(store, te
     bystander = tenant + "-legacy"
     to_legacy_layout(analytics, bystander, _legacy_rows(300))
     # A crash in an earlier conversion left bucket files: the old file still wins until removed.
-    stale = analytics.bucket_file(tenant, 5)
+    stale = legacy_dir(analytics, tenant) / "bucket=05" / BUCKET_FILE
     stale.parent.mkdir(parents=True)
-    pq.write_table(before.slice(0, 1), stale)
+    pq.write_table(before.slice(0, 1).drop_columns(["tenant_id"]), stale)
 
     assert analytics.read_partition(tenant).sort_by("memory_id").equals(before)
     assert analytics.query("SELECT count(*) FROM memories", tenant_id=tenant)["rows"] == [[before.num_rows]]
@@ -322,14 +330,12 @@ def test_the_one_file_layout_is_read_then_converted_at_the_first_write(store, te
     assert now.remove(store=store, tenant_id=tenant, sources=gone) == 2
 
     for name in (tenant, bystander):
-        assert not (now.partition_dir(name) / LEGACY_FILE).exists()
+        assert not legacy_dir(now, name).exists()
         assert now.bucket_files(name)
     removed = {m for m, _ in gone}
     after = now.read_partition(tenant).sort_by("memory_id")
     assert after.equals(before.filter(pa.array([m not in removed for m in before["memory_id"].to_pylist()])))
-    assert stale not in now.bucket_files(tenant).values() or not removed & set(
-        pq.read_table(stale)["memory_id"].to_pylist()
-    )
+    assert not stale.exists()
     converted = now.read_partition(bystander)
     assert converted.num_rows == 300
     for bucket, path in now.bucket_files(bystander).items():

@@ -419,6 +419,11 @@ def test_a_runaway_analytics_query_ends_with_a_clear_error(cli_env, store, tenan
     big = cli(env, "analytics", "--tenant", tenant, "--sql", "SELECT * FROM range(100000000) ORDER BY random()")
     refused(big, 6, "sql")
     assert "more than 128 MB" in big.stderr and "MEMORY_PIPELINES_ANALYTICS_MEMORY_MB" in big.stderr
+    # A scalar DuckDB's memory_limit does not see (7.7 GB under a 1 GB limit, before the query had a
+    # capped process of its own), and one that never checks for interrupts.
+    huge = cli(env, "analytics", "--tenant", tenant, "--sql", "SELECT length(repeat('x', 2000000000))")
+    refused(huge, 6, "sql")
+    assert "more than 128 MB" in huge.stderr
     threads = ok(env, "analytics", "--tenant", tenant, "--sql", "SELECT current_setting('threads') FROM memories")
     assert threads["rows"] == [[2]]
     bad = cli(

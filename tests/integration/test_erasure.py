@@ -126,7 +126,7 @@ def test_a_file_still_holding_forgotten_bytes_fails_the_erasure_and_marks_nothin
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
     # A stray copy in a file the erasure scans (the tenant's analytics directory), as a store
     # that forgot a copy would leave it.
-    stray = derived.analytics.data_dir / f"tenant_id={tenant}" / "stray.bin"
+    stray = derived.analytics.partition_dir(tenant) / "stray.bin"
     stray.parent.mkdir(parents=True, exist_ok=True)
     stray.write_bytes(b"header" + bytes(blob) + b"trailer")
     try:

@@ -19,7 +19,7 @@ from memory_pipelines.lib.analytics import SCHEMA, AnalyticsStore
 from memory_pipelines.lib.errors import NotFoundError, ServiceError, ValidationError
 
 
-def _rows(n: int, prefix: str) -> pa.Table:
+def _rows(n: int, prefix: str, tenant: str) -> pa.Table:
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     return pa.Table.from_pylist(
         [
@@ -36,6 +36,7 @@ def _rows(n: int, prefix: str) -> pa.Table:
                 "created_at": now,
                 "updated_at": now,
                 "version_created_at": now,
+                "tenant_id": tenant,
             }
             for i in range(n)
         ],
@@ -49,7 +50,7 @@ def analytics(tmp_path: Path) -> AnalyticsStore:
     for tenant, n in (("acme", 3), ("globex", 5)):
         path = store.bucket_file(tenant, 0)
         path.parent.mkdir(parents=True)
-        pq.write_table(_rows(n, "a" if tenant == "acme" else "b"), path)
+        pq.write_table(_rows(n, "a" if tenant == "acme" else "b", tenant), path)
     store.refresh_views()  # the shared views exist, as after a real rebuild; queries must not use them
     return store
 

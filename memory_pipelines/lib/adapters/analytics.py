@@ -63,6 +63,6 @@ class AnalyticsAdapter:
 
     def erase(self, derived: DerivedStores, tenant_id: str) -> Erasure:
         # Each deletion already replaced the files holding its rows (written aside, renamed over).
-        root = derived.analytics.data_dir / f"tenant_id={tenant_id}"
-        files = [f for f in root.rglob("*") if f.is_file()] if root.exists() else []
+        # Found by the tenant's hash, with any old directory still named by its raw id.
+        files = derived.analytics.tenant_files(tenant_id)
         return Erasure(files=files, detail={"note": "files replaced at deletion"})
