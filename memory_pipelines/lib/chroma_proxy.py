@@ -116,7 +116,32 @@ def _write(path: str, text: str) -> None:
 
 def isolate() -> str:
     """Move this process (single-threaded, before any socket but the public one) into a network
-    namespace of its own with its loopback up; returns how ("netns" or "userns+netns")."""
+    namespace of its own with its loopback up; returns how ("netns" or "userns+netns").
+
+    Tried first in a forked child: a user namespace can be made and then refuse its id maps (one
+    nested in another), and a process cannot leave a namespace it entered, so a failure here must
+    leave this process where it was (`auto` then serves from the machine's loopback)."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe and its exit code
+        os.close(read_end)
+        code, message = 0, b""
+        try:
+            _isolate()
+        except BaseException as exc:
+            code, message = 1, str(exc).encode()
+        os.write(write_end, message[:4000])
+        os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        reason = pipe.read().decode(errors="replace")
+    _, status = os.waitpid(child, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise IsolationError(reason or "a network namespace could not be made here")
+    return _isolate()
+
+
+def _isolate() -> str:
     try:
         unshare = ctypes.CDLL(None, use_errno=True).unshare
     except (OSError, AttributeError) as exc:
