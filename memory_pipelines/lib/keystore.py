@@ -3,11 +3,12 @@
 The master key (a file or KMS) seals each tenant's key-encryption key (KEK), which lives in the key
 vault (files under HOME/keys/vault, lib/key_vault.py), never in PostgreSQL. The KEK wraps every key
 of the tenant the `keystore` rows hold: the tenant key (blind-index, pseudonym and cache subkeys
-derive from it, so its value never changes), subject keys (memory text), team keys (team summaries
-built before per-build keys) and build keys (one per summary build or prompt snapshot, destroyed
-with the row they seal). The physical erasure rotates the KEK (`begin_rotation`, commit,
-`finish_rotation`): whatever copies of wrapped keys PostgreSQL's WAL, dead tuples or replicas keep
-are wrapped by a KEK that no longer exists anywhere.
+derive from it, so its value never changes), subject keys (memory text; the blind index of the
+memories only their author sees), team keys (team summaries built before per-build keys) and build
+keys (one per summary build or prompt snapshot, destroyed with the row they seal). The physical
+erasure rotates the KEK (`begin_rotation`, commit, `finish_rotation`): whatever copies of wrapped
+keys PostgreSQL's WAL, dead tuples or replicas keep are wrapped by a KEK that no longer exists
+anywhere.
 
 Rows written before key vaults carry no `kek_id`: such a tenant key is wrapped by the master key,
 such subject, team and build keys by the tenant key. They still open; the tenant's first rotation
@@ -20,7 +21,7 @@ import contextlib
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -287,6 +288,30 @@ class KeyStore:
     ) -> tuple[str, bytes]:
         """The data key of one subject (user); every memory text they author is sealed under it."""
         return self._data_key(conn, "subject", tenant_id, user_id, create=create)
+
+    def subject_subkeys(
+        self, conn: psycopg.Connection, tenant_id: str, user_ids: Iterable[str], purpose: str
+    ) -> dict[str, bytes]:
+        """user_id -> a key derived from that subject's key for one purpose (the blind index of their
+        author-only memories), for those of `user_ids` whose key lives: it goes with the subject key,
+        and whatever it MACed becomes unlinkable. Never creates a key; one query for one subject, two for more."""
+        wanted = sorted(set(user_ids))
+        if not wanted:
+            return {}
+        label = b"subject-subkey:" + purpose.encode()
+        if len(wanted) == 1:  # a personal view's search: one lookup, not two
+            try:
+                _, key = self.subject_key(conn, tenant_id, wanted[0], create=False)
+            except NotFoundError:  # never a key, or destroyed (KeyDestroyedError)
+                return {}
+            return {wanted[0]: crypto.derive_key(key, label)}
+        rows = conn.execute(
+            "SELECT user_id, key_id FROM keystore.subject_keys"
+            " WHERE tenant_id = %s AND user_id = ANY(%s) AND wrapped IS NOT NULL",
+            (tenant_id, wanted),
+        ).fetchall()
+        keys = self.keys_by_id(conn, tenant_id, [str(key_id) for _, key_id in rows])
+        return {str(user): crypto.derive_key(keys[key_id], label) for user, key_id in rows if key_id in keys}
 
     def team_key(
         self, conn: psycopg.Connection, tenant_id: str, team_id: str, *, create: bool = True

@@ -1,13 +1,25 @@
-"""Blind keyword index in PostgreSQL: tokens are stored as HMAC(tenant keyword key, normalised token).
+"""Blind keyword index in PostgreSQL: tokens are stored as HMAC(keyword key, normalised token).
 
 Exact-token search works (the query's tokens are MACed the same way) while no token is readable at
 rest. Only current versions are indexed; a superseded version's postings go when the index syncs.
+
+Two keys. An author-only version (a personal memory's version not marked shareable: under every
+sharing mode its author alone sees it) is MACed under a key derived from its author's subject key,
+every other version under the tenant keyword key. A writer of the tenant who reads the database can
+MAC chosen tokens under the tenant key (write them, read their postings), never under another
+subject's key: other people's author-only tokens stay unmatched, and a subject's crypto-shredding
+makes their postings unlinkable for good. What decides the key is fixed per version (a memory never
+changes team; another shareable flag is another version), so no sharing-mode change re-keys
+anything. Postings an older release wrote under the tenant key for author-only versions carry
+`legacy_key` (migration 0018): still found (a personal view asks both keys), rewritten by the next
+sync.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Iterable
 from typing import Any
 
 import psycopg
@@ -15,9 +27,18 @@ from psycopg.rows import dict_row
 
 from memory_pipelines.lib import crypto, lineage, ordering, validation
 from memory_pipelines.lib.errors import NotFoundError
-from memory_pipelines.lib.store import MemoryStore, visible_candidates_sql
+from memory_pipelines.lib.store import CurrentVersion, MemoryStore, visible_candidates_sql
 
 STORE = "keyword_index"
+KEY_PURPOSE = "keyword-index"  # of the tenant subkey, and of each subject's (lib/keystore.py)
+Source = tuple[str, int]
+# Versions with postings of an older release under the wrong key (migration 0018's partial index).
+_LEGACY = "SELECT DISTINCT memory_id, version FROM derived.keyword_postings WHERE tenant_id = %s AND legacy_key"
+_LEGACY_AMONG = (
+    "SELECT DISTINCT p.memory_id, p.version FROM derived.keyword_postings p"
+    " JOIN unnest(%s::text[], %s::int[]) AS w(memory_id, version) ON p.memory_id = w.memory_id"
+    " AND p.version = w.version WHERE p.tenant_id = %s AND p.legacy_key"
+)
 # Matching postings counted per version; ties go to the smaller memory_id. Constant text, values bound.
 _HITS = (
     "SELECT p.memory_id, p.version, count(*) AS hits FROM derived.keyword_postings p"
@@ -43,16 +64,37 @@ _RARITY = (
     "SELECT w.mac, (SELECT count(*) FROM (SELECT 1 FROM derived.keyword_postings p WHERE p.tenant_id = %(tenant)s"
     " AND p.token_mac = w.mac LIMIT %(scan)s) x) AS seen FROM unnest(%(macs)s::bytea[]) AS w(mac)"
 )
-_ALL_TOKENS = (
-    "(SELECT d.memory_id, d.version, %(n)s::bigint AS hits FROM (SELECT p.memory_id, p.version"
-    " FROM derived.keyword_postings p WHERE p.tenant_id = %(tenant)s AND p.token_mac = %(driver)s"
-    " ORDER BY p.memory_id, p.version LIMIT %(scan)s) d WHERE (SELECT count(*) FROM derived.keyword_postings q"
-    " WHERE q.tenant_id = %(tenant)s AND q.token_mac = ANY(%(macs)s) AND q.memory_id = d.memory_id"
-    " AND q.version = d.version) = %(n)s) AS c"
+# The driver: the rarest token's postings in memory_id order (one key), or under each of several keys
+# (a personal view asks the tenant's and the user's), merged. A version's postings are all under one
+# key, so a full match holds the driver under its own key and exactly n of the query's MACs.
+_ONE_DRIVER = (
+    "SELECT p.memory_id, p.version FROM derived.keyword_postings p WHERE p.tenant_id = %(tenant)s"
+    " AND p.token_mac = %(driver)s ORDER BY p.memory_id, p.version LIMIT %(scan)s"
 )
+_DRIVERS = (
+    "SELECT x.memory_id, x.version FROM unnest(%(drivers)s::bytea[]) AS w(mac) CROSS JOIN LATERAL"
+    " (SELECT p.memory_id, p.version FROM derived.keyword_postings p WHERE p.tenant_id = %(tenant)s"
+    " AND p.token_mac = w.mac ORDER BY p.memory_id, p.version LIMIT %(scan)s) x"
+    " ORDER BY x.memory_id, x.version LIMIT %(scan)s"
+)
+
+
+def _all_tokens(driver: str) -> str:
+    """The versions of `driver` (one of the two constants above) holding all n tokens of the query."""
+    return (
+        "(SELECT d.memory_id, d.version, %(n)s::bigint AS hits FROM ("  # noqa: S608 - constant text
+        + driver
+        + ") d"
+        " WHERE (SELECT count(*) FROM derived.keyword_postings q WHERE q.tenant_id = %(tenant)s"
+        " AND q.token_mac = ANY(%(macs)s) AND q.memory_id = d.memory_id AND q.version = d.version) = %(n)s) AS c"
+    )
+
+
 _SEARCH_ALL_TOKENS = {
-    scope: visible_candidates_sql(_ALL_TOKENS, scope) + " ORDER BY c.memory_id, c.version LIMIT %(limit)s"
+    (scope, several): visible_candidates_sql(_all_tokens(_DRIVERS if several else _ONE_DRIVER), scope)
+    + " ORDER BY c.memory_id, c.version LIMIT %(limit)s"
     for scope in (None, *validation.SHARING_MODES)
+    for several in (False, True)
 }
 _ALL_TOKENS_UP_TO = 50  # hybrid's 1,000 deep list is never all full matches: it counts at once
 # A small scope (MemoryStore.small_scope): the postings of its versions are counted, a few index
@@ -80,6 +122,12 @@ def tokens(text: str) -> set[str]:
     return {t for t in _TOKEN.findall(normal) if (len(t) > 1 or t.isdigit()) and t not in _STOPWORDS}
 
 
+def author_only(cv: CurrentVersion) -> bool:
+    """Seen by its author alone under every sharing mode: a personal memory's version not marked
+    shareable (a team view admits personal memories only when shareable, in progressive mode)."""
+    return cv.team_id is None and not cv.shareable
+
+
 class KeywordIndex:
     """Sync and search of the tenant's blind keyword index."""
 
@@ -88,21 +136,32 @@ class KeywordIndex:
 
     def _key(self, tenant_id: str, *, create: bool = True) -> bytes:
         with self.store.transaction() as conn:
-            return self.store.keys.tenant_subkey(conn, tenant_id, "keyword-index", create=create)
+            return self.store.keys.tenant_subkey(conn, tenant_id, KEY_PURPOSE, create=create)
+
+    @staticmethod
+    def _legacy(conn: psycopg.Connection, tenant_id: str, sources: list[tuple[str, int]] | None = None) -> set[Source]:
+        """Versions with postings an older release MACed under the tenant key though they are author-only
+        (all of the tenant's, or those among `sources`): a partial index holds them alone."""
+        if sources is None:
+            return {(m, v) for m, v in conn.execute(_LEGACY, (tenant_id,))}
+        return {(m, v) for m, v in conn.execute(_LEGACY_AMONG, (*lineage.pair_arrays(sources), tenant_id))}
 
     def sync(self, *, tenant_id: str) -> dict[str, int]:
-        """Index every current version not yet indexed; drop postings of versions no longer current."""
+        """Index every current version not yet indexed, and rewrite under its author's key each one an
+        older release indexed under the tenant key; drop postings of versions no longer current."""
         current = {cv.record_id: cv for cv in self.store.current_versions(tenant_id=tenant_id)}
         with self.store.transaction() as conn:
             existing = lineage.records_of_store(conn, tenant_id=tenant_id, store=STORE)
+            legacy = self._legacy(conn, tenant_id)
         stale = sorted(set(existing) - set(current))
-        new = [cv for record_id, cv in current.items() if record_id not in existing]
+        new = [cv for record_id, cv in current.items() if record_id not in existing or cv.source in legacy]
+        nothing = {"records": len(current), "indexed": 0, "removed": 0, "postings_written": 0, "rekeyed": 0}
         if not stale and not new:
-            return {"records": len(current), "indexed": 0, "removed": 0, "postings_written": 0}
+            return nothing
         try:
             key = self._key(tenant_id, create=False)  # derived writes never create keys
         except NotFoundError:
-            return {"records": len(current), "indexed": 0, "removed": 0, "postings_written": 0}
+            return nothing
         postings = 0
         with self.store.transaction() as conn:
             # Versions whose deletion was accepted are left to the forget cascade (it verifies them).
@@ -120,7 +179,7 @@ class KeywordIndex:
                     (memory_ids, versions, tenant_id),
                 )
                 lineage.remove_records(conn, tenant_id=tenant_id, store=STORE, record_ids=stale)
-        indexed = 0
+        indexed = rekeyed = 0
         for start in range(0, len(new), 2000):
             chunk = new[start : start + 2000]
             texts = self.store.open_texts(
@@ -131,19 +190,31 @@ class KeywordIndex:
             with self.store.transaction() as conn:
                 hidden = ordering.guard_build(conn, tenant_id, [(cv.memory_id, cv.version, cv.epoch) for cv in chunk])
                 # Syncs of one tenant in several processes (automation, the CLI) index disjointly:
-                # one at a time per tenant, skipping what another indexed since we listed.
+                # one at a time per tenant, skipping what another indexed (or re-keyed) since we listed.
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 3))", ("keywords\x1f" + tenant_id,))
                 done = set(
                     lineage.records_of_ids(
                         conn, tenant_id=tenant_id, store=STORE, record_ids=[cv.record_id for cv in chunk]
                     )
                 )
+                redo = self._legacy(conn, tenant_id, [cv.source for cv in chunk])
                 chunk = [
-                    cv for cv in chunk if cv.source not in hidden and cv.source in texts and cv.record_id not in done
+                    cv
+                    for cv in chunk
+                    if cv.source not in hidden
+                    and cv.source in texts
+                    and (cv.record_id not in done or cv.source in redo)
                 ]
+                authors = self.store.keys.subject_subkeys(
+                    conn, tenant_id, [cv.user_id for cv in chunk if author_only(cv)], KEY_PURPOSE
+                )
+                # Never the tenant key for an author-only version: one whose author's key was destroyed
+                # since its text was read is the forget cascade's.
+                chunk = [cv for cv in chunk if not author_only(cv) or cv.user_id in authors]
                 indexed += len(chunk)
+                rekeyed += sum(cv.source in redo for cv in chunk)
                 # Idempotent even where postings outlived their edge (an older release's restore):
-                # a version's postings are replaced, never duplicated.
+                # a version's postings are replaced, never duplicated, never left under two keys.
                 conn.execute(
                     "DELETE FROM derived.keyword_postings p"
                     " USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
@@ -157,34 +228,54 @@ class KeywordIndex:
                     ) as copy,
                 ):
                     for cv in chunk:
+                        mac_key = authors[cv.user_id] if author_only(cv) else key
                         for token in tokens(texts[cv.source]):
-                            copy.write_row((tenant_id, crypto.mac(key, token.encode()), cv.memory_id, cv.version))
+                            copy.write_row((tenant_id, crypto.mac(mac_key, token.encode()), cv.memory_id, cv.version))
                             postings += 1
                 lineage.insert_edges(
                     conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in chunk]
                 )
-        return {"records": len(current), "indexed": indexed, "removed": len(stale), "postings_written": postings}
+        return {
+            "records": len(current),
+            "indexed": indexed,
+            "removed": len(stale),
+            "postings_written": postings,
+            "rekeyed": rekeyed,
+        }
 
-    def _query_macs(self, conn: psycopg.Connection, tenant_id: str, query: str) -> list[bytes]:
-        """MACs of the query's tokens ([] when it has none, or the tenant has no key: nothing matches)."""
-        wanted = tokens(query)
+    def _macs(
+        self, conn: psycopg.Connection, tenant_id: str, wanted: set[str], subjects: Iterable[str] = ()
+    ) -> list[list[bytes]]:
+        """Per token of `wanted` (sorted), its MAC under the tenant keyword key and under the keyword
+        key of each of `subjects` whose subject key lives ([] when there is no token or no key left:
+        nothing matches). Never creates a key."""
         if not wanted:
             return []
+        keys: list[bytes] = []
         try:
-            key = self.store.keys.tenant_subkey(conn, tenant_id, "keyword-index", create=False)
+            keys.append(self.store.keys.tenant_subkey(conn, tenant_id, KEY_PURPOSE, create=False))
         except NotFoundError:
-            return []  # no tenant key (never indexed, or shredded)
-        return [crypto.mac(key, token.encode()) for token in sorted(wanted)]
+            return []  # no tenant key (never indexed, or shredded): no subject key either
+        keys += self.store.keys.subject_subkeys(conn, tenant_id, subjects, KEY_PURPOSE).values()
+        return [[crypto.mac(key, token.encode()) for key in keys] for token in sorted(wanted)]
 
     def search(self, *, tenant_id: str, query: str, limit: int) -> list[tuple[tuple[str, int], float]]:
         """(memory_id, version) with the share of the query's tokens they contain, best first (every
-        indexed version, visible or not: `search_visible` is what recall uses)."""
+        indexed version, visible or not: `search_visible` is what recall uses).
+
+        With no user to search for, the query is MACed under every subject's key as well as the
+        tenant's: one key lookup and one MAC a token per subject of the tenant (for evaluation,
+        benchmarks and tests; recall never comes here)."""
         with self.store.transaction() as conn:
-            macs = self._query_macs(conn, tenant_id, query)
-            if not macs:
+            subjects = [
+                r[0] for r in conn.execute("SELECT user_id FROM memory.subjects WHERE tenant_id = %s", (tenant_id,))
+            ]
+            groups = self._macs(conn, tenant_id, tokens(query), subjects)
+            if not groups:
                 return []
+            macs = [mac for group in groups for mac in group]
             rows = conn.execute(_SEARCH, {"tenant": tenant_id, "macs": macs, "limit": limit}).fetchall()
-        return [((memory_id, version), hits / len(macs)) for memory_id, version, hits in rows]
+        return [((memory_id, version), hits / len(groups)) for memory_id, version, hits in rows]
 
     def search_visible(
         self,
@@ -203,56 +294,83 @@ class KeywordIndex:
         the tenant's best candidates would be in it)."""
         with self.store.transaction() as conn:
             scope = self.store.check_scope(conn, tenant_id, user_id, team_id)
-            macs = self._query_macs(conn, tenant_id, query)
-            if not macs:
+            # Only a personal view holds author-only versions (the user's own): a team view never
+            # asks the user's key, and asks exactly what it asked before.
+            groups = self._macs(conn, tenant_id, tokens(query), [user_id] if scope is None else ())
+            if not groups:
                 return []
+            n = len(groups)
+            macs = [mac for group in groups for mac in group]
             among = None
             if small_scope:
                 among = self.store.scope_versions(conn, scope, tenant_id, user_id, team_id, cap=small_scope)
             if among == []:
                 return []
-            params = {"tenant": tenant_id, "user": user_id, "team": team_id, "macs": macs, "limit": limit}
+            params = {
+                "tenant": tenant_id,
+                "user": user_id,
+                "team": team_id,
+                "macs": macs,
+                "keys": len(groups[0]),  # MACs a token, token after token in `macs`; no statement names it
+                "limit": limit,
+            }
             with conn.cursor(row_factory=dict_row) as cur:
                 if among is not None:
                     versions = {"m": [m for m, _ in among], "v": [v for _, v in among]}
                     rows = cur.execute(_SEARCH_AMONG[scope], {**params, **versions}).fetchall()
-                    return [((r["memory_id"], r["version"]), r["hits"] / len(macs), r) for r in rows]
+                    return [((r["memory_id"], r["version"]), r["hits"] / n, r) for r in rows]
                 rows = self._full_matches(cur, scope, params) if limit <= _ALL_TOKENS_UP_TO else []
                 if len(rows) < limit:
                     rows = cur.execute(_SEARCH_VISIBLE[scope], {**params, "depth": 4 * limit + 50}).fetchall()
                 if len(rows) < limit:  # too few visible among the best: every candidate, then (LIMIT NULL)
                     rows = cur.execute(_SEARCH_VISIBLE[scope], {**params, "depth": None}).fetchall()
-        return [((r["memory_id"], r["version"]), r["hits"] / len(macs), r) for r in rows]
+        return [((r["memory_id"], r["version"]), r["hits"] / n, r) for r in rows]
 
     @staticmethod
     def _full_matches(cur: psycopg.Cursor[Any], scope: str | None, params: dict[str, Any]) -> list[dict[str, Any]]:
         """The first LIMIT visible versions holding every token, if the rarest token's first postings
-        (20 x LIMIT + 100 of them) hold that many; else fewer, and the caller counts every posting."""
-        params = {**params, "n": len(params["macs"]), "scan": 20 * params["limit"] + 100}
+        (20 x LIMIT + 100 of them, under each key) hold that many; else fewer, and the caller counts
+        every posting."""
+        macs, keys = params["macs"], params.get("keys", 1)
+        groups = [macs[i : i + keys] for i in range(0, len(macs), keys)]
+        params = {**params, "n": len(groups), "scan": 20 * params["limit"] + 100}
         seen = {bytes(r["mac"]): r["seen"] for r in cur.execute(_RARITY, params).fetchall()}
-        driver = min(params["macs"], key=lambda mac: seen.get(mac, 0))
-        if not seen.get(driver):
+        rarest = min(groups, key=lambda group: sum(seen.get(mac, 0) for mac in group))
+        drivers = [mac for mac in rarest if seen.get(mac)]  # a key with no such posting walks nothing
+        if not drivers:
             return []  # a token no version holds: no full match
-        return cur.execute(_SEARCH_ALL_TOKENS[scope], {**params, "driver": driver}).fetchall()
+        if len(drivers) == 1:
+            return cur.execute(_SEARCH_ALL_TOKENS[(scope, False)], {**params, "driver": drivers[0]}).fetchall()
+        return cur.execute(_SEARCH_ALL_TOKENS[(scope, True)], {**params, "drivers": drivers}).fetchall()
 
-    def probe_hits(self, *, tenant_id: str, texts: list[str], sources: set[tuple[str, int]]) -> int:
-        """Postings of `sources` reachable from any token of `texts` (one query for every probe)."""
-        wanted = sorted(set().union(*(tokens(text) for text in texts))) if texts else []
+    def probe_hits(
+        self, *, tenant_id: str, texts: list[str], sources: set[tuple[str, int]], subjects: Iterable[str] = ()
+    ) -> int:
+        """Postings of `sources` reachable from any token of `texts` (one query for every probe), MACed
+        under the tenant key and the key of each of `subjects` and of the sources' authors the store
+        still names, while their subject keys live (a destroyed one leaves nothing to probe with; the
+        exact-id count finds every posting of a source, whatever its key)."""
+        wanted = set().union(*(tokens(text) for text in texts)) if texts else set()
         if not wanted or not sources:
             return 0
-        try:
-            key = self._key(tenant_id, create=False)
-        except NotFoundError:
-            return 0
-        macs = [crypto.mac(key, token.encode()) for token in wanted]
         memory_ids, versions = lineage.pair_arrays(sorted(sources))
         with self.store.transaction() as conn:
+            authors = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT DISTINCT user_id FROM memory.memories WHERE tenant_id = %s AND memory_id = ANY(%s)",
+                    (tenant_id, sorted(set(memory_ids))),
+                )
+            ]
+            groups = self._macs(conn, tenant_id, wanted, {*subjects, *authors})
+            if not groups:
+                return 0
             row = conn.execute(
                 "SELECT count(*) FROM derived.keyword_postings p"
                 " JOIN unnest(%s::text[], %s::int[]) AS s(memory_id, version)"
                 " ON p.memory_id = s.memory_id AND p.version = s.version"
                 " WHERE p.tenant_id = %s AND p.token_mac = ANY(%s)",
-                (memory_ids, versions, tenant_id, macs),
+                (memory_ids, versions, tenant_id, [mac for group in groups for mac in group]),
             ).fetchone()
         return int(row[0]) if row else 0
 

@@ -1,4 +1,5 @@
-"""Deletion adapter of the blind keyword index (postings keyed by tenant, memory_id, version)."""
+"""Deletion adapter of the blind keyword index (postings keyed by tenant, memory_id, version; MACed
+under the tenant key, or an author-only version's under its author's subject key)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,11 @@ class KeywordIndexAdapter:
         return int(row[0]) if row else 0
 
     def verify(self, ctx: Context, probes: Any) -> int:
-        return ctx.derived.keywords.probe_hits(tenant_id=ctx.tenant_id, texts=probes.texts, sources=ctx.everything)
+        # An author-only version's postings are MACed under its author's key: probed with it while it lives.
+        subjects = [scope["subject"] for scope in ctx.scopes("SUBJECT")]
+        return ctx.derived.keywords.probe_hits(
+            tenant_id=ctx.tenant_id, texts=probes.texts, sources=ctx.everything, subjects=subjects
+        )
 
     def fingerprints(self, conn: psycopg.Connection, ctx: Context) -> list[bytes]:
         # A token's MAC is shared by every memory holding the token, so no window is one version's;
