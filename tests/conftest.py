@@ -13,6 +13,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from memory_pipelines.lib import processes, services
 from memory_pipelines.lib.derived import DerivedStores, open_derived
@@ -206,6 +208,19 @@ def derived(session_settings: Settings, endpoints: Endpoints, store: MemoryStore
     """Every derived store on the session's engines (the embedding model loads once); vectors on the
     session HOME's Chroma server, as every product path uses them."""
     return open_derived(session_settings, store, endpoints=endpoints)
+
+
+@pytest.fixture
+def scratch_database(store: MemoryStore) -> Iterator[str]:
+    """A database of its own on the session server (dropped afterwards), e.g. for an upgrade."""
+    name = "mp_scratch_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(store.conninfo, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_conninfo(store.conninfo, dbname=name)
+    finally:
+        with psycopg.connect(store.conninfo, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture

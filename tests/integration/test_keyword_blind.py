@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from memory_pipelines.lib import crypto, lineage, migrations
 from memory_pipelines.lib.deletion import DeletionService
@@ -183,19 +180,6 @@ def test_shredding_the_subject_makes_her_postings_unlinkable_and_forget_removes_
 
 
 # -- an install indexed by the release before ---------------------------------------------------
-
-
-@pytest.fixture
-def scratch_database(store: MemoryStore) -> Iterator[str]:
-    """A database of its own on the session server (dropped afterwards)."""
-    name = "mp_keyword_" + uuid.uuid4().hex[:8]
-    with psycopg.connect(store.conninfo, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield make_conninfo(store.conninfo, dbname=name)
-    finally:
-        with psycopg.connect(store.conninfo, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def old_sync(old: MemoryStore, tenant: str) -> None:

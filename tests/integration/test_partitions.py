@@ -431,19 +431,6 @@ def test_drop_tenant_removes_its_partitions(store: MemoryStore, tenant: str, oth
 # -- the upgrade of a database in the old layout -------------------------------------------------
 
 
-@pytest.fixture
-def scratch_database(store: MemoryStore) -> Iterator[str]:
-    """A database of its own on the session server (dropped afterwards)."""
-    name = "mp_upgrade_" + uuid.uuid4().hex[:8]
-    with psycopg.connect(store.conninfo, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield make_conninfo(store.conninfo, dbname=name)
-    finally:
-        with psycopg.connect(store.conninfo, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
 # The tables 0011 partitions (keystore.build_keys came with 0015, partitioned from the start).
 OLD_LAYOUT_TABLES = tuple(t for t in PARTITIONED_TABLES if t != "keystore.build_keys")
 
