@@ -49,7 +49,6 @@ _KEY_RETRIES = 3
 class _Sealed:
     """One item ready to COPY: its fields, sealed under its author's key."""
 
-    index: int
     user_id: str
     team_id: str | None
     text_mac: bytes
@@ -100,7 +99,7 @@ class BulkWriter:
         while start < len(items):
             chunk = items[start : start + size_now]
             try:
-                written, new, held = self._write_chunk(start, chunk)
+                written, new, held = self._write_chunk(chunk)
             except (MemoryPipelinesError, psycopg.Error) as exc:
                 if not results:
                     raise
@@ -162,10 +161,10 @@ class BulkWriter:
             if (team_id, user_id) not in found:
                 self.store._require_member(conn, tenant_id, team_id, user_id)  # raises the usual error
 
-    def _write_chunk(self, start: int, chunk: list[dict[str, Any]]) -> tuple[list[WriteResult], int, float]:
+    def _write_chunk(self, chunk: list[dict[str, Any]]) -> tuple[list[WriteResult], int, float]:
         """Seals and commits one chunk; returns its results, how many are new, and how long it held the gate."""
         for _ in range(_KEY_RETRIES):
-            sealed = self._seal(start, chunk)
+            sealed = self._seal(chunk)
             began = time.perf_counter()
             written = self._commit(chunk, sealed)
             if written is not None:
@@ -174,7 +173,7 @@ class BulkWriter:
             self._mac_keys.clear()
         raise ConflictError("user", "an author's key kept being destroyed during the write; try again")
 
-    def _seal(self, start: int, chunk: list[dict[str, Any]]) -> list[_Sealed]:
+    def _seal(self, chunk: list[dict[str, Any]]) -> list[_Sealed]:
         """Outside any lock: new ids, sealed texts and text MACs for every item of the chunk."""
         from memory_pipelines.lib.store import DEFAULT_CATEGORY, DEFAULT_CONFIDENCE, _query_aad, _text_aad
 
@@ -185,7 +184,7 @@ class BulkWriter:
                     self._keys[user_id] = self.store.keys.subject_key(conn, self.tenant_id, user_id)
         tenant_id = self.tenant_id
         sealed = []
-        for n, item in enumerate(chunk):
+        for item in chunk:
             user_id, team_id = item["user_id"], item.get("team_id")
             key_id, key = self._keys[user_id]
             mac_key = self._mac_keys.get(user_id)
@@ -196,7 +195,6 @@ class BulkWriter:
             text_mac = crypto.mac(mac_key, item["text"].encode("utf-8"))
             sealed.append(
                 _Sealed(
-                    index=start + n,
                     user_id=user_id,
                     team_id=team_id,
                     text_mac=text_mac,

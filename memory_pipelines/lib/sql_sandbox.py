@@ -12,6 +12,7 @@ as Arrow IPC, and nothing else: no database connection, no key.
 from __future__ import annotations
 
 import json
+import math
 import resource
 import struct
 import subprocess
@@ -167,8 +168,6 @@ def _answer(stream: BinaryIO) -> dict[str, Any]:
 
 def json_value(value: Any) -> Any:
     """DuckDB's Python values as JSON: timestamps ISO 8601, decimals as numbers, bytes as hex."""
-    import math
-
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
