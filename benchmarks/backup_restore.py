@@ -22,16 +22,17 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from benchmarks.forget import build
 from benchmarks.ingest import corpus
-from memory_pipelines.lib import crypto, retention
-from memory_pipelines.lib.backup_storage import LocalBackupStorage
-from memory_pipelines.lib.backups import BackupService
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.derived import open_derived
-from memory_pipelines.lib.embedding import HashingEmbedder
-from memory_pipelines.lib.runtime import open_store
-from memory_pipelines.lib.services import stop_services
-from memory_pipelines.lib.settings import Settings
-from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.backups.service import BackupService
+from memory_pipelines.lib.backups.storage import LocalBackupStorage
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.infra.services import stop_services
+from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.memories import crypto
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.retention import rules as retention
+from memory_pipelines.lib.stores.derived import open_derived
+from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
 
 SWEEP_DAY = date(2026, 6, 15)
 

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.ingest import corpus
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.derived import open_derived
-from memory_pipelines.lib.embedding import HashingEmbedder
-from memory_pipelines.lib.runtime import open_store
-from memory_pipelines.lib.services import stop_services
-from memory_pipelines.lib.settings import Settings
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.infra.services import stop_services
+from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.stores.derived import open_derived
+from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
 
 SUBJECTS = 100
 

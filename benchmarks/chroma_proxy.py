@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from memory_pipelines.lib import services
-from memory_pipelines.lib.settings import Settings
+from memory_pipelines.lib.infra import services
+from memory_pipelines.lib.infra.settings import Settings
 
 DIMENSION = 384
 

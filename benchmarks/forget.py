@@ -45,14 +45,20 @@ from typing import Any
 import numpy as np
 
 from benchmarks.ingest import corpus
-from memory_pipelines.lib.deletion import DeletionBlocked, DeletionService
-from memory_pipelines.lib.derived import DerivedStores, default_embedder, open_derived, sync_embeddings, sync_keywords
-from memory_pipelines.lib.embedding import MODEL_NAME
-from memory_pipelines.lib.erasure import ErasureIncomplete, ErasureService
-from memory_pipelines.lib.runtime import open_store
-from memory_pipelines.lib.services import stop_services
-from memory_pipelines.lib.settings import Settings
-from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.forget.deletion import DeletionBlocked, DeletionService
+from memory_pipelines.lib.forget.erasure import ErasureIncomplete, ErasureService
+from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.infra.services import stop_services
+from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.stores.derived import (
+    DerivedStores,
+    default_embedder,
+    open_derived,
+    sync_embeddings,
+    sync_keywords,
+)
+from memory_pipelines.lib.stores.vectors.embedding import MODEL_NAME
 
 VERSIONS = 100  # memory versions of every subject
 TEAMS = 10

@@ -44,12 +44,12 @@ import psycopg
 
 from benchmarks.forget import VERSIONS, SyntheticVectors, items_for, populate, remaining, subject
 from benchmarks.ingest import WORDS
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.derived import default_embedder, open_derived, sync_keywords
-from memory_pipelines.lib.erasure import ErasureService
-from memory_pipelines.lib.runtime import open_store
-from memory_pipelines.lib.services import stop_services
-from memory_pipelines.lib.settings import Settings, lower_priority
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.forget.erasure import ErasureService
+from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.infra.services import stop_services
+from memory_pipelines.lib.infra.settings import Settings, lower_priority
+from memory_pipelines.lib.stores.derived import default_embedder, open_derived, sync_keywords
 
 TENANT_A = "iso-a"
 TENANT_B = "iso-b"

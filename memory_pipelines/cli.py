@@ -16,18 +16,18 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from memory_pipelines.lib import validation
-from memory_pipelines.lib.crypto import DecryptionError
-from memory_pipelines.lib.errors import MemoryPipelinesError, NotFoundError, ValidationError
-from memory_pipelines.lib.paths import PROJECT_ROOT
-from memory_pipelines.lib.private import restrict_umask
-from memory_pipelines.lib.progress import ENV_VERBOSE
-from memory_pipelines.lib.settings import ENV_HOME, Settings
-from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.infra import validation
+from memory_pipelines.lib.infra.errors import MemoryPipelinesError, NotFoundError, ValidationError
+from memory_pipelines.lib.infra.owner_only import restrict_umask
+from memory_pipelines.lib.infra.paths import PROJECT_ROOT
+from memory_pipelines.lib.infra.progress import ENV_VERBOSE
+from memory_pipelines.lib.infra.settings import ENV_HOME, Settings
+from memory_pipelines.lib.memories.crypto import DecryptionError
+from memory_pipelines.lib.memories.store import MemoryStore
 
 if TYPE_CHECKING:
-    from memory_pipelines.lib.deletion import DeletionLedger, DeletionService
-    from memory_pipelines.lib.derived import DerivedStores
+    from memory_pipelines.lib.forget.deletion import DeletionLedger, DeletionService
+    from memory_pipelines.lib.stores.derived import DerivedStores
     from memory_pipelines.platform import MemoryPlatform
 
 PROG = "memory-pipelines"
@@ -194,7 +194,7 @@ def cmd_lineage(args: argparse.Namespace) -> None:
         raise ValidationError("output", "is required with --format png (a binary file)")
     derived = _derived(args)
     if args.format != "json":
-        from memory_pipelines.lib.certificate import lineage_graph
+        from memory_pipelines.lib.forget.certificate import lineage_graph
 
         records = derived.lineage_of_memory(tenant_id=args.tenant, memory_id=args.memory_id)
         _document(args, lineage_graph(records, title=f"lineage of {args.memory_id}", fmt=args.format))
@@ -220,7 +220,7 @@ def cmd_recall(args: argparse.Namespace) -> None:
 
 
 def cmd_analytics(args: argparse.Namespace) -> None:
-    from memory_pipelines.lib.analytics import AnalyticsStore, QueryLimits, parse_select
+    from memory_pipelines.lib.stores.analytics.store import AnalyticsStore, QueryLimits, parse_select
 
     parse_select(args.sql)  # before any service starts
     # Unknown, deleted and restoring tenants are refused as everywhere else; the query then sees
@@ -303,7 +303,7 @@ def cmd_deletion(args: argparse.Namespace) -> None:
         if args.format == "json":
             _json_document(args, proof)
         else:
-            from memory_pipelines.lib.certificate import render
+            from memory_pipelines.lib.forget.certificate import render
 
             _document(args, render(proof, service.status(job_id=args.job_id), args.format))
     elif args.deletion_command == "list":
@@ -362,7 +362,7 @@ def cmd_keys(args: argparse.Namespace) -> None:
 
 
 def cmd_retention(args: argparse.Namespace) -> None:
-    from memory_pipelines.lib import retention
+    from memory_pipelines.lib.retention import rules as retention
 
     if args.retention_command == "preview":
         # A preview of a future day is allowed: counts only, nothing written (see retention.preview).
@@ -370,7 +370,7 @@ def cmd_retention(args: argparse.Namespace) -> None:
         return
     day = retention.check_sweep_day(args.date).isoformat()  # a day that has ended, on every path
     if args.wait:
-        from memory_pipelines.lib.canary import is_reserved_tenant
+        from memory_pipelines.lib.forget.canary import is_reserved_tenant
         from memory_pipelines.materialize import failure_message, run_retention
 
         retention.load_policies()  # a broken policy file fails here, naming its line
@@ -391,7 +391,7 @@ def cmd_retention(args: argparse.Namespace) -> None:
 
 
 def _runs(args: argparse.Namespace) -> Any:
-    from memory_pipelines.lib.runs import AgentRuns
+    from memory_pipelines.lib.agent_runs.runs import AgentRuns
 
     return AgentRuns(_derived(args))
 
@@ -419,7 +419,7 @@ def cmd_explain(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from memory_pipelines.lib import evaluation
+    from memory_pipelines.lib.evaluation import evaluator as evaluation
 
     if args.eval_command == "run":
         from memory_pipelines.materialize import failure_message, run_evaluation
@@ -451,10 +451,10 @@ def _month(value: str) -> str:
 
 
 def cmd_canary(args: argparse.Namespace) -> None:
-    from memory_pipelines.lib.canary import run_canary_drill
+    from memory_pipelines.lib.forget.canary import run_canary_drill
 
     settings = _settings(args)
-    from memory_pipelines.lib.runtime import open_backups
+    from memory_pipelines.lib.infra.runtime import open_backups
 
     derived = _derived(args)
     backups = open_backups(settings, derived.store)
@@ -467,15 +467,15 @@ def cmd_canary(args: argparse.Namespace) -> None:
 def cmd_stop(args: argparse.Namespace) -> None:
     """Everything of HOME ends: its Dagster processes (code servers, run workers, daemon, webserver;
     SIGTERM, then SIGKILL), then the embedded Chroma and PostgreSQL servers. The JSON names each."""
-    from memory_pipelines.lib.services import stop_services
+    from memory_pipelines.lib.infra.services import stop_services
 
     _emit(stop_services(_settings(args)))
 
 
 def cmd_dev(args: argparse.Namespace) -> None:
     from memory_pipelines.devserver import GRACE_SECONDS, dg_dev_command, port_taken, run_supervised
-    from memory_pipelines.lib.errors import ConflictError, ServiceError
-    from memory_pipelines.lib.services import ensure_services
+    from memory_pipelines.lib.infra.errors import ConflictError, ServiceError
+    from memory_pipelines.lib.infra.services import ensure_services
 
     if not 1 <= args.port <= 65535:
         raise ValidationError("port", f"must be from 1 to 65535, got {args.port}")
@@ -518,8 +518,8 @@ def cmd_env(args: argparse.Namespace) -> None:
     Starts the embedded services when needed: the Dagster URL names the embedded server's socket."""
     import shlex
 
-    from memory_pipelines.lib.services import ENV_DAGSTER_PG_URL_EXPORTED, ensure_services
-    from memory_pipelines.lib.settings import ENV_DAGSTER_PG_URL
+    from memory_pipelines.lib.infra.services import ENV_DAGSTER_PG_URL_EXPORTED, ensure_services
+    from memory_pipelines.lib.infra.settings import ENV_DAGSTER_PG_URL
 
     settings = _settings(args)
     endpoints = ensure_services(settings)

@@ -14,16 +14,16 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from memory_pipelines.lib.canary import CANARY_PREFIX
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.derived import DerivedStores, open_derived
-from memory_pipelines.lib.paths import ASSETS_DIR
-from memory_pipelines.lib.progress import ENV_VERBOSE
-from memory_pipelines.lib.runtime import open_store
-from memory_pipelines.lib.services import Endpoints, ensure_services
-from memory_pipelines.lib.settings import Settings
-from memory_pipelines.lib.store import MemoryStore
-from memory_pipelines.lib.validation import SHARING_MODES
+from memory_pipelines.lib.forget.canary import CANARY_PREFIX
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.infra.paths import ASSETS_DIR
+from memory_pipelines.lib.infra.progress import ENV_VERBOSE
+from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.infra.services import Endpoints, ensure_services
+from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.infra.validation import SHARING_MODES
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
 from memory_pipelines.materialize import (
     IN_PROCESS,
     Launch,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from memory_pipelines.lib.processes import group_members
+from memory_pipelines.lib.infra.processes import group_members
 
 # SIGINT to the group, then SIGKILL after this long: everything is gone well within 10 s.
 GRACE_SECONDS = 6.0

@@ -29,18 +29,18 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import psycopg
 
-from memory_pipelines.lib import progress
-from memory_pipelines.lib.errors import ServiceError, ValidationError
-from memory_pipelines.lib.paths import PROJECT_ROOT
-from memory_pipelines.lib.private import private_dir
-from memory_pipelines.lib.runtime import open_store
-from memory_pipelines.lib.settings import ENV_HOME, Settings
+from memory_pipelines.lib.infra import progress
+from memory_pipelines.lib.infra.errors import ServiceError, ValidationError
+from memory_pipelines.lib.infra.owner_only import private_dir
+from memory_pipelines.lib.infra.paths import PROJECT_ROOT
+from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.infra.settings import ENV_HOME, Settings
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance
     from dagster._core.workspace.context import WorkspaceProcessContext
 
-    from memory_pipelines.lib.processes import Proc
+    from memory_pipelines.lib.infra.processes import Proc
 
 ALL_ASSETS = (
     "memories",
@@ -166,7 +166,7 @@ def _workspace(
     from dagster._core.workspace.load_target import WorkspaceFileTarget
     from dagster.version import __version__
 
-    from memory_pipelines.lib.services import ensure_services
+    from memory_pipelines.lib.infra.services import ensure_services
 
     endpoints = ensure_services(settings)  # the embedded server and dagster.yaml, on a fresh HOME too
     # The code server and the run workers inherit these: they must see the same HOME and instance.
@@ -216,14 +216,14 @@ def _sigint_not_ignored() -> Iterator[None]:
 
 def _code_servers() -> list[Proc]:
     """This process's children that are Dagster code servers (`dagster api grpc`: the workspace starts them)."""
-    from memory_pipelines.lib.processes import is_dagster_process, processes
+    from memory_pipelines.lib.infra.processes import is_dagster_process, processes
 
     mine = (proc for proc in processes() if proc.ppid == os.getpid() and is_dagster_process(proc))
     return [proc for proc in mine if "grpc" in proc.args]
 
 
 def _with_descendants(procs: Sequence[Proc]) -> list[Proc]:
-    from memory_pipelines.lib.processes import descendants, processes
+    from memory_pipelines.lib.infra.processes import descendants, processes
 
     table = processes()
     return [*procs, *(child for proc in procs for child in descendants(proc.pid, table))]
@@ -237,7 +237,7 @@ def _await_code_servers(procs: Sequence[Proc]) -> None:
     that. A `stop` right after this command would end PostgreSQL under it, and a code server
     that cannot reach the database then never exits, SIGTERM included (its cleanup thread dies).
     So this process returns only once they have ended, ending them itself after a timeout."""
-    from memory_pipelines.lib.processes import end_processes, wait_for_exit
+    from memory_pipelines.lib.infra.processes import end_processes, wait_for_exit
 
     left = wait_for_exit(procs, CODE_SERVER_EXIT_SECONDS)
     if left:  # said in the run log (stderr is the log here), where the servers' own errors are
@@ -586,7 +586,7 @@ def run_restore(settings: Settings, tenant_id: str, backup_id: str, restore_id: 
     where the restore itself records it) and the run."""
     import secrets
 
-    from memory_pipelines.lib.backups import restore_report
+    from memory_pipelines.lib.backups.service import restore_report
 
     restore_id = restore_id or "r_" + secrets.token_hex(8)  # ours, so the report can be found after
     config = {"ops": {"restore_tenant": {"config": {"backup_id": backup_id, "restore_id": restore_id}}}}

@@ -22,17 +22,17 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from memory_pipelines.lib import services, validation
-from memory_pipelines.lib.errors import ConflictError, MemoryPipelinesError, ValidationError
-from memory_pipelines.lib.runtime import open_backups, open_store
-from memory_pipelines.lib.services import Endpoints
-from memory_pipelines.lib.settings import Settings
-from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.infra import services, validation
+from memory_pipelines.lib.infra.errors import ConflictError, MemoryPipelinesError, ValidationError
+from memory_pipelines.lib.infra.runtime import open_backups, open_store
+from memory_pipelines.lib.infra.services import Endpoints
+from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.memories.store import MemoryStore
 
 if TYPE_CHECKING:
-    from memory_pipelines.lib.backups import BackupService
-    from memory_pipelines.lib.deletion import DeletionLedger, DeletionService
-    from memory_pipelines.lib.derived import DerivedStores
+    from memory_pipelines.lib.backups.service import BackupService
+    from memory_pipelines.lib.forget.deletion import DeletionLedger, DeletionService
+    from memory_pipelines.lib.stores.derived import DerivedStores
 
 # `list` is a method name here: annotations use these aliases.
 Row = dict[str, Any]
@@ -77,7 +77,7 @@ class DeletionHandle:
         forget run) holds the tenant's forget lock, this waits for it; `timeout` seconds bound that
         wait (DeletionTimeout). A cascade this call started is not interrupted midway.
         """
-        from memory_pipelines.lib.deletion import DeletionBlocked
+        from memory_pipelines.lib.forget.deletion import DeletionBlocked
 
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValidationError("timeout", f"must be a positive number of seconds, got {timeout!r}")
@@ -182,7 +182,7 @@ class MemoryPlatform:
         self._open()
         with self._lock:
             if self._derived is None:
-                from memory_pipelines.lib.derived import open_derived
+                from memory_pipelines.lib.stores.derived import open_derived
 
                 self._derived = open_derived(self.settings, self._store, endpoints=self._endpoints)
             return self._derived
@@ -190,7 +190,7 @@ class MemoryPlatform:
     @property
     def ledger(self) -> DeletionLedger:
         """Deletion jobs and proofs, read from the control plane only (no Chroma, no embedding model)."""
-        from memory_pipelines.lib.deletion import DeletionLedger
+        from memory_pipelines.lib.forget.deletion import DeletionLedger
 
         return DeletionLedger(self.store)
 
@@ -200,7 +200,7 @@ class MemoryPlatform:
         derived = self.derived
         with self._lock:
             if self._deletions is None:
-                from memory_pipelines.lib.deletion import DeletionService
+                from memory_pipelines.lib.forget.deletion import DeletionService
 
                 self._deletions = DeletionService(derived, erasure_hours=self.settings.erasure_hours)
             return self._deletions
@@ -288,7 +288,7 @@ class MemoryPlatform:
         )
 
     def _sync_recall_indexes(self, tenant_id: str) -> None:
-        from memory_pipelines.lib.derived import sync_embeddings, sync_keywords
+        from memory_pipelines.lib.stores.derived import sync_embeddings, sync_keywords
 
         derived = self.derived
         seq = self._store.change_seq(tenant_id=tenant_id)  # read first: a write during the sync is synced next time
@@ -403,7 +403,7 @@ class MemoryPlatform:
     def explain(self, *, tenant_id: str, run_id: str) -> Row:
         """The recall chain of an agent run: memories it read (text while present) and derived records."""
         validation.check_customer_tenant("tenant", tenant_id)
-        from memory_pipelines.lib.runs import AgentRuns
+        from memory_pipelines.lib.agent_runs.runs import AgentRuns
 
         return AgentRuns(self.derived).explain(tenant_id=tenant_id, run_id=run_id)
 

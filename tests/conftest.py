@@ -16,18 +16,18 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from memory_pipelines.lib import processes, services
-from memory_pipelines.lib.derived import DerivedStores, open_derived
-from memory_pipelines.lib.runtime import open_store
-from memory_pipelines.lib.services import (
+from memory_pipelines.lib.infra import processes, services
+from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.infra.services import (
     Endpoints,
     ensure_services,
     export_dagster_url,
     stop_chroma,
     stop_services,
 )
-from memory_pipelines.lib.settings import Settings
-from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
 
 ROW_COUNT_TABLES = (
     "memory.tenants",

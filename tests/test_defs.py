@@ -166,7 +166,7 @@ def test_dg_check_defs_passes():
 
 
 def test_memory_deletions_is_a_tenant_graph_with_a_step_per_store_and_a_check(definitions):
-    from memory_pipelines.lib import registry
+    from memory_pipelines.lib.stores import registry
 
     deletions = definitions.resolve_assets_def("memory_deletions")
     spec = next(iter(deletions.specs))
@@ -248,7 +248,7 @@ def test_every_asset_and_job_has_a_domain_and_every_check_a_description(definiti
 
 
 def test_evaluation_checks_are_per_month_and_name_the_mode_and_warn_band(definitions):
-    from memory_pipelines.lib.evaluation import severity
+    from memory_pipelines.lib.evaluation.evaluator import severity
 
     graph = definitions.resolve_asset_graph()
     precision = graph.get_check_spec(dg.AssetCheckKey(dg.AssetKey("memory_eval"), "precision_target"))

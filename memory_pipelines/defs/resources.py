@@ -4,7 +4,7 @@ import os
 
 import dagster as dg
 
-from memory_pipelines.lib import settings as env
+from memory_pipelines.lib.infra import settings as env
 from memory_pipelines.resources import (
     AnalyticsResource,
     BackupResource,

@@ -3,9 +3,9 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from memory_pipelines.lib.backups import BackupService, backup_service
-from memory_pipelines.lib.settings import DEFAULT_BACKUP_DAYS, DEFAULT_HOME
-from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.backups.service import BackupService, backup_service
+from memory_pipelines.lib.infra.settings import DEFAULT_BACKUP_DAYS, DEFAULT_HOME
+from memory_pipelines.lib.memories.store import MemoryStore
 
 
 class BackupResource(dg.ConfigurableResource):

@@ -8,14 +8,19 @@ from typing import ClassVar
 
 import dagster as dg
 
-from memory_pipelines.lib.analytics import AnalyticsStore
-from memory_pipelines.lib.derived import DerivedStores, chroma_url_for
-from memory_pipelines.lib.embedding import Embedder, HashingEmbedder
-from memory_pipelines.lib.keyword import KeywordIndex
-from memory_pipelines.lib.settings import DEFAULT_HOME, Settings
-from memory_pipelines.lib.store import MemoryStore
-from memory_pipelines.lib.summaries import ExtractiveSummarizer, OpenAICompatibleSummarizer, Summarizer, SummaryStore
-from memory_pipelines.lib.vectors import VectorStore
+from memory_pipelines.lib.infra.settings import DEFAULT_HOME, Settings
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
+from memory_pipelines.lib.stores.derived import DerivedStores, chroma_url_for
+from memory_pipelines.lib.stores.keyword.index import KeywordIndex
+from memory_pipelines.lib.stores.summaries.store import (
+    ExtractiveSummarizer,
+    OpenAICompatibleSummarizer,
+    Summarizer,
+    SummaryStore,
+)
+from memory_pipelines.lib.stores.vectors.embedding import Embedder, HashingEmbedder
+from memory_pipelines.lib.stores.vectors.index import VectorStore
 from memory_pipelines.resources.memory_store import MemoryStoreResource
 
 EMBEDDING_MODELS = ("all-MiniLM-L6-v2", "hashing-test-only")
@@ -34,7 +39,7 @@ class ChromaResource(dg.ConfigurableResource):
 
     def _embedder(self) -> Embedder:
         if self.embedding_model == "all-MiniLM-L6-v2":
-            from memory_pipelines.lib.derived import default_embedder
+            from memory_pipelines.lib.stores.derived import default_embedder
 
             return default_embedder()
         if self.embedding_model == "hashing-test-only":

@@ -1,6 +1,6 @@
 import dagster as dg
 
-from memory_pipelines.lib.evaluation import Judge, LabelJudge, LLMJudge
+from memory_pipelines.lib.evaluation.evaluator import Judge, LabelJudge, LLMJudge
 
 
 class JudgeResource(dg.ConfigurableResource):

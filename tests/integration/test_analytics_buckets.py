@@ -15,9 +15,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memory_pipelines.lib import analytics as analytics_module
-from memory_pipelines.lib import lineage
-from memory_pipelines.lib.analytics import (
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.infra.paths import tenant_hash
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.stores import lineage
+from memory_pipelines.lib.stores.analytics import store as analytics_module
+from memory_pipelines.lib.stores.analytics.store import (
     BUCKET_FILE,
     BUCKETS,
     LEGACY_FILE,
@@ -26,9 +29,6 @@ from memory_pipelines.lib.analytics import (
     AnalyticsStore,
     bucket_of,
 )
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.paths import tenant_hash
-from memory_pipelines.lib.store import MemoryStore
 
 USERS = [f"user{i:02d}" for i in range(12)]
 Stat = tuple[int, int, int, bytes]
@@ -349,8 +349,8 @@ def test_the_one_file_layout_is_read_then_converted_at_the_first_write(store, te
 
 
 def _remove_subject(home: str, root: str, tenant: str, sources: list[tuple[str, int]], start: Any, out: Any) -> None:
-    from memory_pipelines.lib.runtime import open_store
-    from memory_pipelines.lib.settings import Settings
+    from memory_pipelines.lib.infra.runtime import open_store
+    from memory_pipelines.lib.infra.settings import Settings
 
     store = open_store(Settings.from_env({"MEMORY_PIPELINES_HOME": home}))
     try:

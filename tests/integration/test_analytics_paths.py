@@ -20,10 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memory_pipelines.lib import analytics as analytics_module
-from memory_pipelines.lib.analytics import SCHEMA, AnalyticsStore
-from memory_pipelines.lib.derived import DerivedStores
-from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.stores.analytics import store as analytics_module
+from memory_pipelines.lib.stores.analytics.store import SCHEMA, AnalyticsStore
+from memory_pipelines.lib.stores.derived import DerivedStores
 
 COUNTS = {"upper": 3, "lower": 5}
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from memory_pipelines.lib.backup_storage import LocalBackupStorage, S3BackupStorage
-from memory_pipelines.lib.backups import BackupService
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.errors import ConflictError, NotFoundError, ValidationError
+from memory_pipelines.lib.backups.service import BackupService
+from memory_pipelines.lib.backups.storage import LocalBackupStorage, S3BackupStorage
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, ValidationError
 from tests.conftest import row_counts
 
 pytestmark = pytest.mark.slow
@@ -218,7 +218,7 @@ def test_s3_backups_get_a_lifecycle_rule_and_list(store, derived, tenant, s3_ser
 def test_keys_shred_compacts_the_key_store_and_requests_the_forget(store, derived, tenant, session_settings):
     import psycopg
 
-    from memory_pipelines.lib.canary import files_containing
+    from memory_pipelines.lib.forget.canary import files_containing
 
     seed(store, derived, tenant)
     with store.transaction() as conn:

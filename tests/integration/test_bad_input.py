@@ -3,14 +3,14 @@
 import psycopg
 import pytest
 
-from memory_pipelines.lib.errors import (
+from memory_pipelines.lib.infra.errors import (
     ConflictError,
     MemoryPipelinesError,
     NotFoundError,
     PermissionDeniedError,
     ValidationError,
 )
-from memory_pipelines.lib.validation import MAX_TEXT_BYTES
+from memory_pipelines.lib.infra.validation import MAX_TEXT_BYTES
 from tests.conftest import row_counts
 
 METACHARS = ["x'; DROP TABLE memory.memories; --", 'a"b', "a;b", "a b", "a%s", "a\\b", "a--", "a/*b*/"]
@@ -185,8 +185,8 @@ def test_every_error_is_a_memory_pipelines_error_with_a_field():
 def test_a_sweep_of_a_day_not_ended_is_refused_through_the_api(store, derived, endpoints, tenant):
     from datetime import UTC, datetime, timedelta
 
-    from memory_pipelines.lib import retention
-    from memory_pipelines.lib.deletion import DeletionService
+    from memory_pipelines.lib.forget.deletion import DeletionService
+    from memory_pipelines.lib.retention import rules as retention
 
     store.write(tenant_id=tenant, user_id="ann", text="Ann parks on level 2", category="general")
     service = DeletionService(derived)
@@ -204,7 +204,7 @@ def test_a_sweep_of_a_day_not_ended_is_refused_through_the_api(store, derived, e
 
 
 def test_an_unknown_evaluation_mode_is_refused(store, endpoints, tenant):
-    from memory_pipelines.lib import evaluation
+    from memory_pipelines.lib.evaluation import evaluator as evaluation
 
     assert_rejected(endpoints, lambda: evaluation.trend(store, tenant_id=tenant, mode="x"), ValidationError, "mode")
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.errors import PartialWriteError, PermissionDeniedError, ValidationError
-from memory_pipelines.lib.settings import ENV_DAGSTER_PG_URL
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.infra.errors import PartialWriteError, PermissionDeniedError, ValidationError
+from memory_pipelines.lib.infra.settings import ENV_DAGSTER_PG_URL
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +27,9 @@ BIG = 12_000  # chunks of 250: about 1.5 s here, and about 10 s as one transacti
 
 _WRITER = """
 import json, sys, time
-from memory_pipelines.lib.errors import PartialWriteError
-from memory_pipelines.lib.runtime import open_store
-from memory_pipelines.lib.settings import Settings
+from memory_pipelines.lib.infra.errors import PartialWriteError
+from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.infra.settings import Settings
 tenant, n, hal_every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 store = open_store(Settings.from_env())
 items = [
@@ -177,7 +177,7 @@ def test_every_item_is_checked_before_anything_is_written(store, tenant):
 
 
 def test_partial_write_error_names_the_cause_and_what_landed():
-    from memory_pipelines.lib.errors import ConflictError
+    from memory_pipelines.lib.infra.errors import ConflictError
 
     cause = ConflictError("user", "subject 'hal' is being forgotten")
     error = PartialWriteError(cause, written=[{"memory_id": "m_1"}], total=3)

@@ -9,9 +9,10 @@ import uuid
 
 import pytest
 
-from memory_pipelines.lib import certificate, registry
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.erasure import ErasureService
+from memory_pipelines.lib.forget import certificate
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.forget.erasure import ErasureService
+from memory_pipelines.lib.stores import registry
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow

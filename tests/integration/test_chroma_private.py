@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from memory_pipelines.lib import processes, services
-from memory_pipelines.lib.settings import Settings
+from memory_pipelines.lib.infra import processes, services
+from memory_pipelines.lib.infra.settings import Settings
 from tests.conftest import settings_for
 
 pytestmark = pytest.mark.slow
@@ -226,9 +226,9 @@ def test_a_process_given_only_the_url_uses_the_token(served, tmp_path):
     code = textwrap.dedent(
         f"""
         import json
-        from memory_pipelines.lib.embedding import HashingEmbedder
-        from memory_pipelines.lib.services import chroma_heartbeat
-        from memory_pipelines.lib.vectors import VectorStore
+        from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+        from memory_pipelines.lib.infra.services import chroma_heartbeat
+        from memory_pipelines.lib.stores.vectors.index import VectorStore
         store = VectorStore(embedder=HashingEmbedder(dimension=4), url={url!r})
         names = [c.name for c in store.client().list_collections()]
         print(json.dumps({{"names": names, "heartbeat": chroma_heartbeat({url!r})}}))
@@ -309,9 +309,9 @@ NO_NAMESPACES = textwrap.dedent(
     for kind in ("net", "user"):
         with open(f"/proc/sys/user/max_{kind}_namespaces", "w") as fh:
             fh.write("0")
-    from memory_pipelines.lib import services
-    from memory_pipelines.lib.errors import ServiceError
-    from memory_pipelines.lib.settings import Settings
+    from memory_pipelines.lib.infra import services
+    from memory_pipelines.lib.infra.errors import ServiceError
+    from memory_pipelines.lib.infra.settings import Settings
 
     out = {}
     refused = Settings.from_env({"MEMORY_PIPELINES_HOME": sys.argv[1], "MEMORY_PIPELINES_CHROMA_ISOLATION": "netns"})

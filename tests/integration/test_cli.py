@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from memory_pipelines.lib.analytics import AnalyticsStore
+from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
 from tests.conftest import CLI, run_cli
 
 pytestmark = pytest.mark.slow
@@ -390,7 +390,7 @@ def test_input_that_is_not_utf8_is_exit_2_naming_the_field(cli_env, args, stdin,
 def test_deletion_erase_of_a_tenant_dagster_has_never_seen(cli_env, store, derived, tenant):
     """Issue 21: a tenant written only through the Python API had no Dagster partition, and `deletion
     erase` failed with "Nonexistent partition keys"; an unknown tenant is refused, not made a partition."""
-    from memory_pipelines.lib.deletion import DeletionService
+    from memory_pipelines.lib.forget.deletion import DeletionService
 
     store.write(tenant_id=tenant, user_id="ida", text="Ida's locker code is 4411")
     store.write(tenant_id=tenant, user_id="joe", text="Joe keeps the spare keys")

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from memory_pipelines import cli
-from memory_pipelines.lib import progress
+from memory_pipelines.lib.infra import progress
 from tests.conftest import run_cli, settings_for
 
 pytestmark = pytest.mark.slow
@@ -72,7 +72,7 @@ def test_progress_lines_parse_back():
 
 
 def test_eval_report_before_any_evaluation_is_not_found(monkeypatch, capsys, tmp_path):
-    from memory_pipelines.lib import evaluation
+    from memory_pipelines.lib.evaluation import evaluator as evaluation
 
     class _Store:
         pass
@@ -115,7 +115,7 @@ def test_a_run_on_a_non_terminal_stderr_prints_no_event_log_or_warning(cli_env, 
     # The library's progress reached the run's event log, from the memory_embeddings step.
     import dagster as dg
 
-    from memory_pipelines.lib import services
+    from memory_pipelines.lib.infra import services
 
     # The CLI's runs are in the instance its MEMORY_PIPELINES_PG_URL names, not the session HOME's.
     monkeypatch.setenv(

@@ -26,8 +26,8 @@ from typing import Any
 import psutil
 import pytest
 
-from memory_pipelines.lib import services
-from memory_pipelines.lib.paths import PROJECT_ROOT
+from memory_pipelines.lib.infra import services
+from memory_pipelines.lib.infra.paths import PROJECT_ROOT
 from tests.conftest import CLI, run_cli, settings_for
 from tests.integration.test_dagster_dev import free_port, graphql
 

@@ -18,9 +18,10 @@ import pytest
 from dagster._core.execution.backfill import BulkActionStatus
 
 from memory_pipelines.demo import last_completed_month
-from memory_pipelines.lib import registry, services
-from memory_pipelines.lib.paths import ASSETS_DIR, PROJECT_ROOT
-from memory_pipelines.lib.services import Endpoints
+from memory_pipelines.lib.infra import services
+from memory_pipelines.lib.infra.paths import ASSETS_DIR, PROJECT_ROOT
+from memory_pipelines.lib.infra.services import Endpoints
+from memory_pipelines.lib.stores import registry
 from tests.conftest import CLI, run_cli, settings_for
 from tests.integration.test_daemon_e2e import _stop
 

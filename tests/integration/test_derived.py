@@ -6,12 +6,12 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from memory_pipelines.defs.derived import assets as derived_assets
-from memory_pipelines.defs.derived import checks as derived_checks
 from memory_pipelines.defs.memories.assets import memories
-from memory_pipelines.lib import keyword as keyword_module
-from memory_pipelines.lib.derived import sync_embeddings, sync_keywords
-from memory_pipelines.lib.errors import NotFoundError, PermissionDeniedError, ValidationError
+from memory_pipelines.defs.stores import assets as derived_assets
+from memory_pipelines.defs.stores import checks as derived_checks
+from memory_pipelines.lib.infra.errors import NotFoundError, PermissionDeniedError, ValidationError
+from memory_pipelines.lib.stores.derived import sync_embeddings, sync_keywords
+from memory_pipelines.lib.stores.keyword import index as keyword_module
 from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
 
 STORES = ("chroma", "keyword_index", "analytics", "subject_summaries")

@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from memory_pipelines.lib import services
-from memory_pipelines.lib.runtime import open_store
-from memory_pipelines.lib.settings import Settings
+from memory_pipelines.lib.infra import services
+from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.infra.settings import Settings
 from tests.conftest import run_cli, settings_for
 
 pytestmark = pytest.mark.slow

@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from memory_pipelines.lib import bytescan, registry
-from memory_pipelines.lib.adapters.base import REQUIRED, postgres_files
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.erasure import ErasureIncomplete, ErasureLedger, ErasureService
-from memory_pipelines.lib.hnsw_files import unused_capacity_holds_data
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.forget.erasure import ErasureIncomplete, ErasureLedger, ErasureService
+from memory_pipelines.lib.stores import bytescan, registry
+from memory_pipelines.lib.stores.adapter import REQUIRED, postgres_files
+from memory_pipelines.lib.stores.vectors.hnsw_files import unused_capacity_holds_data
 
 
 def seed(store, derived, tenant):
@@ -172,8 +172,8 @@ def test_the_sensor_batches_a_tenants_deletions_until_the_window_or_the_deadline
 
 
 def test_shredded_backups_are_claimed_only_after_the_erasure(store, derived, tenant, tmp_path):
-    from memory_pipelines.lib.backup_storage import LocalBackupStorage
-    from memory_pipelines.lib.backups import BackupService
+    from memory_pipelines.lib.backups.service import BackupService
+    from memory_pipelines.lib.backups.storage import LocalBackupStorage
 
     seed(store, derived, tenant)
     BackupService(store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s", days=35).backup(tenant_id=tenant)
@@ -214,7 +214,7 @@ def test_the_physical_erasure_asset_materializes_the_proof_and_its_check_passes(
 
 
 def test_an_offboarded_tenants_erasure_drops_its_partitions(store, derived, tenant):
-    from memory_pipelines.lib import partitions
+    from memory_pipelines.lib.memories import partitions
 
     seed(store, derived, tenant)
     with store.transaction() as conn:
@@ -238,8 +238,8 @@ def test_a_rebuild_pages_through_a_collection_larger_than_one_get_can_read(tmp_p
     the erasure's rebuild pages, so a large tenant can still be erased."""
     import numpy as np
 
-    from memory_pipelines.lib.embedding import HashingEmbedder
-    from memory_pipelines.lib.vectors import VectorStore
+    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+    from memory_pipelines.lib.stores.vectors.index import VectorStore
 
     vectors = VectorStore(embedder=HashingEmbedder(dimension=8), path=tmp_path / "chroma")
     col = vectors.collection("t-big")
@@ -345,10 +345,10 @@ def test_clearing_unused_capacity_keeps_the_index_whole_across_server_restarts(t
     kept is its own nearest neighbour and reads back exactly, before and after restarts, in a
     rebuilt index never persisted (all its capacity unused), in one persisted with slots to spare,
     and after either grows past the capacity it was created with."""
-    from memory_pipelines.lib.embedding import HashingEmbedder
-    from memory_pipelines.lib.hnsw_files import clear_unused_capacity
-    from memory_pipelines.lib.services import ensure_chroma, stop_chroma
-    from memory_pipelines.lib.vectors import VectorStore
+    from memory_pipelines.lib.infra.services import ensure_chroma, stop_chroma
+    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+    from memory_pipelines.lib.stores.vectors.hnsw_files import clear_unused_capacity
+    from memory_pipelines.lib.stores.vectors.index import VectorStore
     from tests.conftest import settings_for
 
     settings = settings_for(tmp_path / "home")

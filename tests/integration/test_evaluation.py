@@ -9,9 +9,9 @@ from datetime import date
 
 import pytest
 
-from memory_pipelines.lib import evaluation as ev
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.errors import ServiceError
+from memory_pipelines.lib.evaluation import evaluator as ev
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.infra.errors import ServiceError
 from tests.support.servers import FakeLLM
 
 pytestmark = pytest.mark.slow

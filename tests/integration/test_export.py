@@ -5,7 +5,7 @@ import threading
 
 import psycopg
 
-from memory_pipelines.lib import store as store_module
+from memory_pipelines.lib.memories import store as store_module
 
 
 def test_export_has_every_version_of_every_memory_the_subject_wrote_and_nothing_else(store, tenant):
@@ -88,7 +88,7 @@ def test_do_not_sell_per_memory_and_per_subject(store, tenant):
 
 
 def test_concurrent_identical_writes_make_one_memory(store, tenant, session_settings, endpoints):
-    from memory_pipelines.lib.runtime import open_store
+    from memory_pipelines.lib.infra.runtime import open_store
 
     stores = [open_store(session_settings, endpoints) for _ in range(4)]
     results = []

@@ -6,12 +6,12 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from memory_pipelines.defs.derived.assets import subject_summaries
 from memory_pipelines.defs.memories.assets import memories
-from memory_pipelines.lib.embedding import HashingEmbedder
-from memory_pipelines.lib.errors import ServiceError
-from memory_pipelines.lib.summaries import OpenAICompatibleSummarizer, SummarizerError, SummaryStore
-from memory_pipelines.lib.vectors import VectorStore
+from memory_pipelines.defs.stores.assets import subject_summaries
+from memory_pipelines.lib.infra.errors import ServiceError
+from memory_pipelines.lib.stores.summaries.store import OpenAICompatibleSummarizer, SummarizerError, SummaryStore
+from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+from memory_pipelines.lib.stores.vectors.index import VectorStore
 from memory_pipelines.resources import MemoryStoreResource, SummarizerResource
 from tests.support.servers import FakeLLM, chroma_server, free_port
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from memory_pipelines.lib.machine import SERVICE_USER
+from memory_pipelines.lib.infra.machine import SERVICE_USER
 
 pytestmark = pytest.mark.slow
 

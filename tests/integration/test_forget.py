@@ -11,12 +11,12 @@ import uuid
 import psycopg
 import pytest
 
-from memory_pipelines.lib import lineage, registry
-from memory_pipelines.lib.deletion import DeletionBlocked, DeletionService
-from memory_pipelines.lib.derived import open_derived
-from memory_pipelines.lib.erasure import ErasureService
-from memory_pipelines.lib.errors import NotFoundError, ServiceError, ValidationError
-from memory_pipelines.lib.runtime import open_store
+from memory_pipelines.lib.forget.deletion import DeletionBlocked, DeletionService
+from memory_pipelines.lib.forget.erasure import ErasureService
+from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError, ValidationError
+from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.stores import lineage, registry
+from memory_pipelines.lib.stores.derived import open_derived
 
 pytestmark = pytest.mark.slow
 
@@ -395,7 +395,7 @@ def test_verification_finds_a_planted_leftover(store, derived, world):
 
 
 def _run_and_die(home: str, tenant: str, job_id: str) -> None:
-    from memory_pipelines.lib.settings import Settings
+    from memory_pipelines.lib.infra.settings import Settings
 
     settings = Settings.from_env({"MEMORY_PIPELINES_HOME": home})
     store = open_store(settings)
@@ -428,7 +428,7 @@ def test_process_killed_between_steps_resumes_from_the_control_plane(store, deri
 def test_chroma_server_down_blocks_then_completes_when_it_is_back(store, derived, tenant, tmp_path):
     import dataclasses
 
-    from memory_pipelines.lib.vectors import VectorStore
+    from memory_pipelines.lib.stores.vectors.index import VectorStore
     from tests.support.servers import chroma_server
 
     memory = store.write(tenant_id=tenant, user_id="alice", text="Alice's vectors live on a Chroma server")

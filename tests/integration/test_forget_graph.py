@@ -19,8 +19,7 @@ from memory_pipelines.defs.forget.sensors import (
     forget_requests_sensor,
     last_forget_run,
 )
-from memory_pipelines.lib import registry
-from memory_pipelines.lib.deletion import (
+from memory_pipelines.lib.forget.deletion import (
     DeletionBlocked,
     DeletionLedger,
     DeletionService,
@@ -29,6 +28,7 @@ from memory_pipelines.lib.deletion import (
     plan_forget_runs,
     relaunch_grace,
 )
+from memory_pipelines.lib.stores import registry
 from memory_pipelines.resources import MemoryStoreResource
 from tests.support.servers import free_port
 

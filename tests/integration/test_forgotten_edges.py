@@ -23,13 +23,14 @@ import dagster as dg
 import pytest
 
 from memory_pipelines.defs.forget.jobs import FORGET_JOB, forget_run_config
-from memory_pipelines.lib import crypto, retention
-from memory_pipelines.lib.analytics import AnalyticsStore
-from memory_pipelines.lib.backup_storage import LocalBackupStorage
-from memory_pipelines.lib.backups import BackupService
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.errors import ConflictError, NotFoundError
-from memory_pipelines.lib.runs import AgentRuns
+from memory_pipelines.lib.agent_runs.runs import AgentRuns
+from memory_pipelines.lib.backups.service import BackupService
+from memory_pipelines.lib.backups.storage import LocalBackupStorage
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError
+from memory_pipelines.lib.memories import crypto
+from memory_pipelines.lib.retention import rules as retention
+from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from memory_pipelines.lib.deletion import DeletionBlocked, DeletionService
-from memory_pipelines.lib.errors import ValidationError
-from memory_pipelines.lib.gate import FenceClosed, PermitCancelled
-from memory_pipelines.lib.runs import AgentRuns
+from memory_pipelines.lib.agent_runs.runs import AgentRuns
+from memory_pipelines.lib.forget.deletion import DeletionBlocked, DeletionService
+from memory_pipelines.lib.forget.gate import FenceClosed, PermitCancelled
+from memory_pipelines.lib.infra.errors import ValidationError
 
 pytestmark = pytest.mark.slow
 
@@ -192,7 +192,7 @@ def test_lease_expiring_mid_flight_is_not_drained(derived, world):
 
 def test_a_read_recorded_after_the_closure_cancels_the_run(derived, world):
     """The read happened before the deletion was accepted, its fence lands after: the run must stop."""
-    from memory_pipelines.lib.gate import Fence
+    from memory_pipelines.lib.forget.gate import Fence
 
     tenant = world["tenant"]
     runs = AgentRuns(derived)

@@ -30,16 +30,17 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from memory_pipelines import cli
-from memory_pipelines.lib import evaluation, retention
-from memory_pipelines.lib.backups import BackupService
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.derived import DerivedStores, open_derived
-from memory_pipelines.lib.errors import MemoryPipelinesError
-from memory_pipelines.lib.runs import AgentRuns
-from memory_pipelines.lib.runtime import open_backups, open_store
-from memory_pipelines.lib.services import Endpoints
-from memory_pipelines.lib.settings import Settings
-from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.agent_runs.runs import AgentRuns
+from memory_pipelines.lib.backups.service import BackupService
+from memory_pipelines.lib.evaluation import evaluator as evaluation
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.infra.errors import MemoryPipelinesError
+from memory_pipelines.lib.infra.runtime import open_backups, open_store
+from memory_pipelines.lib.infra.services import Endpoints
+from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.retention import rules as retention
+from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
 from memory_pipelines.platform import MemoryPlatform
 from tests.conftest import CLI
 

@@ -12,11 +12,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from memory_pipelines.lib import crypto, lineage, migrations
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.keystore import KeyStore
-from memory_pipelines.lib.keyword import KeywordIndex, tokens
-from memory_pipelines.lib.store import MemoryStore
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.infra import migrations
+from memory_pipelines.lib.memories import crypto
+from memory_pipelines.lib.memories.keys import KeyStore
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.stores import lineage
+from memory_pipelines.lib.stores.keyword.index import KeywordIndex, tokens
 
 SECRET = "hiv biktarvy leipzig"
 ALICE_TEXT = f"Alice: {SECRET}, refill every thirty days at the clinic"

@@ -7,7 +7,7 @@ import dataclasses
 import psycopg
 import pytest
 
-from memory_pipelines.lib.runtime import open_store
+from memory_pipelines.lib.infra.runtime import open_store
 
 
 def test_store_with_a_kms_master_key(session_settings, endpoints, tenant, kms_key):
@@ -26,7 +26,7 @@ def test_store_with_a_kms_master_key(session_settings, endpoints, tenant, kms_ke
 
 
 def test_a_mismatched_master_key_is_a_clear_error(session_settings, endpoints, store, tenant, kms_key):
-    from memory_pipelines.lib.errors import ServiceError
+    from memory_pipelines.lib.infra.errors import ServiceError
 
     written = store.write(tenant_id=tenant, user_id="alice", text="sealed under the local master key")
     kms_store = open_store(dataclasses.replace(session_settings, kms_key_id=kms_key), endpoints)

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from memory_pipelines.lib import services
-from memory_pipelines.lib.settings import ENV_DAGSTER_PG_URL, Settings
+from memory_pipelines.lib.infra import services
+from memory_pipelines.lib.infra.settings import ENV_DAGSTER_PG_URL, Settings
 from tests.conftest import settings_for
 
 WORKER_SECONDS = 20.0
@@ -57,8 +57,8 @@ def test_chroma_server_is_shared_by_processes_and_stopped_with_postgres(fresh_ho
     other = _in_another_process(
         settings.home,
         "import json\n"
-        "from memory_pipelines.lib.services import ensure_services, chroma_state\n"
-        "from memory_pipelines.lib.settings import Settings\n"
+        "from memory_pipelines.lib.infra.services import ensure_services, chroma_state\n"
+        "from memory_pipelines.lib.infra.settings import Settings\n"
         "s = Settings.from_env()\n"
         "e = ensure_services(s)\n"
         "print(json.dumps({'url': e.chroma_url, 'pid': chroma_state(s)['pid']}))\n",
@@ -67,9 +67,9 @@ def test_chroma_server_is_shared_by_processes_and_stopped_with_postgres(fresh_ho
     assert services.pid_alive(state["pid"]), "the server outlives the process that asked for it"
 
     # Every product path goes to that server, never to an embedded PersistentClient.
-    from memory_pipelines.lib.derived import open_derived
-    from memory_pipelines.lib.embedding import HashingEmbedder
-    from memory_pipelines.lib.runtime import open_store
+    from memory_pipelines.lib.infra.runtime import open_store
+    from memory_pipelines.lib.stores.derived import open_derived
+    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
     from memory_pipelines.resources import ChromaResource
 
     store = open_store(settings, endpoints)
@@ -94,8 +94,8 @@ def test_chroma_server_is_shared_by_processes_and_stopped_with_postgres(fresh_ho
     restarted = _in_another_process(
         settings.home,
         "import json\n"
-        "from memory_pipelines.lib.services import ensure_services\n"
-        "from memory_pipelines.lib.settings import Settings\n"
+        "from memory_pipelines.lib.infra.services import ensure_services\n"
+        "from memory_pipelines.lib.infra.settings import Settings\n"
         "print(json.dumps({'url': ensure_services(Settings.from_env()).chroma_url}))\n",
     )
     assert restarted["url"] != state["url"] and services.chroma_heartbeat(restarted["url"])
@@ -193,8 +193,8 @@ def test_a_child_on_another_home_computes_its_own_dagster_url(fresh_home, tmp_pa
     other_home = tmp_path / "other-home"
     code = (
         "import json, os\n"
-        "from memory_pipelines.lib.services import ensure_services, stop_services\n"
-        "from memory_pipelines.lib.settings import Settings\n"
+        "from memory_pipelines.lib.infra.services import ensure_services, stop_services\n"
+        "from memory_pipelines.lib.infra.settings import Settings\n"
         "s = Settings.from_env()\n"
         "e = ensure_services(s)\n"
         "print(json.dumps({'url': e.dagster_url, 'env': os.environ['MEMORY_PIPELINES_DAGSTER_PG_URL'],"
@@ -217,11 +217,11 @@ def _worker(home: str, tenant: str, label: str, seconds: float, out: Any) -> Non
     """Loops over every kind of work on one tenant; reports operations done and every exception."""
     import duckdb
 
-    from memory_pipelines.lib.deletion import DeletionService
-    from memory_pipelines.lib.derived import open_derived
-    from memory_pipelines.lib.embedding import HashingEmbedder
-    from memory_pipelines.lib.recall import MODES
-    from memory_pipelines.lib.runtime import open_store
+    from memory_pipelines.lib.forget.deletion import DeletionService
+    from memory_pipelines.lib.infra.runtime import open_store
+    from memory_pipelines.lib.stores.derived import open_derived
+    from memory_pipelines.lib.stores.recall_cache.recall import MODES
+    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
 
     ops: dict[str, int] = {}
     errors: list[str] = []
@@ -312,10 +312,10 @@ def test_two_processes_refreshing_recalling_and_forgetting_one_tenant_at_once_pr
 
     # Afterwards every current version the vector index has lineage for has its vector (no
     # process's stale copy of the index wrote over the other's), and no forgotten subject is left.
-    from memory_pipelines.lib import lineage
-    from memory_pipelines.lib.derived import open_derived
-    from memory_pipelines.lib.embedding import HashingEmbedder
-    from memory_pipelines.lib.runtime import open_store
+    from memory_pipelines.lib.infra.runtime import open_store
+    from memory_pipelines.lib.stores import lineage
+    from memory_pipelines.lib.stores.derived import open_derived
+    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
 
     store = open_store(session_settings)
     try:

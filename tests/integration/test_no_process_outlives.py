@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from memory_pipelines.lib import processes, services
-from memory_pipelines.lib.settings import ENV_HOME
+from memory_pipelines.lib.infra import processes, services
+from memory_pipelines.lib.infra.settings import ENV_HOME
 from tests.conftest import run_cli, settings_for
 
 

@@ -21,14 +21,15 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from memory_pipelines.lib import crypto, migrations, partitions
-from memory_pipelines.lib.errors import NotFoundError, ServiceError, ValidationError
-from memory_pipelines.lib.keystore import KeyStore
-from memory_pipelines.lib.keyword import KeywordIndex
-from memory_pipelines.lib.partitions import PARTITIONED_TABLES
-from memory_pipelines.lib.services import Endpoints
-from memory_pipelines.lib.store import MemoryStore
-from memory_pipelines.lib.summaries import ExtractiveSummarizer, SummaryStore
+from memory_pipelines.lib.infra import migrations
+from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError, ValidationError
+from memory_pipelines.lib.infra.services import Endpoints
+from memory_pipelines.lib.memories import crypto, partitions
+from memory_pipelines.lib.memories.keys import KeyStore
+from memory_pipelines.lib.memories.partitions import PARTITIONED_TABLES
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.stores.keyword.index import KeywordIndex
+from memory_pipelines.lib.stores.summaries.store import ExtractiveSummarizer, SummaryStore
 
 pytestmark = pytest.mark.slow
 
@@ -559,7 +560,7 @@ def test_migration_moves_rows_of_the_old_layout_into_partitions(
 def test_a_bulk_write_refreshes_the_planner_statistics_of_the_tenants_partitions(store, tenant):
     """Until autovacuum reaches a new partition the planner takes a bulk-loaded tenant for an empty
     one; `write_many` of ANALYZE_AFTER memories or more analyzes the tenant's partitions itself."""
-    from memory_pipelines.lib.bulk_write import FIRST_ANALYZE as ANALYZE_AFTER
+    from memory_pipelines.lib.memories.bulk_write import FIRST_ANALYZE as ANALYZE_AFTER
 
     items = [{"user_id": f"u{i % 7}", "text": f"note {i} of {tenant}"} for i in range(ANALYZE_AFTER)]
     store.write_many(tenant_id=tenant, items=items)

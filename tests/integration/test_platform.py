@@ -12,9 +12,9 @@ import pytest
 
 from memory_pipelines import DeletionHandle, MemoryPlatform
 from memory_pipelines import platform as platform_module
-from memory_pipelines.lib import settings as settings_module
-from memory_pipelines.lib.deletion import DeletionBlocked, DeletionService
-from memory_pipelines.lib.errors import ConflictError, NotFoundError, ValidationError
+from memory_pipelines.lib.forget.deletion import DeletionBlocked, DeletionService
+from memory_pipelines.lib.infra import settings as settings_module
+from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, ValidationError
 from memory_pipelines.platform import DeletionTimeout
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memory_pipelines.lib import services
+from memory_pipelines.lib.infra import services
 from tests.conftest import CLI, settings_for
 
 pytestmark = pytest.mark.slow

@@ -17,19 +17,19 @@ from typing import Any
 
 import pytest
 
-from memory_pipelines.lib.analytics import AnalyticsStore
-from memory_pipelines.lib.backup_storage import LocalBackupStorage
-from memory_pipelines.lib.backups import BackupService
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.derived import DerivedStores
-from memory_pipelines.lib.erasure import ErasureService
-from memory_pipelines.lib.errors import ConflictError, NotFoundError, PermissionDeniedError
-from memory_pipelines.lib.gate import FenceClosed, Gate
-from memory_pipelines.lib.keystore import KeyDestroyedError, KeyStore
-from memory_pipelines.lib.keyword import KeywordIndex
-from memory_pipelines.lib.store import MemoryStore
-from memory_pipelines.lib.summaries import ExtractiveSummarizer, SummaryStore
-from memory_pipelines.lib.vectors import VectorStore
+from memory_pipelines.lib.backups.service import BackupService
+from memory_pipelines.lib.backups.storage import LocalBackupStorage
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.forget.erasure import ErasureService
+from memory_pipelines.lib.forget.gate import FenceClosed, Gate
+from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, PermissionDeniedError
+from memory_pipelines.lib.memories.keys import KeyDestroyedError, KeyStore
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
+from memory_pipelines.lib.stores.derived import DerivedStores
+from memory_pipelines.lib.stores.keyword.index import KeywordIndex
+from memory_pipelines.lib.stores.summaries.store import ExtractiveSummarizer, SummaryStore
+from memory_pipelines.lib.stores.vectors.index import VectorStore
 from tests.integration.test_forget import _files_with_vector, everything_of
 
 pytestmark = pytest.mark.slow
@@ -473,7 +473,7 @@ def test_a_forgotten_memory_stays_gone_when_a_backup_holds_versions_it_no_longer
 
 
 def test_a_restore_drops_snapshots_summaries_caches_and_postings_of_versions_it_drops(store, derived, world, tmp_path):
-    from memory_pipelines.lib.runs import AgentRuns
+    from memory_pipelines.lib.agent_runs.runs import AgentRuns
 
     tenant = world["tenant"]
     backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")

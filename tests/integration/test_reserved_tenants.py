@@ -20,9 +20,9 @@ from memory_pipelines.defs.erasure.sensors import physical_erasure_sensor
 from memory_pipelines.defs.forget.sensors import forget_requests_sensor
 from memory_pipelines.defs.memories.sensors import tenant_partitions_sensor
 from memory_pipelines.defs.retention.schedules import retention_schedule
-from memory_pipelines.lib import validation
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.errors import ValidationError
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.infra import validation
+from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.platform import MemoryPlatform
 from memory_pipelines.resources import MemoryStoreResource
 

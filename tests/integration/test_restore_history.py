@@ -18,14 +18,14 @@ import dagster as dg
 import psycopg
 import pytest
 
-from memory_pipelines.lib import bytescan
-from memory_pipelines.lib.adapters.base import postgres_files
-from memory_pipelines.lib.backup_storage import LocalBackupStorage
-from memory_pipelines.lib.backups import BackupService, completed_restores
-from memory_pipelines.lib.canary import files_containing
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.erasure import ErasureLedger, ErasureService
-from memory_pipelines.lib.errors import ConflictError, PermissionDeniedError, ValidationError
+from memory_pipelines.lib.backups.service import BackupService, completed_restores
+from memory_pipelines.lib.backups.storage import LocalBackupStorage
+from memory_pipelines.lib.forget.canary import files_containing
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.forget.erasure import ErasureLedger, ErasureService
+from memory_pipelines.lib.infra.errors import ConflictError, PermissionDeniedError, ValidationError
+from memory_pipelines.lib.stores import bytescan
+from memory_pipelines.lib.stores.adapter import postgres_files
 from tests.conftest import row_counts, run_cli
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ import dagster as dg
 import pytest
 
 from memory_pipelines.defs.backups.jobs import RestoreConfig, restore_job
-from memory_pipelines.lib.backup_catalog import catalog
-from memory_pipelines.lib.deletion import DeletionService
+from memory_pipelines.lib.backups.catalog import catalog
+from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.resources import BackupResource, MemoryStoreResource
 
 pytestmark = pytest.mark.slow

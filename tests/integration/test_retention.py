@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from memory_pipelines.lib import retention
-from memory_pipelines.lib.backup_storage import LocalBackupStorage
-from memory_pipelines.lib.backups import BackupService
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.errors import ValidationError
+from memory_pipelines.lib.backups.service import BackupService
+from memory_pipelines.lib.backups.storage import LocalBackupStorage
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.infra.errors import ValidationError
+from memory_pipelines.lib.retention import rules as retention
 
 pytestmark = pytest.mark.slow
 DAY = date(2026, 6, 15)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from memory_pipelines.lib import validation
-from memory_pipelines.lib.settings import Settings
+from memory_pipelines.lib.infra import validation
+from memory_pipelines.lib.infra.settings import Settings
 from tests.conftest import CLI, run_cli
 from tests.integration.test_cli import ok
 
@@ -24,7 +24,7 @@ def instance(cli_env) -> Iterator:
     """The CLI HOME's Dagster instance, opened as the CLI opens it (environment restored after)."""
     import dagster as dg
 
-    from memory_pipelines.lib.services import ensure_services
+    from memory_pipelines.lib.infra.services import ensure_services
 
     saved = dict(os.environ)
     try:
@@ -122,7 +122,7 @@ def test_offboarded_vanished_and_internal_tenants_do_not_stay_partitions(store, 
 
     from memory_pipelines.defs.backups.schedules import nightly_backups
     from memory_pipelines.defs.memories.sensors import tenant_partitions_sensor
-    from memory_pipelines.lib.deletion import DeletionService
+    from memory_pipelines.lib.forget.deletion import DeletionService
     from memory_pipelines.resources import MemoryStoreResource
 
     offboarded, leaving, vanished = (f"t-{uuid.uuid4().hex[:12]}" for _ in range(3))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from memory_pipelines.lib.errors import NotFoundError, PermissionDeniedError
+from memory_pipelines.lib.infra.errors import NotFoundError, PermissionDeniedError
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 import psycopg
 import pytest
 
-from memory_pipelines.lib.errors import ConflictError, NotFoundError
+from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError
 from tests.conftest import row_counts
 
 
@@ -99,7 +99,7 @@ def test_store_integrity_holds_after_many_versions(store, tenant):
 
 
 def test_write_many_is_all_or_nothing_and_keeps_the_no_op_rule(store, tenant, endpoints):
-    from memory_pipelines.lib.errors import PermissionDeniedError, ValidationError
+    from memory_pipelines.lib.infra.errors import PermissionDeniedError, ValidationError
 
     existing = store.write(tenant_id=tenant, user_id="alice", text="Already known")
     results = store.write_many(

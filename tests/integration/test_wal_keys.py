@@ -21,19 +21,21 @@ from typing import Any
 import psycopg
 import pytest
 
-from memory_pipelines.lib import bytescan, certificate, crypto, wal
-from memory_pipelines.lib.deletion import DeletionService
-from memory_pipelines.lib.derived import DerivedStores, open_derived
-from memory_pipelines.lib.erasure import ErasureService
-from memory_pipelines.lib.errors import NotFoundError
-from memory_pipelines.lib.key_vault import VAULT_BYTES
-from memory_pipelines.lib.keystore import KeyDestroyedError, KeyStore
-from memory_pipelines.lib.runs import AgentRuns
-from memory_pipelines.lib.runtime import open_backups, open_store
-from memory_pipelines.lib.services import Endpoints, ensure_services, stop_services
-from memory_pipelines.lib.settings import Settings
-from memory_pipelines.lib.store import MemoryStore
-from memory_pipelines.lib.summaries import ExtractiveSummarizer, SummaryStore
+from memory_pipelines.lib.agent_runs.runs import AgentRuns
+from memory_pipelines.lib.forget import certificate, wal
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.forget.erasure import ErasureService
+from memory_pipelines.lib.infra.errors import NotFoundError
+from memory_pipelines.lib.infra.runtime import open_backups, open_store
+from memory_pipelines.lib.infra.services import Endpoints, ensure_services, stop_services
+from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.memories import crypto
+from memory_pipelines.lib.memories.key_vault import VAULT_BYTES
+from memory_pipelines.lib.memories.keys import KeyDestroyedError, KeyStore
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.stores import bytescan
+from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
+from memory_pipelines.lib.stores.summaries.store import ExtractiveSummarizer, SummaryStore
 from tests.conftest import settings_for
 from tests.support.attacker import Attacker, find_exact, home_files, try_open, wal_files
 

@@ -23,7 +23,7 @@ import psycopg
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from memory_pipelines.lib import crypto
+from memory_pipelines.lib.memories import crypto
 
 _NONCE = 12
 _SEALED_MIN = 1 + _NONCE + 16

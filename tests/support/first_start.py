@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memory_pipelines.lib.machine import SERVICE_USER
+from memory_pipelines.lib.infra.machine import SERVICE_USER
 
 CLI = Path(sys.executable).parent / "memory-pipelines"
 
@@ -33,8 +33,8 @@ def _owners(pgdata: Path) -> list[int]:
 
 
 def child(home: str, barrier: str, index: str) -> None:
-    from memory_pipelines.lib.services import ensure_services
-    from memory_pipelines.lib.settings import Settings
+    from memory_pipelines.lib.infra.services import ensure_services
+    from memory_pipelines.lib.infra.settings import Settings
 
     settings = Settings.from_env({"MEMORY_PIPELINES_HOME": home})
     Path(barrier, f"ready-{index}").touch()

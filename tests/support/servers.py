@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from memory_pipelines.lib.services import chroma_binary, chroma_heartbeat, free_port
+from memory_pipelines.lib.infra.services import chroma_binary, chroma_heartbeat, free_port
 
 __all__ = ["FakeLLM", "chroma_server", "free_port"]
 

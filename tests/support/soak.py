@@ -71,29 +71,30 @@ from typing import Any
 
 import psycopg
 
-from memory_pipelines.lib import crypto, retention
-from memory_pipelines.lib.adapters.base import postgres_files
-from memory_pipelines.lib.backups import BackupService
-from memory_pipelines.lib.deletion import OPEN_STATES, DeletionBlocked, DeletionService
-from memory_pipelines.lib.derived import DerivedStores, open_derived, sync_embeddings, sync_keywords
-from memory_pipelines.lib.embedding import MiniLMEmbedder
-from memory_pipelines.lib.erasure import ErasureIncomplete, ErasureService
-from memory_pipelines.lib.errors import (
+from memory_pipelines.lib.agent_runs.runs import AgentRuns
+from memory_pipelines.lib.backups.service import BackupService
+from memory_pipelines.lib.forget.deletion import OPEN_STATES, DeletionBlocked, DeletionService
+from memory_pipelines.lib.forget.erasure import ErasureIncomplete, ErasureService
+from memory_pipelines.lib.forget.gate import Gate
+from memory_pipelines.lib.infra.errors import (
     ConflictError,
     MemoryPipelinesError,
     NotFoundError,
     PermissionDeniedError,
     ServiceError,
 )
-from memory_pipelines.lib.gate import Gate
-from memory_pipelines.lib.keystore import KeyStore
-from memory_pipelines.lib.runs import AgentRuns
-from memory_pipelines.lib.runtime import master_key, open_backups
-from memory_pipelines.lib.services import ensure_services, stop_services
-from memory_pipelines.lib.settings import Settings
-from memory_pipelines.lib.store import MemoryStore
-from memory_pipelines.lib.summaries import ExtractiveSummarizer, SummaryStore
-from memory_pipelines.lib.vectors import VectorStore
+from memory_pipelines.lib.infra.runtime import master_key, open_backups
+from memory_pipelines.lib.infra.services import ensure_services, stop_services
+from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.memories import crypto
+from memory_pipelines.lib.memories.keys import KeyStore
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.retention import rules as retention
+from memory_pipelines.lib.stores.adapter import postgres_files
+from memory_pipelines.lib.stores.derived import DerivedStores, open_derived, sync_embeddings, sync_keywords
+from memory_pipelines.lib.stores.summaries.store import ExtractiveSummarizer, SummaryStore
+from memory_pipelines.lib.stores.vectors.embedding import MiniLMEmbedder
+from memory_pipelines.lib.stores.vectors.index import VectorStore
 from tests.support.servers import chroma_server
 
 Source = tuple[str, int]

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from memory_pipelines.lib.errors import ValidationError
-from memory_pipelines.lib.settings import DEFAULT_BACKGROUND_NICE, ENV_BACKGROUND_NICE, Settings
+from memory_pipelines.lib.infra.errors import ValidationError
+from memory_pipelines.lib.infra.settings import DEFAULT_BACKGROUND_NICE, ENV_BACKGROUND_NICE, Settings
 
 
 def test_the_setting_defaults_to_10_and_takes_0_to_19():
@@ -28,7 +28,7 @@ def test_a_worker_lowers_its_priority_once():
     # In a child: the test process keeps its own priority.
     code = (
         "import os\n"
-        "from memory_pipelines.lib.settings import Settings, lower_priority\n"
+        "from memory_pipelines.lib.infra.settings import Settings, lower_priority\n"
         "start = os.nice(0)\n"
         "s = Settings.from_env({'MEMORY_PIPELINES_BACKGROUND_NICE': '7'})\n"
         "print(lower_priority(s) - start, lower_priority(s) - start)\n"

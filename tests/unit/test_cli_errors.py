@@ -22,7 +22,7 @@ def no_services(monkeypatch, tmp_path):
 
     monkeypatch.setattr(cli, "_store", refuse)
     monkeypatch.setattr(cli, "_derived", refuse)
-    monkeypatch.setattr("memory_pipelines.lib.services.ensure_services", refuse)
+    monkeypatch.setattr("memory_pipelines.lib.infra.services.ensure_services", refuse)
     monkeypatch.setattr(os, "execve", refuse)
     monkeypatch.setenv("MEMORY_PIPELINES_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MEMORY_PIPELINES_DEBUG", raising=False)

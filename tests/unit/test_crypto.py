@@ -5,7 +5,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from memory_pipelines.lib import crypto
+from memory_pipelines.lib.memories import crypto
 
 
 def test_seal_roundtrip_binds_associated_data():
@@ -77,7 +77,7 @@ def test_kms_master_key_wraps_tenant_keys_through_real_http(moto_endpoint):
 
 
 def test_keystore_cache_is_bounded_and_least_recently_used_goes_first(tmp_path):
-    from memory_pipelines.lib.keystore import KeyStore
+    from memory_pipelines.lib.memories.keys import KeyStore
 
     keys = KeyStore(crypto.LocalMasterKey(tmp_path / "master.key"), cache_size=2)
     keys._remember("a", b"A")

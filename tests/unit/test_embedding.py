@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from memory_pipelines.lib import embedding
-from memory_pipelines.lib.embedding import (
+from memory_pipelines.lib.stores.vectors import embedding
+from memory_pipelines.lib.stores.vectors.embedding import (
     Embedder,
     EmbeddingModelMissing,
     HashingEmbedder,
@@ -137,7 +137,7 @@ def test_missing_model_names_the_package_and_install_command(tmp_path):
 
 def test_module_imports_no_heavy_or_dagster_modules():
     code = (
-        "import sys, memory_pipelines.lib.embedding; "
+        "import sys, memory_pipelines.lib.stores.vectors.embedding; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'torch', 'onnx', 'onnxruntime'}))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

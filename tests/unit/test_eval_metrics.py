@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory_pipelines.lib import evaluation as ev
+from memory_pipelines.lib.evaluation import evaluator as ev
 
 
 def test_precision_is_the_useful_share_of_the_top_k():

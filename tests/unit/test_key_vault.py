@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from memory_pipelines.lib import crypto
-from memory_pipelines.lib.key_vault import VAULT_BYTES, KekUnavailable, KeyVault, vault_name
+from memory_pipelines.lib.memories import crypto
+from memory_pipelines.lib.memories.key_vault import VAULT_BYTES, KekUnavailable, KeyVault, vault_name
 
 
 def _vault(tmp_path: Path) -> KeyVault:

@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from memory_pipelines.lib.private import private_dir, private_file, restrict_umask, traversable_dir
+from memory_pipelines.lib.infra.owner_only import private_dir, private_file, restrict_umask, traversable_dir
 
 
 def _mode(path: Path) -> int:

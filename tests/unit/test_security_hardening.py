@@ -14,9 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memory_pipelines.lib import crypto, retention
-from memory_pipelines.lib.analytics import SCHEMA, AnalyticsStore
-from memory_pipelines.lib.errors import NotFoundError, ServiceError, ValidationError
+from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError, ValidationError
+from memory_pipelines.lib.memories import crypto
+from memory_pipelines.lib.retention import rules as retention
+from memory_pipelines.lib.stores.analytics.store import SCHEMA, AnalyticsStore
 
 
 def _rows(n: int, prefix: str, tenant: str) -> pa.Table:

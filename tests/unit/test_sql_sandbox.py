@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from memory_pipelines.lib import sql_sandbox
-from memory_pipelines.lib.errors import ServiceError, ValidationError
+from memory_pipelines.lib.infra.errors import ServiceError, ValidationError
+from memory_pipelines.lib.stores.analytics import sandbox as sql_sandbox
 
 TABLE = pa.table({"n": list(range(1_000)), "text": [f"row {i}" for i in range(1_000)]})
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from memory_pipelines.lib import crypto
+from memory_pipelines.lib.memories import crypto
 
 KEY = bytes(range(32))
 AAD = crypto.aad("backup", "tenant-a", "b_1")

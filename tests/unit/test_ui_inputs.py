@@ -7,8 +7,8 @@ from datetime import date
 import pytest
 
 from memory_pipelines.demo import last_completed_month
-from memory_pipelines.lib.backup_catalog import check_backup_id
-from memory_pipelines.lib.errors import ValidationError
+from memory_pipelines.lib.backups.catalog import check_backup_id
+from memory_pipelines.lib.infra.errors import ValidationError
 
 
 def test_the_demo_evaluates_the_month_that_ended():

@@ -2,8 +2,8 @@ import os
 
 import pytest
 
-from memory_pipelines.lib import validation
-from memory_pipelines.lib.errors import ValidationError
+from memory_pipelines.lib.infra import validation
+from memory_pipelines.lib.infra.errors import ValidationError
 
 
 @pytest.mark.parametrize("bad", ["", "a b", "x;DROP TABLE memories", "o'brien", "a" * 65, "-lead", "ü", None, 3])
@@ -95,7 +95,7 @@ def test_versions_fit_the_database_column(bad):
 
 
 def test_a_dagster_url_our_commands_exported_is_not_taken_for_the_users():
-    from memory_pipelines.lib.settings import ENV_DAGSTER_PG_URL, ENV_DAGSTER_PG_URL_EXPORTED, Settings
+    from memory_pipelines.lib.infra.settings import ENV_DAGSTER_PG_URL, ENV_DAGSTER_PG_URL_EXPORTED, Settings
 
     url = "postgresql+psycopg2://postgres@/dagster?host=%2Fother%2Fhome%2Fpg%2Fdata"
     # Exported by a command for its HOME (marked): a process of another HOME computes its own.

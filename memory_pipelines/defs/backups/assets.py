@@ -3,9 +3,9 @@ import os
 import dagster as dg
 
 from memory_pipelines.defs.memories.partitions import tenants_partitions
-from memory_pipelines.lib import settings as env
-from memory_pipelines.lib.backup_catalog import catalog
-from memory_pipelines.lib.progress import throttled
+from memory_pipelines.lib.backups.catalog import catalog
+from memory_pipelines.lib.infra import settings as env
+from memory_pipelines.lib.infra.progress import throttled
 from memory_pipelines.resources import BackupResource, MemoryStoreResource
 
 # Newest first; a tenant keeps a backup a night for the expiry period (30 days by default).

@@ -2,10 +2,10 @@ import dagster as dg
 from pydantic import Field
 
 from memory_pipelines.defs.memories.partitions import tenants_partitions
-from memory_pipelines.lib.backup_catalog import catalog, check_backup_id
-from memory_pipelines.lib.backups import BackupService
-from memory_pipelines.lib.errors import ConflictError, ValidationError
-from memory_pipelines.lib.progress import throttled
+from memory_pipelines.lib.backups.catalog import catalog, check_backup_id
+from memory_pipelines.lib.backups.service import BackupService
+from memory_pipelines.lib.infra.errors import ConflictError, ValidationError
+from memory_pipelines.lib.infra.progress import throttled
 from memory_pipelines.resources import BackupResource, MemoryStoreResource
 
 tenant_backups_job = dg.define_asset_job(

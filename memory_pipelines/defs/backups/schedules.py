@@ -2,7 +2,7 @@ import dagster as dg
 
 from memory_pipelines.defs.backups.jobs import tenant_backups_job
 from memory_pipelines.defs.memories.partitions import tenants_partitions
-from memory_pipelines.lib.canary import is_reserved_tenant
+from memory_pipelines.lib.forget.canary import is_reserved_tenant
 from memory_pipelines.resources import MemoryStoreResource
 
 

@@ -3,10 +3,10 @@ from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraph
 from dagster._core.definitions.events import AssetKeyPartitionKey
 
 from memory_pipelines.defs.backups.jobs import restore_job
-from memory_pipelines.defs.derived.jobs import DERIVED_ASSETS
 from memory_pipelines.defs.memories.partitions import tenants_partitions
-from memory_pipelines.lib.backups import completed_restores, restores
-from memory_pipelines.lib.canary import is_reserved_tenant, retired_tenants
+from memory_pipelines.defs.stores.jobs import DERIVED_ASSETS
+from memory_pipelines.lib.backups.service import completed_restores, restores
+from memory_pipelines.lib.forget.canary import is_reserved_tenant, retired_tenants
 from memory_pipelines.resources import MemoryStoreResource
 
 REBUILT_ASSETS = ("memories", *DERIVED_ASSETS)

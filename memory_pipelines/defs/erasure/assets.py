@@ -1,9 +1,9 @@
 import dagster as dg
 
 from memory_pipelines.defs.memories.partitions import tenants_partitions
-from memory_pipelines.lib.erasure import ErasureIncomplete, ErasureService
-from memory_pipelines.lib.progress import throttled
-from memory_pipelines.lib.settings import Settings, lower_priority
+from memory_pipelines.lib.forget.erasure import ErasureIncomplete, ErasureService
+from memory_pipelines.lib.infra.progress import throttled
+from memory_pipelines.lib.infra.settings import Settings, lower_priority
 from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
 from memory_pipelines.resources.derived import derived_stores
 

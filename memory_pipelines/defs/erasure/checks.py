@@ -3,7 +3,7 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from memory_pipelines.defs.memories.partitions import check_result, tenant_asset_check
-from memory_pipelines.lib.erasure import ErasureLedger
+from memory_pipelines.lib.forget.erasure import ErasureLedger
 from memory_pipelines.resources import MemoryStoreResource
 
 CHECK = "erasures_on_time"

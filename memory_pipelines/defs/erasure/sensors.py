@@ -6,8 +6,8 @@ import dagster as dg
 from memory_pipelines.defs.erasure.checks import erasure_evaluation
 from memory_pipelines.defs.erasure.jobs import ERASURE_JOB, physical_erasure_job
 from memory_pipelines.defs.memories.partitions import tenants_partitions
-from memory_pipelines.lib.canary import is_reserved_tenant
-from memory_pipelines.lib.erasure import ErasureLedger
+from memory_pipelines.lib.forget.canary import is_reserved_tenant
+from memory_pipelines.lib.forget.erasure import ErasureLedger
 from memory_pipelines.resources import MemoryStoreResource
 
 _ACTIVE = {

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from memory_pipelines.lib import evaluation
-from memory_pipelines.lib.derived import DerivedStores
-from memory_pipelines.lib.progress import throttled
+from memory_pipelines.lib.evaluation import evaluator as evaluation
+from memory_pipelines.lib.infra.progress import throttled
+from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.resources import (
     AnalyticsResource,
     ChromaResource,

@@ -4,7 +4,7 @@ import dagster as dg
 
 from memory_pipelines.defs.forget.jobs import deletion_service
 from memory_pipelines.defs.memories.partitions import tenants_partitions
-from memory_pipelines.lib.canary import run_canary_drill
+from memory_pipelines.lib.forget.canary import run_canary_drill
 from memory_pipelines.resources import (
     AnalyticsResource,
     BackupResource,

@@ -4,7 +4,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from memory_pipelines.defs.memories.partitions import check_result, tenant_asset_check
-from memory_pipelines.lib.deletion import NEAR_DEADLINE, DeletionLedger
+from memory_pipelines.lib.forget.deletion import NEAR_DEADLINE, DeletionLedger
 from memory_pipelines.resources import MemoryStoreResource
 
 CHECK = "deletions_on_track"

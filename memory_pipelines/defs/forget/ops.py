@@ -14,12 +14,13 @@ from typing import Any, TypeVar
 import dagster as dg
 from pydantic import Field
 
-from memory_pipelines.defs.derived.jobs import DERIVED_ASSETS
 from memory_pipelines.defs.forget.checks import check_evaluation
-from memory_pipelines.lib import certificate, registry
-from memory_pipelines.lib.deletion import Batch, DeletionBlocked, DeletionLedger, DeletionService
-from memory_pipelines.lib.errors import MemoryPipelinesError, ValidationError
-from memory_pipelines.lib.settings import Settings, lower_priority
+from memory_pipelines.defs.stores.jobs import DERIVED_ASSETS
+from memory_pipelines.lib.forget import certificate
+from memory_pipelines.lib.forget.deletion import Batch, DeletionBlocked, DeletionLedger, DeletionService
+from memory_pipelines.lib.infra.errors import MemoryPipelinesError, ValidationError
+from memory_pipelines.lib.infra.settings import Settings, lower_priority
+from memory_pipelines.lib.stores import registry
 from memory_pipelines.resources import (
     AnalyticsResource,
     ChromaResource,

@@ -6,8 +6,8 @@ import dagster as dg
 from memory_pipelines.defs.forget.checks import check_evaluation
 from memory_pipelines.defs.forget.jobs import FORGET_JOB, forget_job, forget_run_config, named_job_ids
 from memory_pipelines.defs.memories.partitions import tenants_partitions
-from memory_pipelines.lib.canary import is_reserved_tenant
-from memory_pipelines.lib.deletion import STALL_GRACE, DeletionLedger, LastRun, plan_forget_runs
+from memory_pipelines.lib.forget.canary import is_reserved_tenant
+from memory_pipelines.lib.forget.deletion import STALL_GRACE, DeletionLedger, LastRun, plan_forget_runs
 from memory_pipelines.resources import MemoryStoreResource
 
 JOBS_TAG = "memory_pipelines/deletion_jobs"

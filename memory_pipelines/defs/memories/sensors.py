@@ -4,8 +4,8 @@ import dagster as dg
 
 from memory_pipelines.defs.memories.assets import stats_metadata
 from memory_pipelines.defs.memories.partitions import tenants_partitions
-from memory_pipelines.lib.backups import restored_sequences
-from memory_pipelines.lib.canary import is_reserved_tenant, retired_tenants
+from memory_pipelines.lib.backups.service import restored_sequences
+from memory_pipelines.lib.forget.canary import is_reserved_tenant, retired_tenants
 from memory_pipelines.resources import MemoryStoreResource
 
 

@@ -7,8 +7,9 @@ from pydantic import Field
 from memory_pipelines.defs.forget.checks import check_evaluation
 from memory_pipelines.defs.forget.ops import certificates, data_map_metadata, deletion_service, report_forgotten
 from memory_pipelines.defs.memories.partitions import tenants_partitions
-from memory_pipelines.lib import certificate, retention
-from memory_pipelines.lib.deletion import DeletionLedger, DeletionService
+from memory_pipelines.lib.forget import certificate
+from memory_pipelines.lib.forget.deletion import DeletionLedger, DeletionService
+from memory_pipelines.lib.retention import rules as retention
 from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
 
 RETENTION_JOB = "retention"

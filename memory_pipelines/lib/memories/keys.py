@@ -1,0 +1,511 @@
+"""Key store: wrapped keys in their own PostgreSQL schema (`keystore`), their wrapping key outside it.
+
+The master key (a file or KMS) seals each tenant's key-encryption key (KEK), which lives in the key
+vault (files under HOME/keys/vault, lib/key_vault.py), never in PostgreSQL. The KEK wraps every key
+of the tenant the `keystore` rows hold: the tenant key (blind-index, pseudonym and cache subkeys
+derive from it, so its value never changes), subject keys (memory text; the blind index of the
+memories only their author sees), team keys (team summaries built before per-build keys) and build
+keys (one per summary build or prompt snapshot, destroyed with the row they seal). The physical
+erasure rotates the KEK (`begin_rotation`, commit, `finish_rotation`): whatever copies of wrapped
+keys PostgreSQL's WAL, dead tuples or replicas keep are wrapped by a KEK that no longer exists
+anywhere.
+
+Rows written before key vaults carry no `kek_id`: such a tenant key is wrapped by the master key,
+such subject, team and build keys by the tenant key. They still open; the tenant's first rotation
+rewraps them all under a KEK.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError
+from memory_pipelines.lib.memories import crypto
+from memory_pipelines.lib.memories.key_vault import KekUnavailable, KeyVault
+
+T = TypeVar("T")
+
+
+class KeyDestroyedError(NotFoundError):
+    """The key was crypto-shredded; whatever it protected is gone for good."""
+
+
+_TENANT_ROW = "SELECT key_id, wrapped, provider, kek_id FROM keystore.tenant_keys WHERE tenant_id = %s"
+_DATA_KEY_SQL = {
+    "subject": (
+        "SELECT key_id, wrapped, kek_id FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s",
+        "INSERT INTO keystore.subject_keys (tenant_id, user_id, key_id, wrapped, tenant_key_id, kek_id)"
+        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (tenant_id, user_id) DO NOTHING RETURNING key_id",
+        "sk_",
+    ),
+    "team": (
+        "SELECT key_id, wrapped, kek_id FROM keystore.team_keys WHERE tenant_id = %s AND team_id = %s",
+        "INSERT INTO keystore.team_keys (tenant_id, team_id, key_id, wrapped, tenant_key_id, kek_id)"
+        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (tenant_id, team_id) DO NOTHING RETURNING key_id",
+        "tm_",
+    ),
+}
+_OWNER_FIELD = {"subject": "user", "team": "team"}
+# Every wrapped key of a tenant below its tenant key, per kind: read them, then write them rewrapped.
+_REWRAP_SQL = {
+    "subject": (
+        "SELECT user_id, key_id, wrapped, kek_id FROM keystore.subject_keys"
+        " WHERE tenant_id = %s AND wrapped IS NOT NULL",
+        "UPDATE keystore.subject_keys k SET wrapped = u.wrapped, kek_id = %s"
+        " FROM unnest(%s::text[], %s::bytea[]) AS u(key_id, wrapped) WHERE k.tenant_id = %s AND k.key_id = u.key_id",
+    ),
+    "team": (
+        "SELECT team_id, key_id, wrapped, kek_id FROM keystore.team_keys WHERE tenant_id = %s AND wrapped IS NOT NULL",
+        "UPDATE keystore.team_keys k SET wrapped = u.wrapped, kek_id = %s"
+        " FROM unnest(%s::text[], %s::bytea[]) AS u(key_id, wrapped) WHERE k.tenant_id = %s AND k.key_id = u.key_id",
+    ),
+    "build": (
+        "SELECT NULL, key_id, wrapped, kek_id FROM keystore.build_keys WHERE tenant_id = %s",
+        "UPDATE keystore.build_keys k SET wrapped = u.wrapped, kek_id = %s"
+        " FROM unnest(%s::text[], %s::bytea[]) AS u(key_id, wrapped) WHERE k.tenant_id = %s AND k.key_id = u.key_id",
+    ),
+}
+_KEKS_IN_USE = (
+    "SELECT kek_id FROM keystore.subject_keys WHERE tenant_id = %(t)s AND kek_id IS NOT NULL"
+    " UNION SELECT kek_id FROM keystore.team_keys WHERE tenant_id = %(t)s AND kek_id IS NOT NULL"
+    " UNION SELECT kek_id FROM keystore.build_keys WHERE tenant_id = %(t)s AND kek_id IS NOT NULL"
+    " UNION SELECT kek_id FROM keystore.tenant_keys WHERE tenant_id = %(t)s AND kek_id IS NOT NULL"
+)
+_DESTROY_TENANT_SQL = (
+    "DELETE FROM keystore.subject_keys WHERE tenant_id = %s RETURNING key_id",
+    "DELETE FROM keystore.team_keys WHERE tenant_id = %s RETURNING key_id",
+    "DELETE FROM keystore.tenant_keys WHERE tenant_id = %s RETURNING key_id",
+)
+# Tenant ids start with a letter or digit, so this can never collide with one.
+CONTROL_TENANT = "__control_plane__"
+BUILD_KEY_PREFIX = "bk_"
+
+
+def _rotation_lock(tenant_id: str) -> str:
+    """Advisory lock of a tenant's KEK: shared by whoever wraps a new key, exclusive for a rotation."""
+    return f"kek-rotation\x1f{tenant_id}"
+
+
+def _aad(kind: str, tenant_id: str, owner: str | None, key_id: str) -> bytes:
+    """Associated data of a wrapped key: its place in the hierarchy (kind, tenant, owner, id)."""
+    if kind == "build":
+        return crypto.aad("build-key", tenant_id, key_id)
+    return crypto.aad(f"{kind}-key", tenant_id, owner or "", key_id)
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """A KEK rotation whose rows are rewrapped (in an uncommitted transaction until its caller commits)."""
+
+    tenant_id: str
+    kek_id: str
+    previous: tuple[str, ...]
+    rewrapped: dict[str, int]
+
+
+class KeyStore:
+    """Gets or creates tenant, subject, team and build keys; unwrapped keys are cached by key id only.
+
+    `vault` is the key vault (a directory, or a KeyVault); by default `vault/` beside a local master
+    key file. Every process sharing one database must share one vault, as it shares the master key.
+    """
+
+    def __init__(
+        self, master: crypto.MasterKey, *, vault: KeyVault | Path | None = None, cache_size: int = 50_000
+    ) -> None:
+        self.master = master
+        if vault is None:
+            path = getattr(master, "path", None)
+            if path is None:
+                raise ServiceError("key_vault", "a key store with this master key needs its vault directory")
+            vault = Path(path).parent / "vault"
+        self.vault = vault if isinstance(vault, KeyVault) else KeyVault(vault, master)
+        # Bounded: a tenant with millions of subjects must not pin all their keys in memory.
+        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    def _cached(self, key_id: str) -> bytes | None:
+        with self._lock:
+            key = self._cache.get(key_id)
+            if key is not None:
+                self._cache.move_to_end(key_id)
+            return key
+
+    def _remember(self, key_id: str, key: bytes) -> bytes:
+        with self._lock:
+            self._cache[key_id] = key
+            self._cache.move_to_end(key_id)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return key
+
+    def forget_cached(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    # -- wrapping keys -----------------------------------------------------------------------------
+
+    def _kek(self, tenant_id: str, kek_id: str) -> bytes:
+        """A KEK by id: cached, or unsealed from the vault (KekUnavailable once rotated away)."""
+        cached = self._cached("kek:" + kek_id)
+        if cached is not None:
+            return cached
+        return self._remember("kek:" + kek_id, self.vault.unseal(tenant_id, kek_id))
+
+    @contextlib.contextmanager
+    def _wrapping(self, conn: psycopg.Connection) -> Iterator[None]:
+        """A transaction to wrap a new key in: the caller's, or one of its own on an idle autocommit
+        connection (the rotation lock must be held until the new row commits)."""
+        idle = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        with conn.transaction() if idle else contextlib.nullcontext():
+            yield
+
+    def _lock_shared(self, conn: psycopg.Connection, tenant_id: str) -> None:
+        # Held until commit: a rotation (exclusive) waits for this new row, then rewraps it too.
+        conn.execute("SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 2))", (_rotation_lock(tenant_id),))
+
+    def _current_wrapping(self, conn: psycopg.Connection, tenant_id: str) -> tuple[str | None, bytes]:
+        """The key new keys of the tenant are wrapped with, under the shared rotation lock: its KEK,
+        or (a tenant not yet rotated since key vaults) its tenant key."""
+        _, tenant_key = self.tenant_key(conn, tenant_id, create=False)
+        row = conn.execute("SELECT kek_id FROM keystore.tenant_keys WHERE tenant_id = %s", (tenant_id,)).fetchone()
+        kek_id = None if row is None else row[0]
+        return (None, tenant_key) if kek_id is None else (str(kek_id), self._kek(tenant_id, str(kek_id)))
+
+    def _unwrap(self, conn: psycopg.Connection, tenant_id: str, kek_id: str | None, wrapped: Any, aad: bytes) -> bytes:
+        wrapping = self.tenant_key(conn, tenant_id, create=False)[1] if kek_id is None else self._kek(tenant_id, kek_id)
+        return crypto.open_sealed(wrapping, bytes(wrapped), aad)
+
+    @staticmethod
+    def _retrying(read: Callable[[], Any], open_row: Callable[[Any], T]) -> T:
+        """open_row(read()); if the row's KEK was rotated away between the two, read it once more
+        (a new statement sees the rotation's rows) and open that."""
+        for attempt in range(2):
+            row = read()
+            try:
+                return open_row(row)
+            except KekUnavailable:
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    # -- tenant keys -------------------------------------------------------------------------------
+
+    def tenant_key(self, conn: psycopg.Connection, tenant_id: str, *, create: bool = True) -> tuple[str, bytes]:
+        """The tenant key (id, key); with `create`, made with the tenant's first KEK on first use."""
+        row = conn.execute(_TENANT_ROW, (tenant_id,)).fetchone()
+        if row is None:
+            if not create:
+                raise NotFoundError("tenant", f"no key for tenant {tenant_id!r}")
+            return self._create_tenant_key(conn, tenant_id)
+        rows = iter([row])
+        return self._retrying(
+            lambda: next(rows, None) or conn.execute(_TENANT_ROW, (tenant_id,)).fetchone(),
+            lambda found: self._open_tenant_row(tenant_id, found),
+        )
+
+    def _open_tenant_row(self, tenant_id: str, row: Any) -> tuple[str, bytes]:
+        if row is None:
+            raise KeyDestroyedError("tenant", f"the key of tenant {tenant_id!r} was destroyed")
+        key_id, wrapped, provider, kek_id = row
+        if wrapped is None:
+            raise KeyDestroyedError("tenant", f"the key of tenant {tenant_id!r} was destroyed")
+        cached = self._cached(key_id)
+        if cached is not None:
+            return key_id, cached
+        if provider != self.master.provider:
+            raise ServiceError(
+                "master_key",
+                f"tenant {tenant_id!r} keys are wrapped by {provider}, but the configured master key is "
+                f"{self.master.provider}; set MEMORY_PIPELINES_KMS_KEY_ID (or unset it) to match",
+            )
+        if kek_id is None:  # made before key vaults: wrapped by the master key itself
+            key = self.master.unwrap(bytes(wrapped), tenant_id=tenant_id)
+        else:
+            key = crypto.open_sealed(
+                self._kek(tenant_id, kek_id), bytes(wrapped), crypto.aad("tenant-key", tenant_id, key_id)
+            )
+        return key_id, self._remember(key_id, key)
+
+    def _create_tenant_key(self, conn: psycopg.Connection, tenant_id: str) -> tuple[str, bytes]:
+        with self._wrapping(conn):
+            self._lock_shared(conn, tenant_id)
+            kek_id, kek = self.vault.current(tenant_id, create=True)
+            self._remember("kek:" + kek_id, kek)
+            key = crypto.new_key()
+            key_id = "tk_" + secrets.token_hex(12)
+            wrapped = crypto.seal(kek, key, crypto.aad("tenant-key", tenant_id, key_id))
+            inserted = conn.execute(
+                "INSERT INTO keystore.tenant_keys (tenant_id, key_id, wrapped, provider, kek_id) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (tenant_id) DO NOTHING RETURNING key_id",
+                (tenant_id, key_id, wrapped, self.master.provider, kek_id),
+            ).fetchone()
+            if inserted is not None:
+                return key_id, self._remember(key_id, key)
+        return self.tenant_key(conn, tenant_id, create=False)
+
+    def tenant_subkey(self, conn: psycopg.Connection, tenant_id: str, purpose: str, *, create: bool = True) -> bytes:
+        """A key derived from the tenant key for one purpose (blind index, pseudonyms, cache keys)."""
+        _, tenant_key = self.tenant_key(conn, tenant_id, create=create)
+        return crypto.derive_key(tenant_key, b"tenant-subkey:" + purpose.encode())
+
+    def control_key(self, conn: psycopg.Connection) -> bytes:
+        """The control-plane key (scope HMACs). Never shredded: proofs must stay checkable."""
+        row = conn.execute("SELECT wrapped, provider FROM keystore.control_key WHERE id = 1").fetchone()
+        if row is None:
+            key, wrapped = self.master.new_wrapped_key(tenant_id=CONTROL_TENANT)
+            inserted = conn.execute(
+                "INSERT INTO keystore.control_key (id, wrapped, provider) VALUES (1, %s, %s)"
+                " ON CONFLICT (id) DO NOTHING RETURNING id",
+                (wrapped, self.master.provider),
+            ).fetchone()
+            return key if inserted is not None else self.control_key(conn)
+        cached = self._cached("control")
+        if cached is not None:
+            return cached
+        if row[1] != self.master.provider:
+            raise ServiceError(
+                "master_key",
+                f"the control-plane key is wrapped by {row[1]}, but the configured master key is "
+                f"{self.master.provider}; every process sharing this database needs the same master key",
+            )
+        return self._remember("control", self.master.unwrap(bytes(row[0]), tenant_id=CONTROL_TENANT))
+
+    # -- subject and team keys -----------------------------------------------------------------------
+
+    def subject_key(
+        self, conn: psycopg.Connection, tenant_id: str, user_id: str, *, create: bool = True
+    ) -> tuple[str, bytes]:
+        """The data key of one subject (user); every memory text they author is sealed under it."""
+        return self._data_key(conn, "subject", tenant_id, user_id, create=create)
+
+    def subject_subkeys(
+        self, conn: psycopg.Connection, tenant_id: str, user_ids: Iterable[str], purpose: str
+    ) -> dict[str, bytes]:
+        """user_id -> a key derived from that subject's key for one purpose (the blind index of their
+        author-only memories), for those of `user_ids` whose key lives: it goes with the subject key,
+        and whatever it MACed becomes unlinkable. Never creates a key; one query for one subject, two for more."""
+        wanted = sorted(set(user_ids))
+        if not wanted:
+            return {}
+        label = b"subject-subkey:" + purpose.encode()
+        if len(wanted) == 1:  # a personal view's search: one lookup, not two
+            try:
+                _, key = self.subject_key(conn, tenant_id, wanted[0], create=False)
+            except NotFoundError:  # never a key, or destroyed (KeyDestroyedError)
+                return {}
+            return {wanted[0]: crypto.derive_key(key, label)}
+        rows = conn.execute(
+            "SELECT user_id, key_id FROM keystore.subject_keys"
+            " WHERE tenant_id = %s AND user_id = ANY(%s) AND wrapped IS NOT NULL",
+            (tenant_id, wanted),
+        ).fetchall()
+        keys = self.keys_by_id(conn, tenant_id, [str(key_id) for _, key_id in rows])
+        return {str(user): crypto.derive_key(keys[key_id], label) for user, key_id in rows if key_id in keys}
+
+    def team_key(
+        self, conn: psycopg.Connection, tenant_id: str, team_id: str, *, create: bool = True
+    ) -> tuple[str, bytes]:
+        """The data key of one team (team summaries built before per-build keys are sealed under it)."""
+        return self._data_key(conn, "team", tenant_id, team_id, create=create)
+
+    def _data_key(
+        self, conn: psycopg.Connection, kind: str, tenant_id: str, owner_id: str, *, create: bool
+    ) -> tuple[str, bytes]:
+        select, insert, prefix = _DATA_KEY_SQL[kind]
+        row = conn.execute(select, (tenant_id, owner_id)).fetchone()
+        if row is None:
+            if not create:
+                raise NotFoundError(_OWNER_FIELD[kind], f"no {kind} key for {owner_id!r}")
+            with self._wrapping(conn):
+                self._lock_shared(conn, tenant_id)
+                tenant_key_id, _ = self.tenant_key(conn, tenant_id)
+                kek_id, wrapping = self._current_wrapping(conn, tenant_id)
+                key_id = prefix + secrets.token_hex(12)
+                key = crypto.new_key()
+                wrapped = crypto.seal(wrapping, key, _aad(kind, tenant_id, owner_id, key_id))
+                inserted = conn.execute(
+                    insert, (tenant_id, owner_id, key_id, wrapped, tenant_key_id, kek_id)
+                ).fetchone()
+                if inserted is not None:
+                    return key_id, self._remember(key_id, key)
+            return self._data_key(conn, kind, tenant_id, owner_id, create=False)
+        rows = iter([row])
+
+        def open_row(found: Any) -> tuple[str, bytes]:
+            if found is None or found[1] is None:
+                raise KeyDestroyedError(_OWNER_FIELD[kind], f"the key of {kind} {owner_id!r} was destroyed")
+            key_id, wrapped, kek_id = found
+            cached = self._cached(key_id)
+            if cached is not None:
+                return key_id, cached
+            key = self._unwrap(conn, tenant_id, kek_id, wrapped, _aad(kind, tenant_id, owner_id, key_id))
+            return key_id, self._remember(key_id, key)
+
+        return self._retrying(
+            lambda: next(rows, None) or conn.execute(select, (tenant_id, owner_id)).fetchone(), open_row
+        )
+
+    def key_by_id(self, conn: psycopg.Connection, tenant_id: str, key_id: str) -> bytes:
+        """The key a stored ciphertext names (a subject key, or a build key), for decryption.
+
+        The key store is asked every time (one indexed lookup in the caller's transaction): a
+        key destroyed by another process must stop decrypting here at once, whatever this
+        process cached. Only the unwrapping is cached.
+        """
+        if key_id.startswith(BUILD_KEY_PREFIX):
+            return self.build_key(conn, tenant_id, key_id)
+        keys = self.keys_by_id(conn, tenant_id, [key_id])
+        if key_id not in keys:
+            raise KeyDestroyedError("key_id", f"subject key {key_id!r} does not exist")
+        return keys[key_id]
+
+    def keys_by_id(self, conn: psycopg.Connection, tenant_id: str, key_ids: list[str]) -> dict[str, bytes]:
+        """key_id -> subject key for those of `key_ids` that still exist (one query for all)."""
+
+        def read() -> list[Any]:
+            return conn.execute(
+                "SELECT key_id, user_id, wrapped, kek_id FROM keystore.subject_keys"
+                " WHERE tenant_id = %s AND key_id = ANY(%s)",
+                (tenant_id, sorted(set(key_ids))),
+            ).fetchall()
+
+        def open_rows(rows: list[Any]) -> dict[str, bytes]:
+            out: dict[str, bytes] = {}
+            for key_id, user_id, wrapped, kek_id in rows:
+                if wrapped is None:
+                    continue
+                cached = self._cached(key_id)
+                if cached is None:
+                    aad = _aad("subject", tenant_id, user_id, key_id)
+                    cached = self._remember(key_id, self._unwrap(conn, tenant_id, kek_id, wrapped, aad))
+                out[key_id] = cached
+            return out
+
+        return self._retrying(read, open_rows)
+
+    # -- build keys ----------------------------------------------------------------------------------
+
+    def new_build_key(self, conn: psycopg.Connection, tenant_id: str, purpose: str) -> tuple[str, bytes]:
+        """A fresh key for one build of derived text (a summary, a prompt snapshot), wrapped by the
+        tenant's KEK, in the caller's transaction. The row it seals is the key's only user: replacing
+        or deleting that row deletes the key in the same transaction (migration 0015's triggers).
+        Never creates the tenant's key: a build for a destroyed or unknown tenant raises NotFoundError."""
+        with self._wrapping(conn):
+            self._lock_shared(conn, tenant_id)
+            kek_id, wrapping = self._current_wrapping(conn, tenant_id)
+            key_id = BUILD_KEY_PREFIX + secrets.token_hex(12)
+            key = crypto.new_key()
+            conn.execute(
+                "INSERT INTO keystore.build_keys (tenant_id, key_id, purpose, wrapped, kek_id)"
+                " VALUES (%s, %s, %s, %s, %s)",
+                (
+                    tenant_id,
+                    key_id,
+                    purpose,
+                    crypto.seal(wrapping, key, _aad("build", tenant_id, None, key_id)),
+                    kek_id,
+                ),
+            )
+        return key_id, self._remember(key_id, key)
+
+    def build_key(self, conn: psycopg.Connection, tenant_id: str, key_id: str) -> bytes:
+        """A build key by id, if it still exists (asked in the caller's transaction every time)."""
+
+        def read() -> Any:
+            return conn.execute(
+                "SELECT wrapped, kek_id FROM keystore.build_keys WHERE tenant_id = %s AND key_id = %s",
+                (tenant_id, key_id),
+            ).fetchone()
+
+        def open_row(row: Any) -> bytes:
+            if row is None:
+                raise KeyDestroyedError("key_id", f"build key {key_id!r} does not exist")
+            cached = self._cached(key_id)
+            if cached is not None:
+                return cached
+            wrapped, kek_id = row
+            return self._remember(
+                key_id, self._unwrap(conn, tenant_id, kek_id, wrapped, _aad("build", tenant_id, None, key_id))
+            )
+
+        return self._retrying(read, open_row)
+
+    # -- destruction and rotation --------------------------------------------------------------------
+
+    def destroy_subject_key(self, conn: psycopg.Connection, tenant_id: str, user_id: str) -> str | None:
+        """Delete the subject's wrapped key (crypto-shredding); returns the destroyed key id.
+
+        Copies of the wrapped key in PostgreSQL's history stay wrapped by the tenant's current KEK
+        until the tenant's physical erasure rotates it."""
+        row = conn.execute(
+            "DELETE FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s RETURNING key_id",
+            (tenant_id, user_id),
+        ).fetchone()
+        self.forget_cached()
+        return None if row is None else str(row[0])
+
+    def destroy_tenant_keys(self, conn: psycopg.Connection, tenant_id: str) -> list[str]:
+        """Delete the tenant key and every subject, team and build key under it, and destroy the
+        tenant's vault file (overwritten, then unlinked); returns the destroyed tenant, subject and
+        team key ids. Every wrapped copy anywhere is then wrapped by a KEK that no longer exists."""
+        destroyed = [str(r[0]) for sql in _DESTROY_TENANT_SQL for r in conn.execute(sql, (tenant_id,)).fetchall()]
+        conn.execute("DELETE FROM keystore.build_keys WHERE tenant_id = %s", (tenant_id,))
+        self.vault.destroy(tenant_id)
+        self.forget_cached()
+        return destroyed
+
+    def begin_rotation(self, conn: psycopg.Connection, tenant_id: str) -> Rotation | None:
+        """First half of a rotation of the tenant's KEK, in the caller's transaction: a new KEK joins
+        the vault (fsynced before anything names it), and the tenant key and every subject, team and
+        build key are rewrapped under it (tenants from before key vaults are converted here). The
+        caller commits, then calls `finish_rotation`. None when the tenant has no live tenant key.
+
+        Takes the tenant's rotation lock exclusively: a key being wrapped concurrently commits first
+        and is rewrapped here too, or waits and is wrapped under the new KEK."""
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 2))", (_rotation_lock(tenant_id),))
+        row = conn.execute(_TENANT_ROW, (tenant_id,)).fetchone()
+        if row is None or row[1] is None:
+            return None
+        tenant_key_id, tenant_key = self._open_tenant_row(tenant_id, row)
+        in_use = {str(r[0]) for r in conn.execute(_KEKS_IN_USE, {"t": tenant_id})}
+        previous = tuple(self.vault.kek_ids(tenant_id))
+        kek_id, kek = self.vault.introduce(tenant_id, keep=in_use)
+        self._remember("kek:" + kek_id, kek)
+        rewrapped: dict[str, int] = {}
+        for kind, (select, update) in _REWRAP_SQL.items():
+            ids: list[str] = []
+            blobs: list[bytes] = []
+            for owner, key_id, wrapped, old_kek in conn.execute(select, (tenant_id,)).fetchall():
+                aad = _aad(kind, tenant_id, owner, key_id)
+                wrapping = tenant_key if old_kek is None else self._kek(tenant_id, old_kek)
+                ids.append(key_id)
+                blobs.append(crypto.seal(kek, crypto.open_sealed(wrapping, bytes(wrapped), aad), aad))
+            if ids:
+                conn.execute(update, (kek_id, ids, blobs, tenant_id))
+            rewrapped[kind] = len(ids)
+        conn.execute(
+            "UPDATE keystore.tenant_keys SET wrapped = %s, kek_id = %s WHERE tenant_id = %s",
+            (crypto.seal(kek, tenant_key, crypto.aad("tenant-key", tenant_id, tenant_key_id)), kek_id, tenant_id),
+        )
+        rewrapped["tenant"] = 1
+        return Rotation(tenant_id=tenant_id, kek_id=kek_id, previous=previous, rewrapped=rewrapped)
+
+    def finish_rotation(self, rotation: Rotation) -> None:
+        """Second half, after the commit: the vault file is overwritten in place with the new KEK
+        only (both slots, fsynced), and this process forgets the old KEKs."""
+        self.vault.keep_only(rotation.tenant_id, rotation.kek_id)
+        with self._lock:
+            for kek_id in rotation.previous:
+                if kek_id != rotation.kek_id:
+                    self._cache.pop("kek:" + kek_id, None)

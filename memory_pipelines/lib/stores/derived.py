@@ -1,0 +1,163 @@
+"""Every derived store of the memory store, built from Settings, plus the lineage API."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memory_pipelines.lib.infra import validation
+from memory_pipelines.lib.infra.errors import ValidationError
+from memory_pipelines.lib.infra.progress import Progress, no_progress
+from memory_pipelines.lib.infra.services import Endpoints, chroma_heartbeat, ensure_chroma
+from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.stores import lineage
+from memory_pipelines.lib.stores.analytics.store import AnalyticsStore, QueryLimits
+from memory_pipelines.lib.stores.keyword.index import KeywordIndex
+from memory_pipelines.lib.stores.recall_cache.recall import Recaller, drop_cache
+from memory_pipelines.lib.stores.summaries.store import (
+    ExtractiveSummarizer,
+    OpenAICompatibleSummarizer,
+    Summarizer,
+    SummaryStore,
+)
+from memory_pipelines.lib.stores.vectors.embedding import Embedder, MiniLMEmbedder
+from memory_pipelines.lib.stores.vectors.index import VectorStore
+
+_embedder: MiniLMEmbedder | None = None
+_embedder_lock = threading.Lock()
+
+
+def default_embedder() -> MiniLMEmbedder:
+    """The process-wide all-MiniLM-L6-v2 embedder (its ONNX graph is built once, lazily)."""
+    global _embedder
+    with _embedder_lock:
+        if _embedder is None:
+            _embedder = MiniLMEmbedder()
+        return _embedder
+
+
+def summarizer_from(settings: Settings) -> Summarizer:
+    """The OpenAI-compatible summarizer when its URL is configured, else the extractive default."""
+    if settings.summarizer_url:
+        if not settings.summarizer_model:
+            raise ValidationError("MEMORY_PIPELINES_SUMMARIZER_MODEL", "is required with a summarizer URL")
+        return OpenAICompatibleSummarizer(
+            base_url=settings.summarizer_url, model=settings.summarizer_model, api_key=settings.summarizer_api_key
+        )
+    return ExtractiveSummarizer()
+
+
+def sync_embeddings(
+    store: MemoryStore, vectors: VectorStore, *, tenant_id: str, progress: Progress = no_progress
+) -> dict[str, int]:
+    """Sync the tenant's vectors (`progress` hears of each embedded batch); cached recalls are
+    dropped when the index changed."""
+    counts = vectors.sync(store=store, tenant_id=tenant_id, progress=progress)
+    if counts["embedded"] or counts["removed"]:
+        counts["recall_cache_dropped"] = drop_cache(store, tenant_id=tenant_id)
+    return counts
+
+
+def sync_keywords(store: MemoryStore, *, tenant_id: str) -> dict[str, int]:
+    """Sync the tenant's blind keyword index; cached recalls are dropped when it changed."""
+    counts = KeywordIndex(store).sync(tenant_id=tenant_id)
+    if counts["indexed"] or counts["removed"]:
+        counts["recall_cache_dropped"] = drop_cache(store, tenant_id=tenant_id)
+    return counts
+
+
+@dataclass
+class DerivedStores:
+    store: MemoryStore
+    vectors: VectorStore
+    keywords: KeywordIndex
+    summaries: SummaryStore
+    analytics: AnalyticsStore
+
+    @property
+    def recaller(self) -> Recaller:
+        return Recaller(store=self.store, vectors=self.vectors, keywords=self.keywords)
+
+    def sync_all(self, *, tenant_id: str) -> dict[str, dict[str, int]]:
+        """Bring every derived store of the tenant up to date (what `materialize` does without Dagster)."""
+        return {
+            "memory_embeddings": sync_embeddings(self.store, self.vectors, tenant_id=tenant_id),
+            "keyword_index": sync_keywords(self.store, tenant_id=tenant_id),
+            "subject_summaries": self.summaries.sync(tenant_id=tenant_id, scope="subject"),
+            "team_summaries": self.summaries.sync(tenant_id=tenant_id, scope="team"),
+            "analytics_memories": self.analytics.rebuild(store=self.store, tenant_id=tenant_id),
+        }
+
+    def lineage_of_memory(self, *, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:
+        """Every derived record of every version of a memory (store, record_id, version)."""
+        validation.check_memory_id("memory_id", memory_id)
+        self.store.history(tenant_id=tenant_id, memory_id=memory_id)  # tenant and memory must exist
+        with self.store.transaction() as conn:
+            return lineage.derived_of_memory(conn, tenant_id=tenant_id, memory_id=memory_id)
+
+    def sources_of_record(self, *, tenant_id: str, record: str) -> dict[str, Any]:
+        """The memory versions a derived record `STORE:ID` was made from."""
+        if not isinstance(record, str):
+            raise ValidationError("record", f"must be a string STORE:ID, got {type(record).__name__}")
+        store_name, sep, record_id = record.partition(":")
+        if not sep or store_name not in lineage.STORES or not record_id:
+            raise ValidationError("record", f"must be STORE:ID with STORE one of {', '.join(lineage.STORES)}")
+        self.store.require_tenant(tenant_id=tenant_id)
+        with self.store.transaction() as conn:
+            sources = lineage.sources_of_record(conn, tenant_id=tenant_id, store=store_name, record_id=record_id)
+        return {"store": store_name, "record_id": record_id, "sources": sources}
+
+
+def open_derived(
+    settings: Settings,
+    store: MemoryStore,
+    *,
+    embedder: Embedder | None = None,
+    endpoints: Endpoints | None = None,
+) -> DerivedStores:
+    """Every derived store; vectors on the Chroma server of `endpoints` (ensure_services' when not given)."""
+    embedder = embedder or default_embedder()
+    vectors = vector_store_for(settings, embedder=embedder, endpoints=endpoints)
+    return DerivedStores(
+        store=store,
+        vectors=vectors,
+        keywords=KeywordIndex(store),
+        summaries=SummaryStore(store, summarizer_from(settings)),
+        analytics=AnalyticsStore(settings.analytics_root, store=store, limits=QueryLimits.of(settings)),
+    )
+
+
+def vector_store_for(settings: Settings, *, embedder: Embedder, endpoints: Endpoints | None = None) -> VectorStore:
+    """The Chroma server of these settings: MEMORY_PIPELINES_CHROMA_URL, else HOME's own `chroma run`
+    (whose files under HOME/chroma erasures clear too). Never the embedded PersistentClient, which
+    is not process-safe."""
+    if settings.chroma_url:
+        return VectorStore(embedder=embedder, url=settings.chroma_url)
+    url = chroma_url_for(settings, endpoints)
+    return VectorStore(embedder=embedder, url=url, path=settings.chroma_path)
+
+
+_chroma_urls: dict[Path, str] = {}
+_chroma_urls_lock = threading.Lock()
+
+
+def chroma_url_for(settings: Settings, endpoints: Endpoints | None = None) -> str:
+    """The URL of HOME's Chroma server, started (like ensure_services does) when none answers;
+    cached per process: later calls cost one heartbeat on localhost."""
+    if settings.chroma_url:
+        return settings.chroma_url
+    if endpoints is not None and endpoints.chroma_url:
+        with _chroma_urls_lock:
+            _chroma_urls[settings.home] = endpoints.chroma_url
+        return endpoints.chroma_url
+    with _chroma_urls_lock:
+        cached = _chroma_urls.get(settings.home)
+    if cached is not None and chroma_heartbeat(cached):
+        return cached
+    url = ensure_chroma(settings)
+    with _chroma_urls_lock:
+        _chroma_urls[settings.home] = url
+    return url

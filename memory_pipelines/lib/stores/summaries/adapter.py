@@ -1,0 +1,73 @@
+"""Deletion adapters of subject and team summaries (records `subject:<id>` / `team:<id>`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from memory_pipelines.lib.stores import bytescan
+from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, edges_left, linked
+from memory_pipelines.lib.stores.derived import DerivedStores
+from memory_pipelines.lib.stores.summaries.store import SUBJECT_STORE, TEAM_STORE
+
+TABLES = ("derived.summaries",)
+
+
+class _SummariesAdapter:
+    name: str
+    scope: str
+
+    def find(self, conn: psycopg.Connection, ctx: Context) -> set[str]:
+        return linked(conn, ctx.tenant_id, self.name, ctx.everything)
+
+    def delete(self, ctx: Context) -> None:
+        if ctx.tenant_scope:
+            with ctx.store.transaction() as conn:
+                conn.execute(
+                    "DELETE FROM derived.summaries WHERE tenant_id = %s AND scope = %s", (ctx.tenant_id, self.scope)
+                )
+                conn.execute(
+                    "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (ctx.tenant_id, self.name)
+                )
+            return
+        # Hidden sources are already out of the current versions: a sync of the summaries whose
+        # lineage reaches a target rebuilds them without it, and removes those left with no source.
+        touched = sorted(record.partition(":")[2] for record in ctx.records)
+        if touched:
+            ctx.derived.summaries.sync(tenant_id=ctx.tenant_id, scope=self.scope, scope_ids=touched)
+
+    def count(self, ctx: Context) -> int:
+        with ctx.store.transaction() as conn:
+            return edges_left(conn, ctx.tenant_id, self.name, ctx.everything)
+
+    def verify(self, ctx: Context, probes: Any) -> int:
+        return 0
+
+    def fingerprints(self, conn: psycopg.Connection, ctx: Context) -> list[bytes]:
+        # The summaries as they are now: a rebuild seals anew (new nonce), so these windows can only
+        # be found in the dead rows of the old ones.
+        rows = conn.execute(
+            "SELECT summary_ct FROM derived.summaries WHERE tenant_id = %s AND scope = %s"
+            " AND (%s OR scope_id = ANY(%s))",
+            (
+                ctx.tenant_id,
+                self.scope,
+                ctx.tenant_scope,
+                sorted(record.partition(":")[2] for record in ctx.records),
+            ),
+        ).fetchall()
+        return [w for (ct,) in rows for w in bytescan.windows(ct)]
+
+    def erase(self, derived: DerivedStores, tenant_id: str) -> Erasure:
+        return compact(derived, tenant_id, TABLES)
+
+
+class SubjectSummariesAdapter(_SummariesAdapter):
+    name = SUBJECT_STORE
+    scope = "subject"
+
+
+class TeamSummariesAdapter(_SummariesAdapter):
+    name = TEAM_STORE
+    scope = "team"
