@@ -174,7 +174,7 @@ def test_memory_deletions_is_a_tenant_graph_with_a_step_per_store_and_a_check(de
     assert deletions.partitions_def.name == "tenants"
     assert spec.description == "What the tenant has forgotten: its deletion jobs and their proofs."
     ops = {node.name for node in deletions.node_def.nodes}
-    assert ops == {"freeze", "verify", "prove"} | {f"delete_{s.name}" for s in registry.STORES}
+    assert ops == {"freeze", "verify", "prove"} | {f"delete_{s.name}" for s in registry.stores()}
     graph = definitions.resolve_asset_graph()
     [check] = [key for key in graph.asset_check_keys if key.asset_key == deletions.key]
     assert check.name == "deletions_on_track"

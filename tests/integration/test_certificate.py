@@ -52,7 +52,7 @@ def test_a_real_forgets_certificate_in_markdown_and_html(store, derived, tenant)
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
     after = certificate.data_map(store, tenant)
     # The data map counts records per registered store by lineage: alice's two memories leave.
-    assert set(before) == set(after) == set(registry.BY_NAME)
+    assert set(before) == set(after) == set(registry.names())
     assert before["primary"] == 3 and after["primary"] == 1
     assert before["chroma"] == 3 and after["chroma"] == 1
     assert before["keyword_index"] == 3 and after["keyword_index"] == 1
@@ -71,7 +71,7 @@ def test_a_real_forgets_certificate_in_markdown_and_html(store, derived, tenant)
     for document in (md, page):
         assert job["job_id"] in document and tenant in document
         assert "gdpr-art17" in document and proof["scopeHash"] in document and proof["deadline"] in document
-        for spec in registry.STORES:
+        for spec in registry.stores():
             assert spec.name in document, spec.name
         assert "SHREDDED" in document and "ERASED" in document and "COMPLETE" in document
         assert "alice" not in document  # the proof holds the scope hash only, never the subject's id
@@ -79,7 +79,7 @@ def test_a_real_forgets_certificate_in_markdown_and_html(store, derived, tenant)
         assert_no_text(document, canary, texts)
     # One table row per registered store, with its records deleted and its verification.
     rows = [line for line in md.splitlines() if line.startswith("| `")]
-    assert [row.split("|")[1].strip(" `") for row in rows] == [spec.name for spec in registry.STORES]
+    assert [row.split("|")[1].strip(" `") for row in rows] == [spec.name for spec in registry.stores()]
     primary = next(row for row in rows if row.startswith("| `primary`"))
     assert "`DONE:2`" in primary and "| `2` |" in primary and "passed: 0 left by exact id" in primary
     scan = proof["erasure"]["byteScan"]
@@ -151,7 +151,7 @@ def test_the_forget_run_attaches_the_certificate_and_the_data_map(store, derived
     metadata = deletions.metadata
     md = metadata[f"certificate_{job['job_id']}"].value
     assert isinstance(metadata[f"certificate_{job['job_id']}"], dg.MarkdownMetadataValue)
-    assert job["job_id"] in md and "ccpa" in md and all(spec.name in md for spec in registry.STORES)
+    assert job["job_id"] in md and "ccpa" in md and all(spec.name in md for spec in registry.stores())
     assert metadata["data_map_before"].value["primary"] == 3 and metadata["data_map_after"].value["primary"] == 1
     assert metadata["data_map_before"].value["chroma"] == 3 and metadata["data_map_after"].value["chroma"] == 1
     picture = metadata["data_map"].value
@@ -177,7 +177,7 @@ def test_cli_proof_formats_output_file_and_lineage_picture(cli_env, store, deriv
     md = cli(cli_env, "deletion", "proof", job["job_id"], "--format", "md")
     assert md.returncode == 0, md.stderr
     assert md.stdout.startswith(f"# Deletion certificate `{job['job_id']}`")
-    assert "user-request" in md.stdout and all(spec.name in md.stdout for spec in registry.STORES)
+    assert "user-request" in md.stdout and all(spec.name in md.stdout for spec in registry.stores())
     assert_no_text(md.stdout, canary, texts)
 
     target = tmp_path / "certificate.html"

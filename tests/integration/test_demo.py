@@ -88,7 +88,7 @@ def test_demo_end_to_end(demo):
     texts = [m["text"] for m in corpus["memories"]] + [corpus["versioned"]["first"], corpus["versioned"]["second"]]
     for fmt, document in certificates.items():
         assert job_id in document, fmt
-        assert all(spec.name in document for spec in registry.STORES), fmt
+        assert all(spec.name in document for spec in registry.stores()), fmt
         assert not [text for text in texts if text in document], fmt
     cycle = out["backup_then_restore"]
     assert cycle["restore"]["state"] == "COMPLETE"
@@ -104,7 +104,7 @@ def _deleted_by_certificate(markdown: str) -> dict[str, int]:
     found = {}
     for line in markdown.splitlines():
         cells = [c.strip().strip("`") for c in line.strip("|").split("|")]
-        if len(cells) == 6 and cells[0] in registry.BY_NAME and (number := re.match(r"\d+", cells[4])):
+        if len(cells) == 6 and cells[0] in registry.names() and (number := re.match(r"\d+", cells[4])):
             found[cells[0]] = int(number.group())
     return found
 
@@ -144,7 +144,7 @@ def test_the_instance_after_the_demo_is_a_clean_first_look(demo, tmp_path):
         assert metadata[f"proof_{bob}"]["jobId"] == bob and {"data_map", f"certificate_{bob}"} <= set(metadata)
         # The certificate's records deleted are the data map's before - after, store by store (the team
         # summary bob wrote into is rebuilt without him: reached, not deleted).
-        removed = {s: metadata["data_map_before"][s] - metadata["data_map_after"][s] for s in registry.BY_NAME}
+        removed = {s: metadata["data_map_before"][s] - metadata["data_map_after"][s] for s in registry.names()}
         assert _deleted_by_certificate(metadata[f"certificate_{bob}"]) == removed
         assert removed["team_summaries"] == 0 and metadata[f"proof_{bob}"]["targets"]["team_summaries"] == "DONE:1"
         # The retention run that came after removed nothing: an observation, not a materialization.

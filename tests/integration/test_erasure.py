@@ -38,7 +38,7 @@ def tenant_files(derived, tenant):
 
 
 def test_every_registered_store_has_a_complete_adapter():
-    for spec in registry.STORES:
+    for spec in registry.stores():
         adapter = registry.adapter(spec.name)
         assert adapter.name == spec.name
         missing = [m for m in REQUIRED if not callable(getattr(adapter, m, None))]

@@ -94,8 +94,8 @@ def test_subject_scope_removes_personal_and_team_contributions_and_rebuilds_team
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
     status = service.status(job_id=job["job_id"])
     assert status["state"] == "COMPLETE"
-    assert set(status["targets"]) == {spec.name for spec in registry.STORES} | {"backups", "physical"}
-    assert all(status["targets"][spec.name].startswith("DONE:") for spec in registry.STORES)
+    assert set(status["targets"]) == {spec.name for spec in registry.stores()} | {"backups", "physical"}
+    assert all(status["targets"][spec.name].startswith("DONE:") for spec in registry.stores())
     assert status["targets"]["physical"].startswith("PENDING:")  # the erasure run's, within 24 h
     assert status["targets"]["primary"] == "DONE:3" and status["targets"]["key_store"] == "DONE:1"
     for key in ("alice_personal", "alice_team"):

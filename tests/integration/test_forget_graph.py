@@ -70,7 +70,7 @@ def test_the_graph_has_a_step_per_stage_and_per_registered_store(home_env):
     job = forget_job_def()
     [graph_node] = [n for n in job.graph.nodes if n.name == "memory_deletions"]
     names = [n.name for n in graph_node.definition.nodes]
-    stores = [f"delete_{spec.name}" for spec in registry.STORES]
+    stores = [f"delete_{spec.name}" for spec in registry.stores()]
     assert sorted(names) == sorted(["freeze", *stores, "verify", "prove"])
     deps = graph_node.definition.dependency_structure
     # freeze -> stores in registry order -> verify -> prove
@@ -137,7 +137,7 @@ def test_a_failed_store_is_a_failed_step_and_reexecution_from_failure_completes(
         assert "memory_deletions.freeze" not in ran and "memory_deletions.delete_chroma" in ran
         done = service.status(job_id=job["job_id"])
         assert done["state"] == "COMPLETE" and done["attempts"] == 2
-        assert all(str(v).startswith("DONE:") for k, v in done["targets"].items() if k in registry.BY_NAME)
+        assert all(str(v).startswith("DONE:") for k, v in done["targets"].items() if registry.is_registered(k))
         [deletions] = materializations(second, "memory_deletions")
         assert deletions.metadata["deletion_states"].value == {job["job_id"]: "COMPLETE"}
         assert deletions.metadata["store_primary"].value == 1

@@ -309,7 +309,7 @@ def _store_op(spec: registry.StoreSpec) -> dg.OpDefinition:
     return delete_from_store
 
 
-STORE_OPS = [_store_op(spec) for spec in registry.STORES]
+STORE_OPS = [_store_op(spec) for spec in registry.stores()]
 
 
 @dg.op(tags=TAGS, out=dg.Out(list[str]))

@@ -185,7 +185,7 @@ def build(proof: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> 
     rebuilt: Mapping[str, Any] = proof.get("rebuilt") or {}
 
     rows = []
-    for spec in registry.STORES:
+    for spec in registry.stores():
         target = targets.get(spec.name)
         left = exact.get(spec.name)
         rows.append(
@@ -255,7 +255,7 @@ def build(proof: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> 
         other_targets=[
             (str(name), str(value))
             for name, value in sorted(targets.items())
-            if name not in registry.BY_NAME and name not in ("physical", "backups")
+            if not registry.is_registered(name) and name not in ("physical", "backups")
         ],
     )
 
@@ -438,14 +438,14 @@ def data_map_in(conn: psycopg.Connection, tenant_id: str) -> dict[str, int]:
     ).fetchone()
     keys = int(row[0]) if row else 0
     extra = {"primary": primary, "key_store": keys}
-    return {spec.name: extra.get(spec.name, counts.get(spec.name, 0)) for spec in registry.STORES}
+    return {spec.name: extra.get(spec.name, counts.get(spec.name, 0)) for spec in registry.stores()}
 
 
 def data_map_markdown(before: Mapping[str, int] | None, after: Mapping[str, int], *, image: bytes | None = None) -> str:
     """The data map as a Markdown table (before, after, removed per registered store), with the PNG
     inlined as a data: URI when given."""
     lines = ["| store | before | after | removed |", "|---|---:|---:|---:|"]
-    for spec in registry.STORES:
+    for spec in registry.stores():
         b = None if before is None else before.get(spec.name)
         a = after.get(spec.name, 0)
         removed = "" if b is None else str(b - a)
@@ -473,7 +473,7 @@ def _save(fig: Any, fmt: str) -> bytes:
 
 def data_map_png(before: Mapping[str, int] | None, after: Mapping[str, int], *, title: str = "") -> bytes:
     """A bar chart of records per registered store, before and after a forget (PNG bytes)."""
-    names = [spec.name for spec in registry.STORES]
+    names = [spec.name for spec in registry.stores()]
     fig = _figure(8, 3.6)
     ax = fig.add_subplot()
     xs = list(range(len(names)))
@@ -517,7 +517,7 @@ def lineage_graph(records: Sequence[Mapping[str, Any]], *, title: str, fmt: str 
 
     v_at = dict(zip(versions, ys(len(versions)), strict=True))
     t_at = dict(zip(targets, ys(len(targets)), strict=True))
-    stores = [spec.name for spec in registry.STORES]
+    stores = [spec.name for spec in registry.stores()]
     colors = {name: f"C{i % 10}" for i, name in enumerate(stores)}
     box = {"fc": "#f6f8fa", "ec": "grey"}
     memory_id = str(records[0].get("memory_id", ""))

@@ -699,7 +699,7 @@ class DeletionService(DeletionLedger):
         batch = self.begin(tenant_id=tenant_id, job_ids=job_ids)
         try:
             if batch.jobs:
-                for spec in registry.STORES:
+                for spec in registry.stores():
                     self.delete_store(batch, spec.name)
                 self.verify(batch)
                 self.complete(batch)
@@ -741,7 +741,7 @@ class DeletionService(DeletionLedger):
         jobs = [job for job in jobs if job["state"] != "COMPLETE"]
         for job in jobs:
             # A retry starts from the stores' last statuses; failures of other steps are history (audit).
-            job["targets"] = {k: v for k, v in job["targets"].items() if k in registry.BY_NAME}
+            job["targets"] = {k: v for k, v in job["targets"].items() if registry.is_registered(k)}
         batch.jobs = jobs
         if not jobs:
             return
@@ -798,7 +798,7 @@ class DeletionService(DeletionLedger):
 
     def delete_store(self, batch: Batch, store_name: str) -> int:
         """Delete every record of one registered store derived from the batch's targets; returns the count."""
-        if store_name not in registry.BY_NAME:
+        if not registry.is_registered(store_name):
             raise ValidationError("store", f"no registered store {store_name!r}")
         if not batch.jobs:
             return 0
@@ -866,14 +866,14 @@ class DeletionService(DeletionLedger):
             "stores": (
                 {
                     spec.name: sum(f[spec.name] - rebuilt_counts(f).get(spec.name, 0) for f in batch.found.values())
-                    for spec in registry.STORES
+                    for spec in registry.stores()
                 }
                 if batch.jobs
                 else {}
             ),
             "rebuilt": {
                 name: n
-                for name in registry.BY_NAME
+                for name in registry.names()
                 if (n := sum(rebuilt_counts(f).get(name, 0) for f in batch.found.values()))
             },
             **({"seconds": {name: round(value, 4) for name, value in batch.timings.items()}} if batch.jobs else {}),
@@ -1025,7 +1025,7 @@ class DeletionService(DeletionLedger):
                     out[job["job_id"]] = dict(row[0])
                     continue
                 ctx = Context(derived=self.derived, tenant_id=tenant_id, jobs=[job], everything=targets[job["job_id"]])
-                counts = {spec.name: len(registry.adapter(spec.name).find(conn, ctx)) for spec in registry.STORES}
+                counts = {spec.name: len(registry.adapter(spec.name).find(conn, ctx)) for spec in registry.stores()}
                 conn.execute(
                     "UPDATE control.deletion_jobs SET found = %s WHERE job_id = %s", (json.dumps(counts), job["job_id"])
                 )
@@ -1102,7 +1102,7 @@ class DeletionService(DeletionLedger):
             base = bytescan.base_from_key(self.store.keys.control_key(conn))
         rows: list[tuple[str, str, int]] = []
         with self.store.transaction() as conn:
-            for spec in registry.STORES:
+            for spec in registry.stores():
                 adapter = registry.adapter(spec.name)
                 jobs = [
                     job
@@ -1163,7 +1163,7 @@ class DeletionService(DeletionLedger):
         probes = batch.probes
         leftovers: dict[str, int] = {}
         probe_hits = 0
-        for spec in registry.STORES:
+        for spec in registry.stores():
             adapter = registry.adapter(spec.name)
             ctx = self._context(batch, spec.name)
             leftovers[spec.name] = adapter.count(ctx)
@@ -1193,7 +1193,7 @@ class DeletionService(DeletionLedger):
         proofs = []
         with self.store.transaction() as conn:
             for job in jobs:
-                statuses = [str(job["targets"].get(spec.name, "PENDING")) for spec in registry.STORES]
+                statuses = [str(job["targets"].get(spec.name, "PENDING")) for spec in registry.stores()]
                 if not all(status.startswith("DONE:") for status in statuses):
                     raise DeletionBlocked("targets", "TARGET_NOT_DONE", "a store has not confirmed its deletion")
                 completed = _now()
@@ -1219,7 +1219,7 @@ class DeletionService(DeletionLedger):
                     "targets": job["targets"],
                     # Of DONE:n (records reached), those rebuilt without the scope rather than deleted.
                     "rebuilt": rebuilt_counts((found or {}).get(job["job_id"], {})),
-                    "adapterVersions": {spec.name: spec.adapter_version for spec in registry.STORES},
+                    "adapterVersions": {spec.name: spec.adapter_version for spec in registry.stores()},
                     "verification": verification,
                     "requestedAt": row[1].isoformat(),
                     "completedAt": completed.isoformat(),

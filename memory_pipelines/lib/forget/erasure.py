@@ -122,9 +122,9 @@ class ErasureService(ErasureLedger):
         keys = self.rotate_keys(tenant_id)
         rotated = time.perf_counter()
         erasures: dict[str, Erasure] = {}
-        for index, spec in enumerate(registry.STORES):
+        for index, spec in enumerate(registry.stores()):
             erasures[spec.name] = registry.adapter(spec.name).erase(self.derived, tenant_id)
-            progress(index + 1, len(registry.STORES), "erasure rewrite")
+            progress(index + 1, len(registry.stores()), "erasure rewrite")
         # After them: every WAL segment that holds the erased rows (or the rewrites' own logging)
         # is unlinked, and what is left of pg_wal is scanned with the tenant's files.
         compacted = time.perf_counter()

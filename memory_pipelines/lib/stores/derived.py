@@ -13,7 +13,7 @@ from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.infra.services import Endpoints, chroma_heartbeat, ensure_chroma
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
-from memory_pipelines.lib.stores import lineage
+from memory_pipelines.lib.stores import lineage, registry
 from memory_pipelines.lib.stores.analytics.store import AnalyticsStore, QueryLimits
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
 from memory_pipelines.lib.stores.recall_cache.recall import Recaller, drop_cache
@@ -103,8 +103,8 @@ class DerivedStores:
         if not isinstance(record, str):
             raise ValidationError("record", f"must be a string STORE:ID, got {type(record).__name__}")
         store_name, sep, record_id = record.partition(":")
-        if not sep or store_name not in lineage.STORES or not record_id:
-            raise ValidationError("record", f"must be STORE:ID with STORE one of {', '.join(lineage.STORES)}")
+        if not sep or store_name not in registry.derived_names() or not record_id:
+            raise ValidationError("record", f"must be STORE:ID with STORE one of {', '.join(registry.derived_names())}")
         self.store.require_tenant(tenant_id=tenant_id)
         with self.store.transaction() as conn:
             sources = lineage.sources_of_record(conn, tenant_id=tenant_id, store=store_name, record_id=record_id)

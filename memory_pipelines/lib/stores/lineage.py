@@ -12,10 +12,9 @@ from typing import Any
 
 import psycopg
 
-from memory_pipelines.lib.stores.registry import DERIVED_STORES, require_registered
+from memory_pipelines.lib.stores.registry import require_registered
 
 Source = tuple[str, int]  # (memory_id, version)
-STORES = DERIVED_STORES
 
 
 def pair_arrays(sources: Iterable[Source]) -> tuple[list[str], list[int]]:

@@ -1,136 +1,161 @@
-"""Store registry: every store that may receive memory-derived data, with what deletion needs to know.
+"""Store registry: every store that may receive memory-derived data, each declared once by its package.
 
-A store without an entry has no delete adapter, so nothing may be written to it (lineage refuses).
+A store package under `lib/stores/` declares its `StoreSpec`s in a `spec` module (`SPECS`); the
+registry finds them there. Every list that names the stores is derived from here: the derived
+assets and `tenant_refresh`, `DerivedStores.sync_all`, the forget graph's steps, verification,
+proofs, certificates, the data map, erasure and what a restore drops. A store without a spec has no
+delete adapter, so nothing may be written to it (lineage refuses).
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from functools import cache
+import pkgutil
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from memory_pipelines.lib.infra.errors import ServiceError
 
+__all__ = [
+    "StoreSpec",
+    "adapter",
+    "derived_names",
+    "is_registered",
+    "names",
+    "register",
+    "require_registered",
+    "resolve",
+    "spec",
+    "stores",
+]
+
+# Cascade ranks: copies before the primary and the keys, so an interrupted job can still read what
+# it has to find (and build paraphrase probes) when it resumes.
+COPY = 100
+PRIMARY = 900
+KEYS = 990
+
 
 @dataclass(frozen=True)
 class StoreSpec:
+    """What the platform needs to know of one store. `adapter` and `sync` are objects or lazy
+    "module:attribute" references (a spec module stays import-light: the registry reads it first)."""
+
     name: str
     owner: str
     locator_key: str
     adapter_version: str
     max_completion_seconds: int
     verification: str
-    adapter: str  # "module:Class" of its deletion adapter (see adapters/base.py)
+    adapter: str | Callable[[], Any]  # its deletion adapter's class (see stores/adapter.py)
+    order: int = COPY  # position in the cascade
+    derived: bool = True  # receives records through lineage (the primary and the key store are the source)
+    # The Dagster asset that keeps it in sync with `memories`, and how: sync(derived, tenant_id=, progress=)
+    # -> Synced. None for stores written by their callers (the recall cache, prompt snapshots).
+    asset: str | None = None
+    sync: str | Callable[..., Any] | None = None
+    asset_description: str = ""
+    kinds: tuple[str, ...] = ("postgres",)
+    # Its records' lineage-orphans (copies of versions a restore dropped) deleted in the restore's own
+    # transaction: SQL taking %(t)s (tenant) and %(ids)s (record ids); None: the rebuild after the
+    # restore replaces them (vectors, analytics) or they have no lineage of their own.
+    restore_drop: str | None = None
+    # Its rows a backup holds (name -> (table, [(column, Arrow type)])), loaded after `memories`.
+    backup_tables: dict[str, tuple[str, list[tuple[str, Any]]]] = field(default_factory=dict, hash=False)
 
 
-# Deletion runs the adapters in this order: copies first, the primary and the keys last, so an
-# interrupted job can still read what it has to find (and build paraphrase probes) when it resumes.
-STORES: tuple[StoreSpec, ...] = (
-    StoreSpec(
-        "recall_cache",
-        "team:memory-platform",
-        "lineage(recall_cache) -> cache_key; cached answers by the versions they name and by asker",
-        "recall-cache-v2",
-        60,
-        "no cached answer naming a target version or asked by a forgotten subject",
-        "memory_pipelines.lib.stores.recall_cache.adapter:RecallCacheAdapter",
-    ),
-    StoreSpec(
-        "prompt_snapshots",
-        "team:agent-runtime",
-        "lineage(prompt_snapshots) -> snapshot_id",
-        "prompt-snapshots-v2",
-        60,
-        "no snapshot with a lineage edge to a target version",
-        "memory_pipelines.lib.stores.prompt_snapshots.adapter:PromptSnapshotsAdapter",
-    ),
-    StoreSpec(
-        "chroma",
-        "team:memory-platform",
-        "memory_id:version (collection per tenant)",
-        "chroma-v2",
-        600,
-        "collection.get(ids=targets) is empty; paraphrase probes return no target",
-        "memory_pipelines.lib.stores.vectors.adapter:ChromaAdapter",
-    ),
-    StoreSpec(
-        "keyword_index",
-        "team:memory-platform",
-        "(tenant, memory_id, version)",
-        "keyword-index-v2",
-        300,
-        "no posting for a target; keyword probes return no target",
-        "memory_pipelines.lib.stores.keyword.adapter:KeywordIndexAdapter",
-    ),
-    StoreSpec(
-        "subject_summaries",
-        "team:memory-platform",
-        "lineage(subject_summaries) -> subject:U",
-        "summaries-v2",
-        600,
-        "no summary lineage to a target version",
-        "memory_pipelines.lib.stores.summaries.adapter:SubjectSummariesAdapter",
-    ),
-    StoreSpec(
-        "team_summaries",
-        "team:memory-platform",
-        "lineage(team_summaries) -> team:X",
-        "summaries-v2",
-        600,
-        "no summary lineage to a target version",
-        "memory_pipelines.lib.stores.summaries.adapter:TeamSummariesAdapter",
-    ),
-    StoreSpec(
-        "analytics",
-        "team:analytics",
-        "memory_id:version in the tenant=<hash of T> partition (rows carry tenant_id)",
-        "analytics-v1",
-        600,
-        "no Parquet row of a target in the tenant partition",
-        "memory_pipelines.lib.stores.analytics.adapter:AnalyticsAdapter",
-    ),
-    StoreSpec(
-        "primary",
-        "team:memory-platform",
-        "(tenant, memory_id, version)",
-        "primary-v2",
-        300,
-        "no memory_versions row of a target",
-        "memory_pipelines.lib.stores.primary.adapter:PrimaryAdapter",
-    ),
-    StoreSpec(
-        "key_store",
-        "team:security",
-        "(tenant, subject) / tenant",
-        "keystore-v2",
-        60,
-        "the subject (SUBJECT) or tenant (TENANT) key no longer exists",
-        "memory_pipelines.lib.stores.key_store.adapter:KeyStoreAdapter",
-    ),
-)
-BY_NAME = {spec.name: spec for spec in STORES}
-# Stores that receive derived records through lineage (the primary and the key store are the source).
-DERIVED_STORES = (
-    "chroma",
-    "keyword_index",
-    "subject_summaries",
-    "team_summaries",
-    "analytics",
-    "recall_cache",
-    "prompt_snapshots",
-)
+_lock = threading.RLock()
+_builtin: tuple[StoreSpec, ...] | None = None
+_extra: list[StoreSpec] = []
 
 
-@cache
+def resolve(ref: str | Callable[..., Any]) -> Any:
+    """The object a "module:attribute" reference names (or the object itself)."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _discover() -> tuple[StoreSpec, ...]:
+    from memory_pipelines.lib import stores as package
+
+    found: list[StoreSpec] = []
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if info.ispkg:
+            try:
+                module = importlib.import_module(f"{package.__name__}.{info.name}.spec")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{package.__name__}.{info.name}.spec":
+                    raise
+                continue
+            found.extend(module.SPECS)
+    return tuple(found)
+
+
+def stores() -> tuple[StoreSpec, ...]:
+    """Every registered store in cascade order (copies first, the primary and the keys last)."""
+    global _builtin
+    with _lock:
+        if _builtin is None:
+            _builtin = _discover()
+        return tuple(sorted((*_builtin, *_extra), key=lambda s: (s.order, s.name)))
+
+
+def names() -> list[str]:
+    return [s.name for s in stores()]
+
+
+def derived_names() -> list[str]:
+    """Stores that receive derived records through lineage."""
+    return [s.name for s in stores() if s.derived]
+
+
+def spec(name: str) -> StoreSpec:
+    for s in stores():
+        if s.name == name:
+            return s
+    raise KeyError(name)
+
+
+def is_registered(name: str) -> bool:
+    return any(s.name == name for s in stores())
+
+
+_adapters: dict[StoreSpec, Any] = {}
+
+
 def adapter(name: str) -> Any:
-    """The deletion adapter object of a registered store (imported on first use: adapters import
-    the store modules, which import this registry)."""
-    module, _, cls = BY_NAME[name].adapter.partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    """The deletion adapter object of a registered store (made on first use)."""
+    s = spec(name)
+    with _lock:
+        if s not in _adapters:
+            _adapters[s] = resolve(s.adapter)()
+        return _adapters[s]
+
+
+@contextmanager
+def register(*specs: StoreSpec) -> Iterator[None]:
+    """Register stores from outside `lib/stores/` (a plugin, a test's toy store) for the block."""
+    with _lock:
+        taken = set(names())
+        clash = [s.name for s in specs if s.name in taken]
+        if clash:
+            raise ServiceError("store", f"store {clash[0]!r} is already registered")
+        _extra.extend(specs)
+    try:
+        yield
+    finally:
+        with _lock:
+            for s in specs:
+                _extra.remove(s)
+                _adapters.pop(s, None)
 
 
 def require_registered(store: str) -> None:
     """Refuse writes to a store that deletion cannot reach."""
-    if store not in BY_NAME:
+    if not is_registered(store):
         raise ServiceError("store", f"store {store!r} has no registered delete adapter; refusing to write to it")

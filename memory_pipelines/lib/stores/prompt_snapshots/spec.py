@@ -1,0 +1,16 @@
+"""Prompt snapshots: what an agent run showed its model, sealed under the subject's key."""
+
+from memory_pipelines.lib.stores.registry import StoreSpec
+
+SPECS = (
+    StoreSpec(
+        name="prompt_snapshots",
+        owner="team:agent-runtime",
+        locator_key="lineage(prompt_snapshots) -> snapshot_id",
+        adapter_version="prompt-snapshots-v2",
+        max_completion_seconds=60,
+        verification="no snapshot with a lineage edge to a target version",
+        adapter="memory_pipelines.lib.stores.prompt_snapshots.adapter:PromptSnapshotsAdapter",
+        order=20,
+    ),
+)
