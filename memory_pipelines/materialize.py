@@ -35,6 +35,7 @@ from memory_pipelines.lib.infra.owner_only import private_dir
 from memory_pipelines.lib.infra.paths import PROJECT_ROOT
 from memory_pipelines.lib.infra.runtime import open_store
 from memory_pipelines.lib.infra.settings import ENV_HOME, Settings
+from memory_pipelines.lib.stores import registry
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance
@@ -42,14 +43,8 @@ if TYPE_CHECKING:
 
     from memory_pipelines.lib.infra.processes import Proc
 
-ALL_ASSETS = (
-    "memories",
-    "memory_embeddings",
-    "keyword_index",
-    "subject_summaries",
-    "team_summaries",
-    "analytics_memories",
-)
+# `memories` and every registered store's asset (stores/<store>/spec.py).
+ALL_ASSETS = ("memories", *(spec.asset for spec in registry.stores() if spec.asset))
 WORKSPACE_FILE = PROJECT_ROOT / "workspace.yaml"
 LOCATION = "memory_pipelines"
 PARTITION_TAG = "dagster/partition"

@@ -99,10 +99,11 @@ def derived_stores(
 ) -> DerivedStores:
     """Every derived store of the configured resources, as the pure-logic layer takes them."""
     store = memory_store.store()
+    # Made on first use: a step syncing the keyword index starts no Chroma server, needs no summarizer.
     return DerivedStores(
         store=store,
-        vectors=chroma.vector_store(),
+        vectors=chroma.vector_store,
         keywords=KeywordIndex(store),
-        summaries=SummaryStore(store, summarizer.summarizer()),
-        analytics=analytics.analytics(store=store),
+        summaries=lambda: SummaryStore(store, summarizer.summarizer()),
+        analytics=lambda: analytics.analytics(store=store),
     )

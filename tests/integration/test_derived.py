@@ -162,22 +162,16 @@ def test_analytics_sql_is_one_read_only_select(derived, store, tenant):
 def _checks_only(session_settings, tenant: str) -> dict[str, bool]:
     """Run only the derived stores' asset checks for one tenant, as the UI's 'execute checks' does."""
     home = str(session_settings.home)
-    check_defs = [
-        derived_checks.embeddings_lineage_and_no_documents,
-        derived_checks.keyword_index_lineage,
-        derived_checks.subject_summaries_lineage,
-        derived_checks.team_summaries_lineage,
-        derived_checks.analytics_no_text_no_do_not_sell,
-    ]
+    check_defs = list(derived_checks.STORE_CHECKS)  # one or more per registered store with an asset
+    assert {c.check_specs_by_output_name[n].name for c in check_defs for n in c.check_specs_by_output_name} == {
+        "embeddings_lineage_and_no_documents",
+        "keyword_index_lineage",
+        "subject_summaries_lineage",
+        "team_summaries_lineage",
+        "analytics_no_text_no_do_not_sell",
+    }
     defs = dg.Definitions(
-        assets=[
-            memories,
-            derived_assets.memory_embeddings,
-            derived_assets.keyword_index,
-            derived_assets.subject_summaries,
-            derived_assets.team_summaries,
-            derived_assets.analytics_memories,
-        ],
+        assets=[memories, *derived_assets.STORE_ASSETS],
         asset_checks=check_defs,
         jobs=[dg.define_asset_job("checks_only", selection=dg.AssetSelection.checks(*check_defs))],
         resources={

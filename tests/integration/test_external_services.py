@@ -7,12 +7,12 @@ import dagster as dg
 import pytest
 
 from memory_pipelines.defs.memories.assets import memories
-from memory_pipelines.defs.stores.assets import subject_summaries
+from memory_pipelines.defs.stores.assets import STORE_ASSETS
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.stores.summaries.store import OpenAICompatibleSummarizer, SummarizerError, SummaryStore
 from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
 from memory_pipelines.lib.stores.vectors.index import VectorStore
-from memory_pipelines.resources import MemoryStoreResource, SummarizerResource
+from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
 from tests.support.servers import FakeLLM, chroma_server, free_port
 
 pytestmark = pytest.mark.slow
@@ -89,10 +89,13 @@ def test_openai_compatible_summarizer_and_its_failures(store, tenant):
 def test_summaries_asset_run_fails_clearly_when_the_endpoint_is_down(session_settings, store, tenant):
     store.write(tenant_id=tenant, user_id="alice", text="Learns Portuguese on Tuesdays")
     defs = dg.Definitions(
-        assets=[memories, subject_summaries],
+        assets=[memories, *(a for a in STORE_ASSETS if a.key == dg.AssetKey("subject_summaries"))],
         resources={
             "memory_store": MemoryStoreResource(home=str(session_settings.home)),
             "summarizer": SummarizerResource(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m"),
+            # Every store asset takes every store's resource; the summaries step makes only its own store.
+            "chroma": ChromaResource(home=str(session_settings.home)),
+            "analytics": AnalyticsResource(home=str(session_settings.home)),
         },
     )
     job = dg.define_asset_job("summaries_only", selection=["subject_summaries"])

@@ -1,12 +1,20 @@
+"""One asset per registered store that follows `memories` (its spec's `asset`), generated from the registry."""
+
 from typing import Any
 
 import dagster as dg
 
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.infra.progress import throttled
-from memory_pipelines.lib.stores.derived import sync_embeddings, sync_keywords
-from memory_pipelines.lib.stores.summaries.store import SummaryStore
-from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
+from memory_pipelines.lib.stores import registry
+from memory_pipelines.lib.stores.registry import StoreSpec
+from memory_pipelines.resources import (
+    AnalyticsResource,
+    ChromaResource,
+    MemoryStoreResource,
+    SummarizerResource,
+    derived_stores,
+)
 
 OWNERS = ["team:memory-platform"]
 GROUP = "derived_stores"
@@ -23,61 +31,35 @@ DERIVED: dict[str, Any] = {
 }
 
 
-def _counts(counts: dict[str, int]) -> dict[str, dg.MetadataValue]:
-    return {name: dg.MetadataValue.int(int(value)) for name, value in counts.items()}
+def store_asset(spec: StoreSpec) -> dg.AssetsDefinition:
+    """The asset that keeps `spec`'s store in sync with the tenant's memories (its counts as metadata)."""
+    assert spec.asset is not None and spec.sync is not None, spec.name
+    sync_ref = spec.sync
+
+    @dg.asset(name=spec.asset, description=spec.asset_description, kinds=set(spec.kinds), **DERIVED)
+    def _asset(
+        context: dg.AssetExecutionContext,
+        memory_store: MemoryStoreResource,
+        chroma: ChromaResource,
+        summarizer: SummarizerResource,
+        analytics: AnalyticsResource,
+    ) -> dg.MaterializeResult:
+        # Stores are made on first use: a step builds only what its own sync touches.
+        derived = derived_stores(memory_store, chroma, summarizer, analytics)
+        synced = registry.resolve(sync_ref)(
+            derived, tenant_id=context.partition_key, progress=throttled(context.log.info)
+        )
+        metadata: dict[str, Any] = {name: dg.MetadataValue.int(int(value)) for name, value in synced.counts.items()}
+        metadata |= {name: dg.MetadataValue.text(value) for name, value in synced.text.items()}
+        metadata |= {name: dg.MetadataValue.path(value) for name, value in synced.paths.items()}
+        return dg.MaterializeResult(metadata=metadata)
+
+    return _asset
 
 
-@dg.asset(kinds={"chroma"}, **DERIVED)
-def memory_embeddings(
-    context: dg.AssetExecutionContext, memory_store: MemoryStoreResource, chroma: ChromaResource
-) -> dg.MaterializeResult:
-    """Vectors of every current memory for semantic recall (Chroma, ids and scope only, no text)."""
-    vectors = chroma.vector_store()
-    counts = sync_embeddings(
-        memory_store.store(), vectors, tenant_id=context.partition_key, progress=throttled(context.log.info)
-    )
-    metadata = _counts(counts)
-    metadata["embedding_model"] = dg.MetadataValue.text(vectors.embedder.name)
-    return dg.MaterializeResult(metadata=metadata)
+def store_assets() -> list[dg.AssetsDefinition]:
+    """Every registered store's asset, in registry order."""
+    return [store_asset(spec) for spec in registry.stores() if spec.asset]
 
 
-@dg.asset(kinds={"postgres"}, **DERIVED)
-def keyword_index(context: dg.AssetExecutionContext, memory_store: MemoryStoreResource) -> dg.MaterializeResult:
-    """Exact-token search over current memories, as keyed hashes of tokens (no plaintext at rest)."""
-    counts = sync_keywords(memory_store.store(), tenant_id=context.partition_key)
-    return dg.MaterializeResult(metadata=_counts(counts))
-
-
-@dg.asset(kinds={"postgres"}, **DERIVED)
-def subject_summaries(
-    context: dg.AssetExecutionContext, memory_store: MemoryStoreResource, summarizer: SummarizerResource
-) -> dg.MaterializeResult:
-    """What the assistant knows about each user, summarised per their mode, encrypted under their key."""
-    impl = summarizer.summarizer()
-    counts = SummaryStore(memory_store.store(), impl).sync(tenant_id=context.partition_key, scope="subject")
-    return dg.MaterializeResult(metadata={**_counts(counts), "summarizer": dg.MetadataValue.text(impl.name)})
-
-
-@dg.asset(kinds={"postgres"}, **DERIVED)
-def team_summaries(
-    context: dg.AssetExecutionContext, memory_store: MemoryStoreResource, summarizer: SummarizerResource
-) -> dg.MaterializeResult:
-    """What each team has shared, summarised and encrypted under the team key."""
-    impl = summarizer.summarizer()
-    counts = SummaryStore(memory_store.store(), impl).sync(tenant_id=context.partition_key, scope="team")
-    return dg.MaterializeResult(metadata={**_counts(counts), "summarizer": dg.MetadataValue.text(impl.name)})
-
-
-@dg.asset(kinds={"parquet", "duckdb"}, **DERIVED)
-def analytics_memories(
-    context: dg.AssetExecutionContext, memory_store: MemoryStoreResource, analytics: AnalyticsResource
-) -> dg.MaterializeResult:
-    """Pseudonymised memory features for analysts (no text, no do-not-sell rows), Parquet per tenant."""
-    store_impl = analytics.analytics()
-    counts = store_impl.rebuild(store=memory_store.store(), tenant_id=context.partition_key)
-    return dg.MaterializeResult(
-        metadata={
-            **_counts(counts),
-            "path": dg.MetadataValue.path(str(store_impl.partition_file(context.partition_key))),
-        }
-    )
+STORE_ASSETS = store_assets()

@@ -1,6 +1,9 @@
 import dagster as dg
 
-DERIVED_ASSETS = ["memory_embeddings", "keyword_index", "subject_summaries", "team_summaries", "analytics_memories"]
+from memory_pipelines.lib.stores import registry
+
+# The registered stores' assets (stores/<store>/spec.py), in registry order.
+DERIVED_ASSETS = [spec.asset for spec in registry.stores() if spec.asset]
 
 tenant_refresh_job = dg.define_asset_job(
     "tenant_refresh",

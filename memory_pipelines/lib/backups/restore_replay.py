@@ -30,7 +30,7 @@ from psycopg import sql
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.memories import consent, partitions
 from memory_pipelines.lib.memories.store import repair_heads
-from memory_pipelines.lib.stores import bytescan
+from memory_pipelines.lib.stores import bytescan, registry
 
 Columns = list[tuple[str, pa.DataType]]
 STAGING_PREFIX = "restore_"
@@ -341,46 +341,26 @@ def _members_of_forgotten(team_members: sql.Composable) -> sql.Composed:
 
 
 # Copies in PostgreSQL of versions a restore dropped (written after the backup, or forgotten), removed
-# in the restore's own transaction: cached recalls and prompt snapshots that read them, summaries
-# that state them (the rebuild after the restore makes them again), and their postings.
+# in the restore's own transaction by each store's `restore_drop` (stores/<store>/spec.py): cached
+# recalls and prompt snapshots that read them, summaries that state them (the rebuild after the
+# restore makes them again), and their postings.
 _ORPHAN = (
     " FROM derived.lineage l WHERE l.tenant_id = %(t)s AND l.store = %(store)s AND NOT EXISTS (SELECT 1"
     " FROM memory.memory_versions v WHERE v.tenant_id = l.tenant_id AND v.memory_id = l.source_memory_id"
     " AND v.version = l.source_version)"
 )
-_DROP_RECORDS = {
-    "prompt_snapshots": "DELETE FROM derived.prompt_snapshots WHERE tenant_id = %(t)s AND snapshot_id = ANY(%(ids)s)",
-    "recall_cache": "DELETE FROM derived.recall_cache WHERE tenant_id = %(t)s"
-    " AND encode(cache_key, 'hex') = ANY(%(ids)s)",
-    "subject_summaries": "DELETE FROM derived.summaries WHERE tenant_id = %(t)s AND scope = 'subject'"
-    " AND 'subject:' || scope_id = ANY(%(ids)s)",
-    "team_summaries": "DELETE FROM derived.summaries WHERE tenant_id = %(t)s AND scope = 'team'"
-    " AND 'team:' || scope_id = ANY(%(ids)s)",
-}
-
-
 def _drop_copies_of_dropped_versions(conn: psycopg.Connection, tenant_id: str) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for store, delete in _DROP_RECORDS.items():
+    for spec in registry.stores():
+        if spec.restore_drop is None:
+            continue
+        store = spec.name
         ids = [r[0] for r in conn.execute("SELECT DISTINCT l.record_id" + _ORPHAN, {"t": tenant_id, "store": store})]
-        counts[f"dropped_{store}"] = conn.execute(delete, {"t": tenant_id, "ids": ids}).rowcount if ids else 0
+        counts[f"dropped_{store}"] = 0
         if ids:
+            counts[f"dropped_{store}"] = conn.execute(spec.restore_drop, {"t": tenant_id, "ids": ids}).rowcount
             conn.execute(
                 "DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s AND record_id = ANY(%s)",
                 (tenant_id, store, ids),
             )
-    pairs = conn.execute(
-        "SELECT DISTINCT l.source_memory_id, l.source_version" + _ORPHAN, {"t": tenant_id, "store": "keyword_index"}
-    ).fetchall()
-    counts["dropped_keyword_postings"] = conn.execute(
-        "DELETE FROM derived.keyword_postings p USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-        " WHERE p.tenant_id = %s AND p.memory_id = w.memory_id AND p.version = w.version",
-        ([m for m, _ in pairs], [v for _, v in pairs], tenant_id),
-    ).rowcount
-    conn.execute(
-        "DELETE FROM derived.lineage l USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-        " WHERE l.tenant_id = %s AND l.store = 'keyword_index' AND l.source_memory_id = w.memory_id"
-        " AND l.source_version = w.version",
-        ([m for m, _ in pairs], [v for _, v in pairs], tenant_id),
-    )
     return counts

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import ValidationError
@@ -69,26 +69,60 @@ def sync_keywords(store: MemoryStore, *, tenant_id: str) -> dict[str, int]:
     return counts
 
 
-@dataclass
 class DerivedStores:
-    store: MemoryStore
-    vectors: VectorStore
-    keywords: KeywordIndex
-    summaries: SummaryStore
-    analytics: AnalyticsStore
+    """Every derived store of one memory store. The vector index, summaries and analytics copy may be
+    given as zero-argument factories, made on first use: a step that syncs the keyword index must not
+    start a Chroma server or need a summarizer."""
+
+    def __init__(
+        self,
+        *,
+        store: MemoryStore,
+        vectors: VectorStore | Callable[[], VectorStore],
+        summaries: SummaryStore | Callable[[], SummaryStore],
+        analytics: AnalyticsStore | Callable[[], AnalyticsStore],
+        keywords: KeywordIndex | None = None,
+    ) -> None:
+        self.store = store
+        self.keywords = keywords or KeywordIndex(store)
+        self._made: dict[str, Any] = {}
+        self._factories: dict[str, Callable[[], Any]] = {}
+        for name, member in (("vectors", vectors), ("summaries", summaries), ("analytics", analytics)):
+            if isinstance(member, (VectorStore, SummaryStore, AnalyticsStore)):
+                self._made[name] = member
+            else:
+                self._factories[name] = member
+        self._lock = threading.Lock()
+
+    def _member(self, name: str) -> Any:
+        with self._lock:
+            if name not in self._made:
+                self._made[name] = self._factories[name]()
+            return self._made[name]
+
+    @property
+    def vectors(self) -> VectorStore:
+        return cast(VectorStore, self._member("vectors"))
+
+    @property
+    def summaries(self) -> SummaryStore:
+        return cast(SummaryStore, self._member("summaries"))
+
+    @property
+    def analytics(self) -> AnalyticsStore:
+        return cast(AnalyticsStore, self._member("analytics"))
 
     @property
     def recaller(self) -> Recaller:
         return Recaller(store=self.store, vectors=self.vectors, keywords=self.keywords)
 
     def sync_all(self, *, tenant_id: str) -> dict[str, dict[str, int]]:
-        """Bring every derived store of the tenant up to date (what `materialize` does without Dagster)."""
+        """Bring every derived store of the tenant up to date (what `materialize` does without Dagster):
+        each registered store's sync, in registry order, by its asset's name."""
         return {
-            "memory_embeddings": sync_embeddings(self.store, self.vectors, tenant_id=tenant_id),
-            "keyword_index": sync_keywords(self.store, tenant_id=tenant_id),
-            "subject_summaries": self.summaries.sync(tenant_id=tenant_id, scope="subject"),
-            "team_summaries": self.summaries.sync(tenant_id=tenant_id, scope="team"),
-            "analytics_memories": self.analytics.rebuild(store=self.store, tenant_id=tenant_id),
+            spec.asset: registry.resolve(spec.sync)(self, tenant_id=tenant_id).counts
+            for spec in registry.stores()
+            if spec.asset and spec.sync is not None
         }
 
     def lineage_of_memory(self, *, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:

@@ -20,7 +20,9 @@ from typing import Any
 from memory_pipelines.lib.infra.errors import ServiceError
 
 __all__ = [
+    "StoreCheck",
     "StoreSpec",
+    "Synced",
     "adapter",
     "derived_names",
     "is_registered",
@@ -37,6 +39,26 @@ __all__ = [
 COPY = 100
 PRIMARY = 900
 KEYS = 990
+
+
+@dataclass
+class Synced:
+    """What one sync of a store did: counts, and text or path facts for the asset's metadata."""
+
+    counts: dict[str, int]
+    text: dict[str, str] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StoreCheck:
+    """An asset check of a store's asset: `problems(derived, tenant_id=)` -> counts (numbers only,
+    never text); it passes when each of `must_be_zero` is 0."""
+
+    name: str
+    description: str
+    problems: str | Callable[..., dict[str, int]]
+    must_be_zero: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -59,12 +81,16 @@ class StoreSpec:
     sync: str | Callable[..., Any] | None = None
     asset_description: str = ""
     kinds: tuple[str, ...] = ("postgres",)
+    checks: tuple[StoreCheck, ...] = ()
+    # Records of the tenant in this store for the data map and certificates; None: its lineage records.
+    count: str | Callable[..., int] | None = None
     # Its records' lineage-orphans (copies of versions a restore dropped) deleted in the restore's own
     # transaction: SQL taking %(t)s (tenant) and %(ids)s (record ids); None: the rebuild after the
     # restore replaces them (vectors, analytics) or they have no lineage of their own.
     restore_drop: str | None = None
-    # Its rows a backup holds (name -> (table, [(column, Arrow type)])), loaded after `memories`.
-    backup_tables: dict[str, tuple[str, list[tuple[str, Any]]]] = field(default_factory=dict, hash=False)
+    # Its rows a backup holds and a restore brings back, loaded after the memories: name -> (table,
+    # [(column, Arrow type name, e.g. "string" for pa.string())]), read with a bound tenant id.
+    backup_tables: dict[str, tuple[str, list[tuple[str, str]]]] = field(default_factory=dict, hash=False)
 
 
 _lock = threading.RLock()

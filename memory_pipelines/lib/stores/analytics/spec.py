@@ -1,6 +1,26 @@
 """The analytics copy: pseudonymised features in Parquet per tenant, queried with DuckDB."""
 
-from memory_pipelines.lib.stores.registry import StoreSpec
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from memory_pipelines.lib.infra.progress import Progress, no_progress
+from memory_pipelines.lib.stores.registry import StoreCheck, StoreSpec, Synced
+
+if TYPE_CHECKING:
+    from memory_pipelines.lib.stores.derived import DerivedStores
+
+
+def sync(derived: DerivedStores, *, tenant_id: str, progress: Progress = no_progress) -> Synced:
+    """Rewrite the tenant's Parquet partition from its current, sellable memories."""
+    analytics = derived.analytics
+    counts = analytics.rebuild(store=derived.store, tenant_id=tenant_id)
+    return Synced(counts, paths={"path": str(analytics.partition_file(tenant_id))})
+
+
+def problems(derived: DerivedStores, *, tenant_id: str) -> dict[str, int]:
+    return derived.analytics.check(store=derived.store, tenant_id=tenant_id)
+
 
 SPECS = (
     StoreSpec(
@@ -12,5 +32,18 @@ SPECS = (
         verification="no Parquet row of a target in the tenant partition",
         adapter="memory_pipelines.lib.stores.analytics.adapter:AnalyticsAdapter",
         order=70,
+        asset="analytics_memories",
+        sync=sync,
+        asset_description="Pseudonymised memory features for analysts (no text, no do-not-sell rows), Parquet per"
+        " tenant.",
+        kinds=("parquet", "duckdb"),
+        checks=(
+            StoreCheck(
+                "analytics_no_text_no_do_not_sell",
+                "No text column, no do-not-sell row; every row has lineage and a current source version.",
+                problems,
+                ("text_columns", "do_not_sell_rows", "without_lineage", "not_current"),
+            ),
+        ),
     ),
 )

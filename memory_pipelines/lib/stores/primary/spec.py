@@ -1,6 +1,17 @@
 """The primary store: the memory versions themselves (sealed text and query), the source of every copy."""
 
+from __future__ import annotations
+
+import psycopg
+
 from memory_pipelines.lib.stores.registry import PRIMARY, StoreSpec
+
+
+def count(conn: psycopg.Connection, tenant_id: str) -> int:
+    """The tenant's memory versions."""
+    row = conn.execute("SELECT count(*) FROM memory.memory_versions WHERE tenant_id = %s", (tenant_id,)).fetchone()
+    return int(row[0]) if row else 0
+
 
 SPECS = (
     StoreSpec(
@@ -13,5 +24,6 @@ SPECS = (
         adapter="memory_pipelines.lib.stores.primary.adapter:PrimaryAdapter",
         order=PRIMARY,
         derived=False,
+        count=count,
     ),
 )

@@ -12,5 +12,6 @@ SPECS = (
         verification="no snapshot with a lineage edge to a target version",
         adapter="memory_pipelines.lib.stores.prompt_snapshots.adapter:PromptSnapshotsAdapter",
         order=20,
+        restore_drop="DELETE FROM derived.prompt_snapshots WHERE tenant_id = %(t)s AND snapshot_id = ANY(%(ids)s)",
     ),
 )

@@ -12,5 +12,7 @@ SPECS = (
         verification="no cached answer naming a target version or asked by a forgotten subject",
         adapter="memory_pipelines.lib.stores.recall_cache.adapter:RecallCacheAdapter",
         order=10,
+        restore_drop="DELETE FROM derived.recall_cache WHERE tenant_id = %(t)s"
+        " AND encode(cache_key, 'hex') = ANY(%(ids)s)",
     ),
 )

@@ -1,0 +1,102 @@
+"""Adding a store is one package: a toy store registered from tests/ (its own table, adapter and sync)
+is synced, shown as an asset with its check, forgotten by the cascade and the forget graph,
+verified, proven, certified, counted in the data map, erased and dropped by a restore, with no edit
+outside its package."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from memory_pipelines.lib.backups.service import BackupService
+from memory_pipelines.lib.backups.storage import LocalBackupStorage
+from memory_pipelines.lib.forget import certificate
+from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.forget.erasure import ErasureService
+from memory_pipelines.lib.stores import registry
+from tests.support.toy_store import store as toy
+from tests.support.toy_store.spec import SPECS
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def toy_registered(store) -> Iterator[None]:
+    toy.install(store)
+    with registry.register(*SPECS):
+        yield
+    assert not registry.is_registered(toy.NAME)
+
+
+def _cleanup(store, tenant: str) -> None:
+    # The shared database outlives the registration: no edge of an unknown store is left behind.
+    with store.transaction() as conn:
+        conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant, toy.NAME))
+        conn.execute("DELETE FROM derived.toy_notes WHERE tenant_id = %s", (tenant,))
+
+
+def test_the_toy_store_is_in_every_list_that_names_the_stores(toy_registered):
+    from memory_pipelines.defs.stores.assets import store_assets
+    from memory_pipelines.defs.stores.checks import store_checks
+
+    names = registry.names()
+    assert names.index("analytics") < names.index(toy.NAME) < names.index("primary")  # a copy: before the source
+    assert toy.NAME in registry.derived_names()
+    assert "toy_notes" in {a.key.to_user_string() for a in store_assets()}
+    checks = {spec.name for c in store_checks() for spec in c.check_specs}
+    assert "toy_notes_lineage" in checks
+    assert registry.adapter(toy.NAME).name == toy.NAME
+
+
+def test_a_forget_reaches_the_toy_store_and_proves_it(toy_registered, store, derived, tenant):
+    try:
+        alice = store.write(tenant_id=tenant, user_id="alice", text="Alice keeps a toy boat in the bath")
+        bob = store.write(tenant_id=tenant, user_id="bob", text="Bob folds paper cranes")
+        synced = derived.sync_all(tenant_id=tenant)
+        assert synced["toy_notes"] == {"records": 2, "written": 2, "removed": 0}
+        assert toy.notes(store, tenant) == {f"{alice.memory_id}:1", f"{bob.memory_id}:1"}
+        before = certificate.data_map(store, tenant)
+        assert before["toy_notes"] == 2
+
+        service = DeletionService(derived)
+        job = service.request(tenant_id=tenant, subject="alice", basis="gdpr-art17")
+        service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+
+        assert toy.notes(store, tenant) == {f"{bob.memory_id}:1"}
+        status = service.status(job_id=job["job_id"])
+        assert status["state"] == "COMPLETE" and status["targets"]["toy_notes"] == "DONE:1"
+        proof = service.proof(job_id=job["job_id"])
+        assert proof["targets"]["toy_notes"] == "DONE:1"
+        assert proof["verification"]["exact_id_queries"]["toy_notes"] == 0
+        assert proof["adapterVersions"]["toy_notes"] == "toy-v1"
+        assert certificate.data_map(store, tenant)["toy_notes"] == 1
+
+        erased = ErasureService(derived).erase_tenant(tenant_id=tenant)
+        assert "toy_notes" in str(erased)
+        md = certificate.render_markdown(service.proof(job_id=job["job_id"]), service.status(job_id=job["job_id"]))
+        row = next(line for line in md.splitlines() if line.startswith("| `toy_notes`"))
+        assert "`DONE:1`" in row and "| `1` |" in row and "passed: 0 left by exact id" in row
+        rows = [line.split("|")[1].strip(" `") for line in md.splitlines() if line.startswith("| `")]
+        assert rows == registry.names()
+    finally:
+        _cleanup(store, tenant)
+
+
+def test_a_restore_drops_the_toy_notes_of_versions_it_drops(toy_registered, store, derived, tenant, tmp_path):
+    try:
+        first = store.write(tenant_id=tenant, user_id="bob", text="Bob folds paper cranes")
+        derived.sync_all(tenant_id=tenant)
+        backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+        taken = backups.backup(tenant_id=tenant)
+        late = store.write(tenant_id=tenant, user_id="bob", text="Bob folds paper boats", memory_id=first.memory_id)
+        derived.sync_all(tenant_id=tenant)
+        assert toy.notes(store, tenant) == {f"{first.memory_id}:{late.version}"}
+        report = backups.restore(tenant_id=tenant, backup_id=taken["backup_id"])
+        assert report["state"] == "COMPLETE"
+        assert report["replayed"]["rows_removed"]["dropped_toy_notes"] == 1
+        assert toy.notes(store, tenant) == set()  # version 2's note went with it; the rebuild makes version 1's
+        assert derived.sync_all(tenant_id=tenant)["toy_notes"]["written"] == 1
+        assert toy.notes(store, tenant) == {f"{first.memory_id}:1"}
+    finally:
+        _cleanup(store, tenant)
