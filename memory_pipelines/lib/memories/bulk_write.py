@@ -34,6 +34,15 @@ from memory_pipelines.lib.memories import crypto, ordering, partitions
 if TYPE_CHECKING:
     from memory_pipelines.lib.memories.store import MemoryStore, WriteResult
 
+__all__ = [
+    "CHUNK_ITEMS",
+    "FIELDS",
+    "FIRST_ANALYZE",
+    "HOLD_SECONDS",
+    "BulkWriter",
+    "check_items",
+]
+
 # A chunk holds the gate about this long (its size follows the measured cost per item, within the
 # bounds): a deletion's acceptance waits for one chunk at most. 250 items took 26 ms here.
 HOLD_SECONDS = 0.012

@@ -16,6 +16,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+__all__ = [
+    "KINDS",
+    "record",
+    "replay",
+    "snapshot",
+]
+
 KINDS = ("MEMORY_DO_NOT_SELL", "SUBJECT_DO_NOT_SELL", "TEAM_MEMBER_ADDED", "TEAM_MEMBER_REMOVED", "SHARING_MODE")
 
 

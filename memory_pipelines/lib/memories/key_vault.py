@@ -32,6 +32,15 @@ from typing import Any
 from memory_pipelines.lib.infra.errors import ConflictError, ServiceError
 from memory_pipelines.lib.memories import crypto
 
+__all__ = [
+    "MAX_KEKS",
+    "PURPOSE",
+    "VAULT_BYTES",
+    "KekUnavailable",
+    "KeyVault",
+    "vault_name",
+]
+
 VAULT_BYTES = 4096
 _SLOT = VAULT_BYTES // 2
 _HEADER = 4 + 32  # length, SHA-256 of the document

@@ -32,6 +32,15 @@ from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.key_vault import KekUnavailable, KeyVault
 
+__all__ = [
+    "BUILD_KEY_PREFIX",
+    "CONTROL_TENANT",
+    "KeyDestroyedError",
+    "KeyStore",
+    "Rotation",
+    "T",
+]
+
 T = TypeVar("T")
 
 

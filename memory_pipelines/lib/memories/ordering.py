@@ -17,6 +17,16 @@ from collections.abc import Iterable
 
 import psycopg
 
+__all__ = [
+    "GATE_PREFIX",
+    "Source",
+    "guard_build",
+    "hidden_sources",
+    "lock_tenant_exclusive",
+    "lock_tenant_shared",
+    "tenant_closed",
+]
+
 GATE_PREFIX = "gate\x1f"
 Source = tuple[str, int]
 

@@ -18,6 +18,18 @@ from psycopg import sql
 
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, ValidationError
 
+__all__ = [
+    "PARTITIONED_TABLES",
+    "CompactionLockTimeout",
+    "analyze_tenant",
+    "compact_tenant",
+    "drop_tenant",
+    "ensure_tenant",
+    "estimated_rows",
+    "tenant_files",
+    "tenant_partitions",
+]
+
 PARTITIONED_TABLES: tuple[str, ...] = (
     "memory.memory_versions",
     "derived.keyword_postings",

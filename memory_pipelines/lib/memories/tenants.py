@@ -1,0 +1,160 @@
+"""Tenants and their subjects: creating a tenant, its sharing mode, the change sequence every write
+bumps (what sensors watch), and the checks every operation starts with (the tenant exists, is not
+deleted, is not behind the restore gate; a subject is not being forgotten).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from memory_pipelines.lib.infra import validation
+from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError
+from memory_pipelines.lib.memories import consent
+from memory_pipelines.lib.memories.connections import ConnectionsMixin
+from memory_pipelines.lib.memories.records import _iso
+
+__all__ = [
+    "TenantsMixin",
+]
+
+
+class TenantsMixin(ConnectionsMixin):
+    """Tenants, their sharing mode and change sequence, and subjects."""
+
+    @staticmethod
+    def _bump(conn: psycopg.Connection, tenant_id: str) -> None:
+        conn.execute(
+            "UPDATE memory.tenants SET change_seq = change_seq + 1, updated_at = now() WHERE tenant_id = %s",
+            (tenant_id,),
+        )
+
+    @staticmethod
+    def _ensure_tenant(conn: psycopg.Connection, tenant_id: str) -> None:
+        created = conn.execute(
+            "INSERT INTO memory.tenants (tenant_id) VALUES (%s) ON CONFLICT (tenant_id) DO NOTHING RETURNING 1",
+            (tenant_id,),
+        ).fetchone()
+        if created is not None:
+            validation.check_new_tenant(tenant_id)  # raising rolls the insert back
+        TenantsMixin._tenant_mode(conn, tenant_id)  # refuses a deleted tenant
+
+    @staticmethod
+    def _ensure_subject(conn: psycopg.Connection, tenant_id: str, user_id: str) -> None:
+        row = conn.execute(
+            "INSERT INTO memory.subjects (tenant_id, user_id) VALUES (%s, %s)"
+            " ON CONFLICT (tenant_id, user_id) DO UPDATE SET user_id = EXCLUDED.user_id RETURNING forgotten_at",
+            (tenant_id, user_id),
+        ).fetchone()
+        if row is not None and row[0] is not None:
+            raise ConflictError(
+                "user", f"subject {user_id!r} is being forgotten; writes resume when that job completes"
+            )
+
+    @staticmethod
+    def _tenant_mode(conn: psycopg.Connection, tenant_id: str) -> str:
+        row = conn.execute(
+            "SELECT sharing_mode, deleted_at, restoring_since FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFoundError("tenant", f"unknown tenant {tenant_id!r}")
+        if row[1] is not None:
+            raise NotFoundError("tenant", f"tenant {tenant_id!r} was deleted")
+        if row[2] is not None:
+            # The restore gate: nothing is read or written until the journal replay is verified.
+            raise ConflictError(
+                "tenant", f"tenant {tenant_id!r} is being restored; it reopens once the restore is verified"
+            )
+        return str(row[0])
+
+    def create_tenant(self, *, tenant_id: str, sharing_mode: str = "strict") -> dict[str, Any]:
+        """Create a tenant (idempotent); an existing tenant keeps its data and gets `sharing_mode`."""
+        validation.check_id("tenant", tenant_id)
+        validation.check_sharing_mode(sharing_mode)
+        with self.transaction() as conn:
+            self._ensure_tenant(conn, tenant_id)
+            self._set_mode(conn, tenant_id, sharing_mode)
+            self._bump(conn, tenant_id)
+        return {"tenant_id": tenant_id, "sharing_mode": sharing_mode}
+
+    def set_sharing_mode(self, *, tenant_id: str, sharing_mode: str) -> dict[str, Any]:
+        validation.check_id("tenant", tenant_id)
+        validation.check_sharing_mode(sharing_mode)
+        with self.transaction() as conn:
+            self._tenant_mode(conn, tenant_id)
+            self._set_mode(conn, tenant_id, sharing_mode)
+            self._bump(conn, tenant_id)
+        return {"tenant_id": tenant_id, "sharing_mode": sharing_mode}
+
+    @staticmethod
+    def _set_mode(conn: psycopg.Connection, tenant_id: str, sharing_mode: str) -> None:
+        # A change is journalled with it, so no restore of an older backup undoes it (lib/consent.py).
+        row = conn.execute(
+            "SELECT sharing_mode FROM memory.tenants WHERE tenant_id = %s FOR UPDATE", (tenant_id,)
+        ).fetchone()
+        conn.execute(
+            "UPDATE memory.tenants SET sharing_mode = %s, updated_at = now() WHERE tenant_id = %s",
+            (sharing_mode, tenant_id),
+        )
+        if row is not None and row[0] != sharing_mode:
+            consent.record(conn, tenant_id, "SHARING_MODE", mode=sharing_mode)
+
+    def tenants(self) -> list[dict[str, Any]]:
+        """Every tenant with its sharing mode and counts (no text)."""
+        with self.transaction() as conn:
+            rows = conn.execute(
+                """
+                SELECT t.tenant_id, t.sharing_mode, t.change_seq, t.created_at,
+                       (SELECT count(*) FROM memory.memories m WHERE m.tenant_id = t.tenant_id) AS memories,
+                       (SELECT count(*) FROM memory.subjects s WHERE s.tenant_id = t.tenant_id) AS subjects,
+                       (SELECT count(*) FROM memory.teams tm WHERE tm.tenant_id = t.tenant_id) AS teams
+                FROM memory.tenants t WHERE t.deleted_at IS NULL ORDER BY t.tenant_id
+                """
+            ).fetchall()
+        return [
+            {
+                "tenant_id": r[0],
+                "sharing_mode": r[1],
+                "change_seq": r[2],
+                "created_at": _iso(r[3]),
+                "memories": r[4],
+                "subjects": r[5],
+                "teams": r[6],
+            }
+            for r in rows
+        ]
+
+    def tenant_watermarks(self) -> dict[str, int]:
+        """tenant -> change sequence; grows with every write, so a sensor can tell what changed.
+
+        Tenants behind the restore gate are left out: they show again, with a new sequence, once
+        the restore reopens them.
+        """
+        with self.transaction() as conn:
+            return {
+                r[0]: int(r[1])
+                for r in conn.execute(
+                    "SELECT tenant_id, change_seq FROM memory.tenants WHERE deleted_at IS NULL"
+                    " AND restoring_since IS NULL"
+                )
+            }
+
+    def tenant_exists(self, *, tenant_id: str) -> bool:
+        with self.transaction() as conn:
+            return (
+                conn.execute("SELECT 1 FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)).fetchone() is not None
+            )
+
+    def require_tenant(self, *, tenant_id: str) -> str:
+        """The tenant's sharing mode; NotFoundError('tenant') when it does not exist."""
+        validation.check_id("tenant", tenant_id)
+        with self.transaction() as conn:
+            return self._tenant_mode(conn, tenant_id)
+
+    def change_seq(self, *, tenant_id: str) -> int:
+        with self.transaction() as conn:
+            row = conn.execute("SELECT change_seq FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)).fetchone()
+        if row is None:
+            raise NotFoundError("tenant", f"unknown tenant {tenant_id!r}")
+        return int(row[0])
