@@ -82,7 +82,8 @@ it, and nothing is created. The CLI's `memory-pipelines forget --tenant T --subj
 forget_job = dg.define_asset_job(
     FORGET_JOB,
     selection=dg.AssetSelection.assets("memory_deletions"),
-    executor_def=dg.in_process_executor,  # the batch (lock, probes) lives in the run's one process
+    # One process, so every step shares the `forget_batch` resource's batch (lock, probes): see ops.py.
+    executor_def=dg.in_process_executor,
     description=HOW_TO,
     tags={"domain": "forget"},
 )

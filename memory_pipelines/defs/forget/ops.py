@@ -1,15 +1,18 @@
-"""The forget graph's ops: freeze, one op per registered store, verify, prove.
+"""The forget graph's ops, one per phase of `cascade.phases()`: freeze, one per registered store,
+verify, prove.
 
-The batch (run lock, targets, plaintext probes) never crosses an IO manager: it stays in
-`_BATCHES`, keyed by the Dagster run id, in the one process the in-process executor runs every
-step in. Ops pass the job ids along (ids only). A step that finds no batch for its run, as in a
-re-execution from failure, begins the batch again: exactly what `deletion retry` does.
+The batch (run lock, targets, plaintext probes) never crosses an IO manager, and no module global
+carries it: it lives in `RunBatch`, the value of the `forget_batch` resource, which Dagster makes
+once per process that runs the run's steps and tears down when they end. Under the forget job's
+in-process executor that is once per run, so every step of a run shares one batch (one freeze of
+targets and probes, one run lock). Under a multi-process executor each step has its own holder,
+finds no batch and begins it again from the ledger, as a re-execution from failure does (exactly
+what `deletion retry` does): correct, only slower. Ops pass the job ids along (ids only).
 """
 
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -17,6 +20,7 @@ from pydantic import Field
 from memory_pipelines.defs.forget.checks import check_evaluation
 from memory_pipelines.defs.stores.jobs import DERIVED_ASSETS
 from memory_pipelines.lib.forget import certificate
+from memory_pipelines.lib.forget.cascade import FREEZE, PROVE, STORE, VERIFY, Phase
 from memory_pipelines.lib.forget.deletion import Batch, DeletionBlocked, DeletionLedger, DeletionService
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError, ValidationError
 from memory_pipelines.lib.infra.settings import Settings, lower_priority
@@ -32,12 +36,37 @@ from memory_pipelines.resources import (
 TOUCHED_ASSETS = ("memories", *DERIVED_ASSETS)
 SCOPES = ("SUBJECT", "MEMORY", "TENANT")
 TAGS = {"domain": "forget"}
+Resources = tuple[MemoryStoreResource, ChromaResource, SummarizerResource, AnalyticsResource]
 
-T = TypeVar("T")
-_BATCHES: dict[str, tuple[DeletionService, Batch]] = {}
-# run id -> the tenant's data map at freeze, for the before/after picture the prove step attaches.
-_DATA_MAPS: dict[str, dict[str, int]] = {}
-_LOCK = threading.Lock()
+
+class RunBatch:
+    """The batch of one run's steps in this process, and the tenant's data map at its freeze (for
+    the before/after picture the prove step attaches). Plain memory: never serialised or logged."""
+
+    def __init__(self) -> None:
+        self.entry: tuple[DeletionService, Batch] | None = None
+        self.before: dict[str, int] | None = None
+
+    def keep(self, service: DeletionService, batch: Batch) -> None:
+        """Hold the batch begun by a step for the later steps of the run."""
+        self.drop()
+        self.entry = (service, batch)
+
+    def drop(self) -> None:
+        """Forget the batch and data map, giving the tenant's run lock back (idempotent)."""
+        entry, self.entry, self.before = self.entry, None, None
+        if entry is not None:
+            entry[0].release(entry[1])
+
+
+@dg.resource(description="The forget run's batch (run lock, targets, probes), shared by the steps of one process")
+def forget_batch(_: dg.InitResourceContext) -> Iterator[RunBatch]:
+    """A `RunBatch` for the steps of one run in one process; whatever batch is left goes at the end."""
+    holder = RunBatch()
+    try:
+        yield holder
+    finally:
+        holder.drop()  # a run that stopped between steps still gives the tenant's run lock back
 
 
 class ForgetConfig(dg.Config):
@@ -148,9 +177,10 @@ def _blocked(
     job_ids: list[str],
     exc: DeletionBlocked,
     memory_store: MemoryStoreResource,
+    holder: RunBatch,
 ) -> dg.Failure:
     """The step failed: the jobs are BLOCKED (by the service); drop the batch, alert, fail the step."""
-    _drop(context.run_id)
+    holder.drop()
     try:
         # Reported through the instance: the events of a step that fails would not show.
         evaluation = check_evaluation(DeletionLedger(memory_store.store()), context.partition_key, context.instance)
@@ -168,61 +198,45 @@ def _blocked(
     )
 
 
-def _drop(run_id: str) -> None:
-    with _LOCK:
-        entry = _BATCHES.pop(run_id, None)
-        _DATA_MAPS.pop(run_id, None)
-    if entry is not None:
-        entry[0].release(entry[1])
-
-
 @contextmanager
-def _guard(run_id: str) -> Iterator[None]:
+def _guard(holder: RunBatch) -> Iterator[None]:
     """Whatever a step raises, its batch goes: the run lock is released and the probes dropped."""
     try:
         yield
     except BaseException:
-        _drop(run_id)
+        holder.drop()
         raise
 
 
 def _batch(
-    context: dg.OpExecutionContext,
-    step: str,
-    job_ids: list[str],
-    resources: tuple[MemoryStoreResource, ChromaResource, SummarizerResource, AnalyticsResource],
+    context: dg.OpExecutionContext, step: str, job_ids: list[str], resources: Resources, holder: RunBatch
 ) -> tuple[DeletionService, Batch]:
-    """This run's batch; begun again (a retry) when the run has none, e.g. a re-execution from failure."""
-    with _LOCK:
-        entry = _BATCHES.get(context.run_id)
-    if entry is not None:
-        return entry
+    """This run's batch; begun again (a retry) when this process has none, e.g. a re-execution from
+    failure or a step of a multi-process run."""
+    if holder.entry is not None:
+        return holder.entry
     service = deletion_service(*resources)
     try:
         batch = service.begin(tenant_id=context.partition_key, job_ids=job_ids)
     except DeletionBlocked as exc:
-        raise _blocked(context, step, job_ids, exc, resources[0]) from exc
+        raise _blocked(context, step, job_ids, exc, resources[0], holder) from exc
     except ValidationError as exc:
         raise _invalid(exc) from exc
-    with _LOCK:
-        _BATCHES[context.run_id] = (service, batch)
+    holder.keep(service, batch)
     return service, batch
 
 
 def _phase(
-    context: dg.OpExecutionContext,
-    step: str,
-    job_ids: list[str],
-    resources: tuple[MemoryStoreResource, ChromaResource, SummarizerResource, AnalyticsResource],
-    phase: Callable[[DeletionService, Batch], T],
-) -> tuple[DeletionService, Batch, T]:
-    """One phase of this run's batch; a DeletionBlocked fails the step (the jobs are BLOCKED)."""
+    context: dg.OpExecutionContext, phase: Phase, job_ids: list[str], resources: Resources, holder: RunBatch
+) -> tuple[DeletionService, Batch, Any]:
+    """One phase of this run's batch (`DeletionService.run_phase`); a DeletionBlocked fails the step
+    (the jobs are BLOCKED)."""
     try:
-        with _guard(context.run_id):
-            service, batch = _batch(context, step, job_ids, resources)
-            return service, batch, phase(service, batch)
+        with _guard(holder):
+            service, batch = _batch(context, phase.name, job_ids, resources, holder)
+            return service, batch, service.run_phase(batch, phase)
     except DeletionBlocked as exc:
-        raise _blocked(context, step, job_ids, exc, resources[0]) from exc
+        raise _blocked(context, phase.name, job_ids, exc, resources[0], holder) from exc
 
 
 @dg.op(
@@ -240,6 +254,7 @@ def freeze(
     chroma: ChromaResource,
     summarizer: SummarizerResource,
     analytics: AnalyticsResource,
+    forget_batch: dg.ResourceParam[RunBatch],
 ) -> Iterator[dg.Output[list[str]]]:
     """Accept or pick the tenant's deletion jobs, freeze them, wait for permits to drain, fix targets."""
     tenant_id = context.partition_key
@@ -256,20 +271,18 @@ def freeze(
         raise _invalid(exc) from exc
     if _is_new(config):
         _tag_jobs(context, job_ids)
-    _drop(context.run_id)  # a retried step starts from the ledger, never from a half-used batch
-    with _guard(context.run_id):
-        _, batch = _batch(context, "freeze", job_ids, resources)
+    forget_batch.drop()  # a retried step starts from the ledger, never from a half-used batch
+    with _guard(forget_batch):
+        _, batch = _batch(context, FREEZE, job_ids, resources, forget_batch)
     if not batch.jobs:
         # Already COMPLETE (another run, e.g. `forget --wait`, got there first) or none pending: the
         # later steps are skipped, so no materialization hides the tenant's last proof.
-        _drop(context.run_id)
+        forget_batch.drop()
         what = f"job(s) {', '.join(job_ids)} already COMPLETE" if job_ids else "no REQUESTED or BLOCKED job"
         context.log.info(f"nothing to forget for tenant {tenant_id}: {what}")
         return
     try:
-        before = certificate.data_map(service.store, tenant_id)
-        with _LOCK:
-            _DATA_MAPS[context.run_id] = before
+        forget_batch.before = certificate.data_map(service.store, tenant_id)
     except Exception:  # the picture is informative only; it never fails a forget
         context.log.warning("could not count the tenant's records for the data map")
     context.log.info(f"forgetting {len(batch.jobs)} deletion job(s) for tenant {tenant_id}")
@@ -282,9 +295,20 @@ def freeze(
     )
 
 
-def _store_op(spec: registry.StoreSpec) -> dg.OpDefinition:
+def phase_op(phase: Phase) -> dg.OpDefinition:
+    """The forget graph's op for one phase of `cascade.phases()`, named after it."""
+    if phase.kind == FREEZE:
+        return freeze  # the one op with config: which jobs the run works on
+    factories = {STORE: _store_op, VERIFY: _verify_op, PROVE: _prove_op}
+    return factories[phase.kind](phase)
+
+
+def _store_op(phase: Phase) -> dg.OpDefinition:
+    assert phase.store is not None
+    spec = registry.spec(phase.store)
+
     @dg.op(
-        name=f"delete_{spec.name}",
+        name=phase.name,
         description=f"Delete what `{spec.name}` holds of the batch's targets (owner {spec.owner}; "
         f"locator {spec.locator_key}).",
         tags={**TAGS, "store": spec.name},
@@ -297,10 +321,10 @@ def _store_op(spec: registry.StoreSpec) -> dg.OpDefinition:
         chroma: ChromaResource,
         summarizer: SummarizerResource,
         analytics: AnalyticsResource,
+        forget_batch: dg.ResourceParam[RunBatch],
     ) -> list[str]:
         resources = (memory_store, chroma, summarizer, analytics)
-        step = f"delete_{spec.name}"
-        _, _, removed = _phase(context, step, job_ids, resources, lambda svc, batch: svc.delete_store(batch, spec.name))
+        _, _, removed = _phase(context, phase, job_ids, resources, forget_batch)
         context.add_output_metadata(
             {"removed": dg.MetadataValue.int(removed), "adapter_version": dg.MetadataValue.text(spec.adapter_version)}
         )
@@ -309,60 +333,64 @@ def _store_op(spec: registry.StoreSpec) -> dg.OpDefinition:
     return delete_from_store
 
 
-STORE_OPS = [_store_op(spec) for spec in registry.stores()]
+def _verify_op(phase: Phase) -> dg.OpDefinition:
+    @dg.op(name=phase.name, tags=TAGS, out=dg.Out(list[str]))
+    def verify(
+        context: dg.OpExecutionContext,
+        job_ids: list[str],
+        memory_store: MemoryStoreResource,
+        chroma: ChromaResource,
+        summarizer: SummarizerResource,
+        analytics: AnalyticsResource,
+        forget_batch: dg.ResourceParam[RunBatch],
+    ) -> list[str]:
+        """Exact-id queries on every store and paraphrase probes of the deleted content: expected zero."""
+        resources = (memory_store, chroma, summarizer, analytics)
+        _, _, verification = _phase(context, phase, job_ids, resources, forget_batch)
+        context.add_output_metadata({"verification": dg.MetadataValue.json(verification)})
+        return job_ids
+
+    return verify
 
 
-@dg.op(tags=TAGS, out=dg.Out(list[str]))
-def verify(
-    context: dg.OpExecutionContext,
-    job_ids: list[str],
-    memory_store: MemoryStoreResource,
-    chroma: ChromaResource,
-    summarizer: SummarizerResource,
-    analytics: AnalyticsResource,
-) -> list[str]:
-    """Exact-id queries on every store and paraphrase probes of the deleted content: expected zero."""
-    resources = (memory_store, chroma, summarizer, analytics)
-    _, _, verification = _phase(context, "verify", job_ids, resources, lambda svc, batch: svc.verify(batch))
-    context.add_output_metadata({"verification": dg.MetadataValue.json(verification)})
-    return job_ids
+def _prove_op(phase: Phase) -> dg.OpDefinition:
+    @dg.op(name=phase.name, tags=TAGS, out=dg.Out(dg.Nothing))
+    def prove(
+        context: dg.OpExecutionContext,
+        job_ids: list[str],
+        memory_store: MemoryStoreResource,
+        chroma: ChromaResource,
+        summarizer: SummarizerResource,
+        analytics: AnalyticsResource,
+        forget_batch: dg.ResourceParam[RunBatch],
+    ) -> None:
+        """Complete the verified jobs, store their proofs and report every partition the run changed."""
+        resources = (memory_store, chroma, summarizer, analytics)
+        service, batch, proofs = _phase(context, phase, job_ids, resources, forget_batch)
+        summary = service.summary(batch)
+        before = forget_batch.before  # None when this process did not freeze (a re-execution, multi-process)
+        forget_batch.drop()
+        tenant_id = context.partition_key
+        states = {job_id: service.status(job_id=job_id)["state"] for job_id in job_ids}
+        bases = sorted({str(p["basis"]) for p in proofs})
+        if proofs:
+            report_forgotten(context, tenant_id, [p["jobId"] for p in proofs], bases, summary["stores"])
+        context.add_output_metadata(
+            {
+                "deletion_job_ids": dg.MetadataValue.json(job_ids),
+                "deletion_states": dg.MetadataValue.json(states),
+                "basis": dg.MetadataValue.text(",".join(bases)),
+                "jobs_completed": dg.MetadataValue.int(len(proofs)),
+                **{f"store_{name}": dg.MetadataValue.int(n) for name, n in summary["stores"].items()},
+                **({"rebuilt": dg.MetadataValue.json(summary["rebuilt"])} if summary.get("rebuilt") else {}),
+                "seconds": dg.MetadataValue.json(summary.get("seconds", {})),
+                **{f"proof_{p['jobId']}": dg.MetadataValue.json(p) for p in proofs},
+                **certificates(service, proofs),
+                **data_map_metadata(context, service, tenant_id, before),
+            }
+        )
 
-
-@dg.op(tags=TAGS, out=dg.Out(dg.Nothing))
-def prove(
-    context: dg.OpExecutionContext,
-    job_ids: list[str],
-    memory_store: MemoryStoreResource,
-    chroma: ChromaResource,
-    summarizer: SummarizerResource,
-    analytics: AnalyticsResource,
-) -> None:
-    """Complete the verified jobs, store their proofs and report every partition the run changed."""
-    resources = (memory_store, chroma, summarizer, analytics)
-    service, batch, proofs = _phase(context, "prove", job_ids, resources, lambda svc, batch: svc.complete(batch))
-    summary = service.summary(batch)
-    with _LOCK:
-        before = _DATA_MAPS.pop(context.run_id, None)  # None after a re-execution in a new process
-    _drop(context.run_id)
-    tenant_id = context.partition_key
-    states = {job_id: service.status(job_id=job_id)["state"] for job_id in job_ids}
-    bases = sorted({str(p["basis"]) for p in proofs})
-    if proofs:
-        report_forgotten(context, tenant_id, [p["jobId"] for p in proofs], bases, summary["stores"])
-    context.add_output_metadata(
-        {
-            "deletion_job_ids": dg.MetadataValue.json(job_ids),
-            "deletion_states": dg.MetadataValue.json(states),
-            "basis": dg.MetadataValue.text(",".join(bases)),
-            "jobs_completed": dg.MetadataValue.int(len(proofs)),
-            **{f"store_{name}": dg.MetadataValue.int(n) for name, n in summary["stores"].items()},
-            **({"rebuilt": dg.MetadataValue.json(summary["rebuilt"])} if summary.get("rebuilt") else {}),
-            "seconds": dg.MetadataValue.json(summary.get("seconds", {})),
-            **{f"proof_{p['jobId']}": dg.MetadataValue.json(p) for p in proofs},
-            **certificates(service, proofs),
-            **data_map_metadata(context, service, tenant_id, before),
-        }
-    )
+    return prove
 
 
 def certificates(service: DeletionLedger, proofs: list[dict[str, Any]]) -> dict[str, dg.MetadataValue]:

@@ -17,6 +17,16 @@ from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.stores.derived import DerivedStores
 
+__all__ = [
+    "CANARY_PREFIX",
+    "RESERVED_TENANT_IDS",
+    "RESERVED_TENANT_PREFIXES",
+    "files_containing",
+    "is_reserved_tenant",
+    "retired_tenants",
+    "run_canary_drill",
+]
+
 # -- tenants that are never `tenants` partitions ------------------------------------------------
 # The canary drill's tenants (`canary-...`) and the evaluation's (`eval`, `eval-...`) are the
 # platform's own (lib/validation.py): no customer door accepts them; sensors, schedules and the CLI
@@ -71,25 +81,7 @@ def run_canary_drill(
     stamp = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
     tenant = f"{CANARY_PREFIX}{stamp}-{uuid.uuid4().hex[:6]}"
     secrets = [f"canary{uuid.uuid4().hex}" for _ in range(3)]
-    with validation.platform_owned():
-        store.create_tenant(tenant_id=tenant, sharing_mode="shared_pool")
-    store.add_team_member(tenant_id=tenant, team_id="drill", user_id="canary-subject")
-    store.add_team_member(tenant_id=tenant, team_id="drill", user_id="canary-witness")
-    written = [
-        store.write(
-            tenant_id=tenant,
-            user_id="canary-subject",
-            text=f"My locker code is {secrets[0]}",
-            original_query=f"what is {secrets[0]}?",
-        ),
-        store.write(
-            tenant_id=tenant, user_id="canary-subject", text=f"Travel plan reference {secrets[1]}", category="general"
-        ),
-        store.write(
-            tenant_id=tenant, user_id="canary-subject", text=f"Team vault phrase {secrets[2]}", team_id="drill"
-        ),
-    ]
-    store.write(tenant_id=tenant, user_id="canary-witness", text="The witness stays: it likes crosswords")
+    written = _write_canaries(store, tenant, secrets)
     materialized = derived.sync_all(tenant_id=tenant)
     recalled_before = derived.recaller.recall(
         tenant_id=tenant, user_id="canary-witness", team_id="drill", query="team vault phrase", k=5
@@ -143,6 +135,31 @@ def run_canary_drill(
         and removed == "COMPLETE",
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def _write_canaries(store: MemoryStore, tenant: str, secrets: list[str]) -> list[Any]:
+    """Make the drill's tenant: the subject's three canaries (personal, with a query, and a team
+    memory) and the witness's memory that must stay. Returns the canaries as written."""
+    with validation.platform_owned():
+        store.create_tenant(tenant_id=tenant, sharing_mode="shared_pool")
+    store.add_team_member(tenant_id=tenant, team_id="drill", user_id="canary-subject")
+    store.add_team_member(tenant_id=tenant, team_id="drill", user_id="canary-witness")
+    written = [
+        store.write(
+            tenant_id=tenant,
+            user_id="canary-subject",
+            text=f"My locker code is {secrets[0]}",
+            original_query=f"what is {secrets[0]}?",
+        ),
+        store.write(
+            tenant_id=tenant, user_id="canary-subject", text=f"Travel plan reference {secrets[1]}", category="general"
+        ),
+        store.write(
+            tenant_id=tenant, user_id="canary-subject", text=f"Team vault phrase {secrets[2]}", team_id="drill"
+        ),
+    ]
+    store.write(tenant_id=tenant, user_id="canary-witness", text="The witness stays: it likes crosswords")
+    return written
 
 
 def _remove_tenant(service: DeletionService, tenant: str) -> str:

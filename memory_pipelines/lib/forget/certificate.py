@@ -22,6 +22,27 @@ from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.stores import lineage, registry
 
+__all__ = [
+    "FORMATS",
+    "LIMITS",
+    "MEANING",
+    "NOT_RECORDED",
+    "STORES_NOTE",
+    "Certificate",
+    "StoreRow",
+    "build",
+    "data_map",
+    "data_map_in",
+    "data_map_markdown",
+    "data_map_png",
+    "h",
+    "lineage_graph",
+    "md_code",
+    "render",
+    "render_html",
+    "render_markdown",
+]
+
 FORMATS = ("json", "md", "html")
 NOT_RECORDED = "not recorded"
 # Plain-language meaning of the two end states, as the README's "Forgetting" section defines them.
@@ -170,20 +191,10 @@ def _wal(wal: Mapping[str, Any] | None) -> str:
     return f"not purged: {reason}"
 
 
-def build(proof: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> Certificate:
-    """The certificate of one proof; `status` (DeletionLedger.status) adds the job's current state."""
-    if not isinstance(proof, Mapping) or not proof.get("jobId"):
-        raise ValidationError("proof", "is not a deletion proof (no jobId)")
-    status = status or {}
-    targets: Mapping[str, Any] = proof.get("targets") or {}
-    verification: Mapping[str, Any] = proof.get("verification") or {}
-    exact: Mapping[str, Any] = verification.get("exact_id_queries") or {}
-    versions: Mapping[str, Any] = proof.get("adapterVersions") or {}
-    erasure: Mapping[str, Any] = proof.get("erasure") or {}
-    scan: Mapping[str, Any] = erasure.get("byteScan") or {}
-    scope: Mapping[str, Any] = proof.get("scope") or {}
-    rebuilt: Mapping[str, Any] = proof.get("rebuilt") or {}
-
+def _store_rows(
+    targets: Mapping[str, Any], exact: Mapping[str, Any], versions: Mapping[str, Any], rebuilt: Mapping[str, Any]
+) -> list[StoreRow]:
+    """One row per registered store, in cascade order: its target, what it deleted, its exact-id check."""
     rows = []
     for spec in registry.stores():
         target = targets.get(spec.name)
@@ -200,7 +211,11 @@ def build(proof: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> 
                 else ("passed: 0 left by exact id" if left == 0 else f"FAILED: {left} left by exact id"),
             )
         )
-    probes: Mapping[str, Any] = verification.get("paraphrase_probes") or {}
+    return rows
+
+
+def _scope_rows(proof: Mapping[str, Any], scope: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What the proof covers: scope, its hash, basis, policy, versions (and a sweep's day and categories)."""
     scope_rows = [
         ("Scope type", _text(scope.get("type"))),
         ("Scope hash (HMAC under the control-plane key)", _text(proof.get("scopeHash"))),
@@ -214,13 +229,29 @@ def build(proof: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> 
         scope_rows.append(("Retention sweep of", _text(proof.get("sweepDate"))))
         categories = proof.get("categories") or {}
         scope_rows.append(("Categories (versions)", ", ".join(f"{k}: {v}" for k, v in sorted(categories.items()))))
+    return scope_rows
+
+
+def build(proof: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> Certificate:
+    """The certificate of one proof; `status` (DeletionLedger.status) adds the job's current state."""
+    if not isinstance(proof, Mapping) or not proof.get("jobId"):
+        raise ValidationError("proof", "is not a deletion proof (no jobId)")
+    status = status or {}
+    targets: Mapping[str, Any] = proof.get("targets") or {}
+    verification: Mapping[str, Any] = proof.get("verification") or {}
+    exact: Mapping[str, Any] = verification.get("exact_id_queries") or {}
+    erasure: Mapping[str, Any] = proof.get("erasure") or {}
+    scan: Mapping[str, Any] = erasure.get("byteScan") or {}
+    scope: Mapping[str, Any] = proof.get("scope") or {}
+    rows = _store_rows(targets, exact, proof.get("adapterVersions") or {}, proof.get("rebuilt") or {})
+    probes: Mapping[str, Any] = verification.get("paraphrase_probes") or {}
     physical = targets.get("physical")
     erased_at = erasure.get("erasedAt")
     return Certificate(
         job_id=str(proof["jobId"]),
         tenant=_text(scope.get("tenant") or status.get("tenant_id")),
         state=_text(status.get("state") or "COMPLETE"),  # a proof exists once the job is COMPLETE
-        scope=scope_rows,
+        scope=_scope_rows(proof, scope),
         timestamps=[
             ("Requested", _text(proof.get("requestedAt"))),
             # The request is accepted and its scope hidden from every read in the same transaction.
@@ -424,21 +455,13 @@ def data_map(store: MemoryStore, tenant_id: str) -> dict[str, int]:
 
 
 def data_map_in(conn: psycopg.Connection, tenant_id: str) -> dict[str, int]:
-    """`data_map` on an open connection."""
+    """`data_map` on an open connection: each store's own count (its spec's `count`: the primary's
+    versions, the key store's keys), else its records by lineage."""
     counts = lineage.record_counts(conn, tenant_id=tenant_id)
-    row = conn.execute("SELECT count(*) FROM memory.memory_versions WHERE tenant_id = %s", (tenant_id,)).fetchone()
-    primary = int(row[0]) if row else 0
-    # A build key lives and dies with its summary or snapshot row (the row's trigger destroys it), so
-    # it is counted with that record, not here: the key store's count is what its own step deletes.
-    row = conn.execute(
-        "SELECT (SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %(t)s)"
-        " + (SELECT count(*) FROM keystore.team_keys WHERE tenant_id = %(t)s)"
-        " + (SELECT count(*) FROM keystore.tenant_keys WHERE tenant_id = %(t)s)",
-        {"t": tenant_id},
-    ).fetchone()
-    keys = int(row[0]) if row else 0
-    extra = {"primary": primary, "key_store": keys}
-    return {spec.name: extra.get(spec.name, counts.get(spec.name, 0)) for spec in registry.stores()}
+    return {
+        spec.name: registry.resolve(spec.count)(conn, tenant_id) if spec.count else counts.get(spec.name, 0)
+        for spec in registry.stores()
+    }
 
 
 def data_map_markdown(before: Mapping[str, int] | None, after: Mapping[str, int], *, image: bytes | None = None) -> str:

@@ -34,6 +34,12 @@ from memory_pipelines.lib.stores import bytescan, registry
 from memory_pipelines.lib.stores.adapter import Erasure
 from memory_pipelines.lib.stores.derived import DerivedStores
 
+__all__ = [
+    "ErasureIncomplete",
+    "ErasureLedger",
+    "ErasureService",
+]
+
 
 class ErasureIncomplete(MemoryPipelinesError):
     """The byte scan found fingerprints of erased data: nothing is marked ERASED."""

@@ -32,6 +32,18 @@ from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, Serv
 from memory_pipelines.lib.memories import ordering
 from memory_pipelines.lib.memories.store import MemoryStore
 
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "SINKS",
+    "Fence",
+    "FenceClosed",
+    "Gate",
+    "Permit",
+    "PermitCancelled",
+    "close_fences",
+    "lock_gate_exclusive",
+]
+
 SINKS = ("model_output", "tool_dispatch", "state_write", "memory_write", "queued_work")
 DEFAULT_LEASE_SECONDS = 300
 

@@ -22,6 +22,16 @@ import psycopg
 
 from memory_pipelines.lib.stores.adapter import data_directory
 
+__all__ = [
+    "MAX_SWITCHES",
+    "NOT_SCANNED",
+    "WalPurge",
+    "files",
+    "purge",
+    "segments",
+    "wal_directory",
+]
+
 _SEGMENT = re.compile(r"[0-9A-F]{24}")
 NOT_SCANNED = "postgres_wal"  # named in a proof's notScanned when pg_wal is not on this machine
 # A server with max_wal_size = 1 GB keeps at most ~64 recycled 16 MB segments; a bound above that.
