@@ -12,7 +12,6 @@ from memory_pipelines.lib.infra.settings import DEFAULT_HOME, Settings
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
 from memory_pipelines.lib.stores.derived import DerivedStores, chroma_url_for
-from memory_pipelines.lib.stores.keyword.index import KeywordIndex
 from memory_pipelines.lib.stores.summaries.store import (
     ExtractiveSummarizer,
     OpenAICompatibleSummarizer,
@@ -100,10 +99,9 @@ def derived_stores(
     """Every derived store of the configured resources, as the pure-logic layer takes them."""
     store = memory_store.store()
     # Made on first use: a step syncing the keyword index starts no Chroma server, needs no summarizer.
-    return DerivedStores(
+    return DerivedStores.lazy(
         store=store,
         vectors=chroma.vector_store,
-        keywords=KeywordIndex(store),
         summaries=lambda: SummaryStore(store, summarizer.summarizer()),
         analytics=lambda: analytics.analytics(store=store),
     )

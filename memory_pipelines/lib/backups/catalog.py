@@ -15,6 +15,12 @@ from typing import Any
 from memory_pipelines.lib.backups.service import BackupService
 from memory_pipelines.lib.infra.errors import ValidationError
 
+__all__ = [
+    "BACKUP_ID_RE",
+    "catalog",
+    "check_backup_id",
+]
+
 # As BackupService.backup names them: b_YYYYmmddTHHMMSS_<8 hex>.
 BACKUP_ID_RE = re.compile(r"b_\d{8}T\d{6}_[0-9a-f]{8}")
 

@@ -32,6 +32,22 @@ from memory_pipelines.lib.memories import consent, partitions
 from memory_pipelines.lib.memories.store import repair_heads
 from memory_pipelines.lib.stores import bytescan, registry
 
+__all__ = [
+    "BATCH_ROWS",
+    "OWED_STORE",
+    "STAGING_PREFIX",
+    "Columns",
+    "Owed",
+    "analyze_published",
+    "filter_staged",
+    "owe_erasure",
+    "publish",
+    "replay",
+    "stage",
+    "staged",
+    "verify",
+]
+
 Columns = list[tuple[str, pa.DataType]]
 STAGING_PREFIX = "restore_"
 BATCH_ROWS = 20_000
@@ -99,7 +115,9 @@ def stage(
     return done
 
 
-def filter_staged(conn: psycopg.Connection, tenant_id: str, *, since: str | None) -> tuple[dict[str, int], dict]:
+def filter_staged(
+    conn: psycopg.Connection, tenant_id: str, *, since: str | None
+) -> tuple[dict[str, int], dict[str, Any]]:
     """Apply both journals to the staged rows: remove what the deletion journal forgot, then replay the
     consent entries the backup's snapshot `since` did not see. Returns rows removed and consent changes."""
     removed: dict[str, int] = {}
@@ -349,6 +367,8 @@ _ORPHAN = (
     " FROM memory.memory_versions v WHERE v.tenant_id = l.tenant_id AND v.memory_id = l.source_memory_id"
     " AND v.version = l.source_version)"
 )
+
+
 def _drop_copies_of_dropped_versions(conn: psycopg.Connection, tenant_id: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for spec in registry.stores():

@@ -9,6 +9,13 @@ from typing import Any, Protocol
 from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError
 from memory_pipelines.lib.infra.owner_only import private_dir, private_file
 
+__all__ = [
+    "LIFECYCLE_RULE_ID",
+    "BackupStorage",
+    "LocalBackupStorage",
+    "S3BackupStorage",
+]
+
 LIFECYCLE_RULE_ID = "memory-pipelines-backup-expiry"
 
 

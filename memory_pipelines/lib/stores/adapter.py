@@ -20,6 +20,21 @@ if TYPE_CHECKING:
     from memory_pipelines.lib.memories.store import MemoryStore
     from memory_pipelines.lib.stores.derived import DerivedStores
 
+__all__ = [
+    "REQUIRED",
+    "Context",
+    "Erasure",
+    "Source",
+    "StoreAdapter",
+    "compact",
+    "data_directory",
+    "drop_edges",
+    "edges_left",
+    "ever_restored",
+    "linked",
+    "postgres_files",
+]
+
 Source = tuple[str, int]
 # The methods a registered store's adapter must have (a test checks each registered adapter).
 REQUIRED = ("find", "delete", "count", "verify", "fingerprints", "erase")

@@ -19,6 +19,18 @@ import numpy as np
 
 from memory_pipelines.lib.memories import crypto
 
+__all__ = [
+    "WINDOW",
+    "ScanResult",
+    "base_from_key",
+    "fingerprint",
+    "fingerprints",
+    "scan",
+    "vector_windows",
+    "windows",
+    "windows_of_raw",
+]
+
 WINDOW = 16
 _CHUNK = 4 << 20  # bytes hashed per pass; bounds memory at about 16x this
 
@@ -105,11 +117,12 @@ def _filter(wanted: np.ndarray) -> np.ndarray:
 
 def _matches(hashes: np.ndarray, wanted: np.ndarray, table: np.ndarray) -> np.ndarray:
     """The hashes that are in `wanted` (sorted, unique): a table lookup, then an exact search of the few left."""
-    candidates = hashes[table[hashes & np.int64(len(table) - 1)]]
+    candidates: np.ndarray = hashes[table[hashes & np.int64(len(table) - 1)]]
     if not len(candidates):
         return candidates
     index = np.minimum(np.searchsorted(wanted, candidates), len(wanted) - 1)
-    return candidates[wanted[index] == candidates]
+    found: np.ndarray = candidates[wanted[index] == candidates]
+    return found
 
 
 def _nonzero_span(data: np.ndarray) -> slice | None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import ValidationError
@@ -26,7 +27,19 @@ from memory_pipelines.lib.stores.summaries.store import (
 from memory_pipelines.lib.stores.vectors.embedding import Embedder, MiniLMEmbedder
 from memory_pipelines.lib.stores.vectors.index import VectorStore
 
+__all__ = [
+    "DerivedStores",
+    "chroma_url_for",
+    "default_embedder",
+    "open_derived",
+    "summarizer_from",
+    "sync_embeddings",
+    "sync_keywords",
+    "vector_store_for",
+]
+
 _embedder: MiniLMEmbedder | None = None
+_lazy_lock = threading.Lock()
 _embedder_lock = threading.Lock()
 
 
@@ -69,48 +82,42 @@ def sync_keywords(store: MemoryStore, *, tenant_id: str) -> dict[str, int]:
     return counts
 
 
+@dataclass
 class DerivedStores:
-    """Every derived store of one memory store. The vector index, summaries and analytics copy may be
-    given as zero-argument factories, made on first use: a step that syncs the keyword index must not
-    start a Chroma server or need a summarizer."""
+    """Every derived store of one memory store."""
 
-    def __init__(
-        self,
+    store: MemoryStore
+    vectors: VectorStore
+    keywords: KeywordIndex
+    summaries: SummaryStore
+    analytics: AnalyticsStore
+
+    @classmethod
+    def lazy(
+        cls,
         *,
         store: MemoryStore,
-        vectors: VectorStore | Callable[[], VectorStore],
-        summaries: SummaryStore | Callable[[], SummaryStore],
-        analytics: AnalyticsStore | Callable[[], AnalyticsStore],
-        keywords: KeywordIndex | None = None,
-    ) -> None:
-        self.store = store
-        self.keywords = keywords or KeywordIndex(store)
-        self._made: dict[str, Any] = {}
-        self._factories: dict[str, Callable[[], Any]] = {}
-        for name, member in (("vectors", vectors), ("summaries", summaries), ("analytics", analytics)):
-            if isinstance(member, (VectorStore, SummaryStore, AnalyticsStore)):
-                self._made[name] = member
-            else:
-                self._factories[name] = member
-        self._lock = threading.Lock()
+        vectors: Callable[[], VectorStore],
+        summaries: Callable[[], SummaryStore],
+        analytics: Callable[[], AnalyticsStore],
+    ) -> DerivedStores:
+        """The stores with the vector index, summaries and analytics copy made on first use: a step
+        that syncs the keyword index must not start a Chroma server or need a summarizer."""
+        derived = cls.__new__(cls)
+        derived.store = store
+        derived.keywords = KeywordIndex(store)
+        derived.__dict__["_factories"] = {"vectors": vectors, "summaries": summaries, "analytics": analytics}
+        return derived
 
-    def _member(self, name: str) -> Any:
-        with self._lock:
-            if name not in self._made:
-                self._made[name] = self._factories[name]()
-            return self._made[name]
-
-    @property
-    def vectors(self) -> VectorStore:
-        return cast(VectorStore, self._member("vectors"))
-
-    @property
-    def summaries(self) -> SummaryStore:
-        return cast(SummaryStore, self._member("summaries"))
-
-    @property
-    def analytics(self) -> AnalyticsStore:
-        return cast(AnalyticsStore, self._member("analytics"))
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for a member `lazy` has not made yet (a made one is an ordinary attribute).
+        factories = self.__dict__.get("_factories", {})
+        if name not in factories:
+            raise AttributeError(name)
+        with _lazy_lock:
+            if name not in self.__dict__:
+                self.__dict__[name] = factories[name]()
+            return self.__dict__[name]
 
     @property
     def recaller(self) -> Recaller:

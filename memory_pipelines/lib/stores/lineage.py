@@ -14,6 +14,19 @@ import psycopg
 
 from memory_pipelines.lib.stores.registry import require_registered
 
+__all__ = [
+    "Source",
+    "derived_of_memory",
+    "insert_edges",
+    "pair_arrays",
+    "record_counts",
+    "record_edges",
+    "records_of_ids",
+    "records_of_store",
+    "remove_records",
+    "sources_of_record",
+]
+
 Source = tuple[str, int]  # (memory_id, version)
 
 

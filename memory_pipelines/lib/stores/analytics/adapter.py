@@ -11,6 +11,10 @@ from memory_pipelines.lib.stores.adapter import Context, Erasure, ever_restored,
 from memory_pipelines.lib.stores.analytics.store import STORE
 from memory_pipelines.lib.stores.derived import DerivedStores
 
+__all__ = [
+    "AnalyticsAdapter",
+]
+
 
 class AnalyticsAdapter:
     name = STORE

@@ -30,6 +30,14 @@ import pyarrow as pa
 
 from memory_pipelines.lib.infra.errors import ServiceError, ValidationError
 
+__all__ = [
+    "SLACK_MB",
+    "Answer",
+    "json_value",
+    "run",
+    "sandbox",
+]
+
 # What DuckDB and Python take beyond the buffer manager's share (hash tables' directories, result
 # vectors, the rows being sent back), on top of `memory_mb`.
 SLACK_MB = 256

@@ -11,6 +11,13 @@ if TYPE_CHECKING:
     from memory_pipelines.lib.stores.derived import DerivedStores
 
 
+__all__ = [
+    "SPECS",
+    "problems",
+    "sync",
+]
+
+
 def sync(derived: DerivedStores, *, tenant_id: str, progress: Progress = no_progress) -> Synced:
     """Rewrite the tenant's Parquet partition from its current, sellable memories."""
     analytics = derived.analytics

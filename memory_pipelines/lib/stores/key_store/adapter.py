@@ -12,6 +12,12 @@ from memory_pipelines.lib.stores import bytescan
 from memory_pipelines.lib.stores.adapter import Context, Erasure, compact
 from memory_pipelines.lib.stores.derived import DerivedStores
 
+__all__ = [
+    "STORE",
+    "TABLES",
+    "KeyStoreAdapter",
+]
+
 STORE = "key_store"
 TABLES = ("keystore.subject_keys", "keystore.team_keys", "keystore.tenant_keys", "keystore.build_keys")
 _TENANT_KEYS = (

@@ -6,6 +6,11 @@ import psycopg
 
 from memory_pipelines.lib.stores.registry import KEYS, StoreSpec
 
+__all__ = [
+    "SPECS",
+    "count",
+]
+
 
 def count(conn: psycopg.Connection, tenant_id: str) -> int:
     """The tenant's subject, team and tenant keys. A build key lives and dies with its summary or

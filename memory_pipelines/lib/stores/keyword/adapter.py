@@ -12,6 +12,11 @@ from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, drop_
 from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.keyword.index import STORE
 
+__all__ = [
+    "TABLES",
+    "KeywordIndexAdapter",
+]
+
 TABLES = ("derived.keyword_postings",)
 
 

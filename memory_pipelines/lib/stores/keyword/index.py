@@ -31,6 +31,15 @@ from memory_pipelines.lib.memories import crypto, ordering
 from memory_pipelines.lib.memories.store import CurrentVersion, MemoryStore, visible_candidates_sql
 from memory_pipelines.lib.stores import lineage
 
+__all__ = [
+    "KEY_PURPOSE",
+    "STORE",
+    "KeywordIndex",
+    "Source",
+    "author_only",
+    "tokens",
+]
+
 STORE = "keyword_index"
 KEY_PURPOSE = "keyword-index"  # of the tenant subkey, and of each subject's (lib/keystore.py)
 Source = tuple[str, int]
@@ -164,7 +173,23 @@ class KeywordIndex:
             key = self._key(tenant_id, create=False)  # derived writes never create keys
         except NotFoundError:
             return nothing
-        postings = 0
+        stale = self._drop_stale(tenant_id, stale, existing)
+        indexed = rekeyed = postings = 0
+        for start in range(0, len(new), 2000):
+            chunk_indexed, chunk_rekeyed, chunk_postings = self._index_chunk(tenant_id, key, new[start : start + 2000])
+            indexed += chunk_indexed
+            rekeyed += chunk_rekeyed
+            postings += chunk_postings
+        return {
+            "records": len(current),
+            "indexed": indexed,
+            "removed": len(stale),
+            "postings_written": postings,
+            "rekeyed": rekeyed,
+        }
+
+    def _drop_stale(self, tenant_id: str, stale: list[str], existing: dict[str, set[Source]]) -> list[str]:
+        """Delete the postings and lineage of `stale` records; returns those dropped (not the hidden ones)."""
         with self.store.transaction() as conn:
             # Versions whose deletion was accepted are left to the forget cascade (it verifies them).
             hidden = ordering.guard_build(
@@ -181,69 +206,71 @@ class KeywordIndex:
                     (memory_ids, versions, tenant_id),
                 )
                 lineage.remove_records(conn, tenant_id=tenant_id, store=STORE, record_ids=stale)
-        indexed = rekeyed = 0
-        for start in range(0, len(new), 2000):
-            chunk = new[start : start + 2000]
-            texts = self.store.open_texts(
-                tenant_id=tenant_id, sources=[cv.source for cv in chunk], skip_unreadable=True
+        return stale
+
+    def _index_chunk(self, tenant_id: str, key: bytes, chunk: list[CurrentVersion]) -> tuple[int, int, int]:
+        """Index one chunk of versions; (versions indexed, of them re-keyed, postings written)."""
+        texts = self.store.open_texts(tenant_id=tenant_id, sources=[cv.source for cv in chunk], skip_unreadable=True)
+        # Postings and their lineage commit together: a posting never exists without its edge;
+        # nothing is indexed from a version forgotten since it was read.
+        with self.store.transaction() as conn:
+            hidden = ordering.guard_build(conn, tenant_id, [(cv.memory_id, cv.version, cv.epoch) for cv in chunk])
+            # Syncs of one tenant in several processes (automation, the CLI) index disjointly:
+            # one at a time per tenant, skipping what another indexed (or re-keyed) since we listed.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 3))", ("keywords\x1f" + tenant_id,))
+            done = set(
+                lineage.records_of_ids(
+                    conn, tenant_id=tenant_id, store=STORE, record_ids=[cv.record_id for cv in chunk]
+                )
             )
-            # Postings and their lineage commit together: a posting never exists without its edge;
-            # nothing is indexed from a version forgotten since it was read.
-            with self.store.transaction() as conn:
-                hidden = ordering.guard_build(conn, tenant_id, [(cv.memory_id, cv.version, cv.epoch) for cv in chunk])
-                # Syncs of one tenant in several processes (automation, the CLI) index disjointly:
-                # one at a time per tenant, skipping what another indexed (or re-keyed) since we listed.
-                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 3))", ("keywords\x1f" + tenant_id,))
-                done = set(
-                    lineage.records_of_ids(
-                        conn, tenant_id=tenant_id, store=STORE, record_ids=[cv.record_id for cv in chunk]
-                    )
-                )
-                redo = self._legacy(conn, tenant_id, [cv.source for cv in chunk])
-                chunk = [
-                    cv
-                    for cv in chunk
-                    if cv.source not in hidden
-                    and cv.source in texts
-                    and (cv.record_id not in done or cv.source in redo)
-                ]
-                authors = self.store.keys.subject_subkeys(
-                    conn, tenant_id, [cv.user_id for cv in chunk if author_only(cv)], KEY_PURPOSE
-                )
-                # Never the tenant key for an author-only version: one whose author's key was destroyed
-                # since its text was read is the forget cascade's.
-                chunk = [cv for cv in chunk if not author_only(cv) or cv.user_id in authors]
-                indexed += len(chunk)
-                rekeyed += sum(cv.source in redo for cv in chunk)
-                # Idempotent even where postings outlived their edge (an older release's restore):
-                # a version's postings are replaced, never duplicated, never left under two keys.
-                conn.execute(
-                    "DELETE FROM derived.keyword_postings p"
-                    " USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-                    " WHERE p.tenant_id = %s AND p.memory_id = w.memory_id AND p.version = w.version",
-                    (*lineage.pair_arrays([cv.source for cv in chunk]), tenant_id),
-                )
-                with (
-                    conn.cursor() as cur,
-                    cur.copy(
-                        "COPY derived.keyword_postings (tenant_id, token_mac, memory_id, version) FROM STDIN"
-                    ) as copy,
-                ):
-                    for cv in chunk:
-                        mac_key = authors[cv.user_id] if author_only(cv) else key
-                        for token in tokens(texts[cv.source]):
-                            copy.write_row((tenant_id, crypto.mac(mac_key, token.encode()), cv.memory_id, cv.version))
-                            postings += 1
-                lineage.insert_edges(
-                    conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in chunk]
-                )
-        return {
-            "records": len(current),
-            "indexed": indexed,
-            "removed": len(stale),
-            "postings_written": postings,
-            "rekeyed": rekeyed,
-        }
+            redo = self._legacy(conn, tenant_id, [cv.source for cv in chunk])
+            chunk = [
+                cv
+                for cv in chunk
+                if cv.source not in hidden and cv.source in texts and (cv.record_id not in done or cv.source in redo)
+            ]
+            authors = self.store.keys.subject_subkeys(
+                conn, tenant_id, [cv.user_id for cv in chunk if author_only(cv)], KEY_PURPOSE
+            )
+            # Never the tenant key for an author-only version: one whose author's key was destroyed
+            # since its text was read is the forget cascade's.
+            chunk = [cv for cv in chunk if not author_only(cv) or cv.user_id in authors]
+            postings = self._write_postings(conn, tenant_id, chunk, texts, tenant_key=key, author_keys=authors)
+            lineage.insert_edges(
+                conn, tenant_id=tenant_id, store=STORE, records=[(cv.record_id, cv.source) for cv in chunk]
+            )
+        return len(chunk), sum(cv.source in redo for cv in chunk), postings
+
+    @staticmethod
+    def _write_postings(
+        conn: psycopg.Connection,
+        tenant_id: str,
+        chunk: list[CurrentVersion],
+        texts: dict[Source, str],
+        *,
+        tenant_key: bytes,
+        author_keys: dict[str, bytes],
+    ) -> int:
+        """Replace the postings of `chunk`'s versions with their tokens' MACs; returns postings written."""
+        # Idempotent even where postings outlived their edge (an older release's restore):
+        # a version's postings are replaced, never duplicated, never left under two keys.
+        conn.execute(
+            "DELETE FROM derived.keyword_postings p"
+            " USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
+            " WHERE p.tenant_id = %s AND p.memory_id = w.memory_id AND p.version = w.version",
+            (*lineage.pair_arrays([cv.source for cv in chunk]), tenant_id),
+        )
+        postings = 0
+        with (
+            conn.cursor() as cur,
+            cur.copy("COPY derived.keyword_postings (tenant_id, token_mac, memory_id, version) FROM STDIN") as copy,
+        ):
+            for cv in chunk:
+                mac_key = author_keys[cv.user_id] if author_only(cv) else tenant_key
+                for token in tokens(texts[cv.source]):
+                    copy.write_row((tenant_id, crypto.mac(mac_key, token.encode()), cv.memory_id, cv.version))
+                    postings += 1
+        return postings
 
     def _macs(
         self, conn: psycopg.Connection, tenant_id: str, wanted: set[str], subjects: Iterable[str] = ()

@@ -11,6 +11,13 @@ if TYPE_CHECKING:
     from memory_pipelines.lib.stores.derived import DerivedStores
 
 
+__all__ = [
+    "SPECS",
+    "problems",
+    "sync",
+]
+
+
 def sync(derived: DerivedStores, *, tenant_id: str, progress: Progress = no_progress) -> Synced:
     """Index what is new, drop what is gone; cached recalls go when the index changed."""
     from memory_pipelines.lib.stores.derived import sync_keywords

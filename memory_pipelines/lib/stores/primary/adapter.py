@@ -11,6 +11,13 @@ from memory_pipelines.lib.stores import bytescan, lineage
 from memory_pipelines.lib.stores.adapter import Context, Erasure, compact
 from memory_pipelines.lib.stores.derived import DerivedStores
 
+__all__ = [
+    "BATCH",
+    "STORE",
+    "TABLES",
+    "PrimaryAdapter",
+]
+
 STORE = "primary"
 TABLES = ("memory.memory_versions",)
 BATCH = 5_000

@@ -6,6 +6,11 @@ import psycopg
 
 from memory_pipelines.lib.stores.registry import PRIMARY, StoreSpec
 
+__all__ = [
+    "SPECS",
+    "count",
+]
+
 
 def count(conn: psycopg.Connection, tenant_id: str) -> int:
     """The tenant's memory versions."""

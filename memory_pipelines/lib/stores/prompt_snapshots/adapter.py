@@ -10,6 +10,12 @@ from memory_pipelines.lib.stores import bytescan
 from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, drop_edges, linked
 from memory_pipelines.lib.stores.derived import DerivedStores
 
+__all__ = [
+    "STORE",
+    "TABLES",
+    "PromptSnapshotsAdapter",
+]
+
 STORE = "prompt_snapshots"
 TABLES = ("derived.prompt_snapshots",)
 

@@ -2,6 +2,10 @@
 
 from memory_pipelines.lib.stores.registry import StoreSpec
 
+__all__ = [
+    "SPECS",
+]
+
 SPECS = (
     StoreSpec(
         name="prompt_snapshots",

@@ -11,6 +11,12 @@ from memory_pipelines.lib.stores.adapter import Context, Erasure, drop_edges, ed
 from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.recall_cache.recall import CACHE_STORE
 
+__all__ = [
+    "RecallCacheAdapter",
+    "asked_by",
+    "naming",
+]
+
 
 def naming(conn: psycopg.Connection, tenant_id: str, sources: set[tuple[str, int]]) -> set[str]:
     """Cache keys (hex) whose cached answer names any of `sources`: one GIN probe per source."""

@@ -24,6 +24,14 @@ from memory_pipelines.lib.stores import lineage
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
 from memory_pipelines.lib.stores.vectors.index import VectorStore
 
+__all__ = [
+    "CACHE_STORE",
+    "MODES",
+    "Recaller",
+    "chroma_where",
+    "drop_cache",
+]
+
 CACHE_STORE = "recall_cache"
 MODES = validation.RECALL_MODES
 _RRF_K = 60  # reciprocal rank fusion constant (Cormack et al.)

@@ -11,6 +11,12 @@ from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, edges
 from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.summaries.store import SUBJECT_STORE, TEAM_STORE
 
+__all__ = [
+    "TABLES",
+    "SubjectSummariesAdapter",
+    "TeamSummariesAdapter",
+]
+
 TABLES = ("derived.summaries",)
 
 

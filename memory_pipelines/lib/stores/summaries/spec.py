@@ -12,6 +12,16 @@ if TYPE_CHECKING:
     from memory_pipelines.lib.stores.derived import DerivedStores
 
 
+__all__ = [
+    "BACKUP",
+    "COMMON",
+    "MUST_BE_ZERO",
+    "SPECS",
+    "problems",
+    "sync",
+]
+
+
 def sync(derived: DerivedStores, *, scope: str, tenant_id: str, progress: Progress = no_progress) -> Synced:
     """Summarise every subject (or team) whose memories changed, under its own key."""
     summaries = derived.summaries

@@ -21,6 +21,21 @@ from memory_pipelines.lib.memories.keys import BUILD_KEY_PREFIX
 from memory_pipelines.lib.memories.store import CurrentVersion, MemoryStore
 from memory_pipelines.lib.stores import lineage
 
+__all__ = [
+    "BUILD_KEY_PURPOSE",
+    "DEFAULT_MODE",
+    "MODES",
+    "SENSITIVE_CATEGORIES",
+    "SUBJECT_STORE",
+    "TEAM_STORE",
+    "ExtractiveSummarizer",
+    "OpenAICompatibleSummarizer",
+    "Summarizer",
+    "SummarizerError",
+    "SummaryStore",
+    "compose",
+]
+
 SUBJECT_STORE = "subject_summaries"
 TEAM_STORE = "team_summaries"
 MODES = ("full", "summary", "hybrid")
@@ -168,6 +183,36 @@ class SummaryStore:
 
         `scope_ids` limits the work to those subjects or teams (a deletion knows which it touched).
         """
+        groups = self._groups(tenant_id, scope, scope_ids)
+        modes = self._modes(tenant_id) if scope == "subject" else {}
+        store_name = SUBJECT_STORE if scope == "subject" else TEAM_STORE
+        with self.store.transaction() as conn:
+            existing = dict(
+                conn.execute(
+                    "SELECT scope_id, sources_hash FROM derived.summaries WHERE tenant_id = %s AND scope = %s"
+                    " AND (%s::text[] IS NULL OR scope_id = ANY(%s))",
+                    (tenant_id, scope, scope_ids, scope_ids),
+                ).fetchall()
+            )
+        outcomes = {"built": 0, "unchanged": 0, "discarded": 0}
+        for scope_id, members in sorted(groups.items()):
+            members.sort(key=lambda cv: (-cv.confidence, cv.version_created_at, cv.memory_id))
+            mode = modes.get(scope_id, DEFAULT_MODE)
+            outcome = self._build(tenant_id, scope, scope_id, members, mode, existing.get(scope_id), store_name)
+            outcomes[outcome] += 1
+        gone = sorted(set(existing) - set(groups))
+        if gone:
+            self._remove(tenant_id, scope, gone, store_name)
+        return {
+            "summaries": len(groups),
+            "rebuilt": outcomes["built"],
+            "unchanged": outcomes["unchanged"],
+            "removed": len(gone),
+            "discarded": outcomes["discarded"],
+        }
+
+    def _groups(self, tenant_id: str, scope: str, scope_ids: list[str] | None) -> dict[str, list[CurrentVersion]]:
+        """The current versions each summary of `scope` (of `scope_ids`, or all) is built from."""
         if scope_ids is None:
             current = self.store.current_versions(tenant_id=tenant_id)
         elif scope == "subject":
@@ -182,77 +227,67 @@ class SummaryStore:
                 groups[cv.team_id].append(cv)
         if scope_ids is not None:
             groups = defaultdict(list, {k: v for k, v in groups.items() if k in set(scope_ids)})
-        modes = self._modes(tenant_id) if scope == "subject" else {}
-        store_name = SUBJECT_STORE if scope == "subject" else TEAM_STORE
+        return groups
+
+    def _build(
+        self,
+        tenant_id: str,
+        scope: str,
+        scope_id: str,
+        members: list[CurrentVersion],
+        mode: str,
+        stored_hash: bytes | None,
+        store_name: str,
+    ) -> str:
+        """Build and store one summary unless its stored build is of the same sources and mode;
+        returns 'built', 'unchanged' or 'discarded' (a source forgotten, or a key gone, meanwhile)."""
+        sources = sorted(cv.source for cv in members)
+        digest = _sources_hash(mode, self.summarizer.name, sources)
+        if stored_hash is not None and bytes(stored_hash) == digest:
+            return "unchanged"
+        texts = self.store.open_texts(tenant_id=tenant_id, sources=sources, skip_unreadable=True)
+        if len(texts) < len(sources):
+            return "discarded"  # a key was destroyed since we listed the sources: a deletion is running
+        summary = compose(mode, [(cv, texts[cv.source]) for cv in members], self.summarizer)
+        del texts
+        record_id = f"{scope}:{scope_id}"
         with self.store.transaction() as conn:
-            existing = dict(
-                conn.execute(
-                    "SELECT scope_id, sources_hash FROM derived.summaries WHERE tenant_id = %s AND scope = %s"
-                    " AND (%s::text[] IS NULL OR scope_id = ANY(%s))",
-                    (tenant_id, scope, scope_ids, scope_ids),
-                ).fetchall()
+            # The summarizer may have taken seconds: if any source was forgotten meanwhile, the
+            # summary states forgotten text and is dropped (the cascade rebuilds it without).
+            if ordering.guard_build(conn, tenant_id, [(cv.memory_id, cv.version, cv.epoch) for cv in members]):
+                return "discarded"
+            try:
+                if scope == "subject":  # never a summary of a subject whose key is gone
+                    self.store.keys.subject_key(conn, tenant_id, scope_id, create=False)
+                # A key of this build only: replacing the row below deletes the previous build's key
+                # in this transaction (migration 0015), so the old summary, wherever PostgreSQL's
+                # history keeps it, is sealed under a key that no longer exists.
+                key_id, key = self.store.keys.new_build_key(conn, tenant_id, BUILD_KEY_PURPOSE)
+            except NotFoundError:
+                return "discarded"
+            sealed = crypto.seal(key, summary.encode(), _aad(tenant_id, scope, scope_id))
+            conn.execute(
+                "INSERT INTO derived.summaries (tenant_id, scope, scope_id, mode, summary_ct, key_id,"
+                " sources_hash, source_count, summarizer) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (tenant_id, scope, scope_id) DO UPDATE SET mode = EXCLUDED.mode,"
+                " summary_ct = EXCLUDED.summary_ct, key_id = EXCLUDED.key_id,"
+                " sources_hash = EXCLUDED.sources_hash, source_count = EXCLUDED.source_count,"
+                " summarizer = EXCLUDED.summarizer, created_at = now()",
+                (tenant_id, scope, scope_id, mode, sealed, key_id, digest, len(sources), self.summarizer.name),
             )
-        built = unchanged = discarded = 0
-        for scope_id, members in sorted(groups.items()):
-            members.sort(key=lambda cv: (-cv.confidence, cv.version_created_at, cv.memory_id))
-            mode = modes.get(scope_id, DEFAULT_MODE)
-            sources = sorted(cv.source for cv in members)
-            digest = _sources_hash(mode, self.summarizer.name, sources)
-            if existing.get(scope_id) is not None and bytes(existing[scope_id]) == digest:
-                unchanged += 1
-                continue
-            texts = self.store.open_texts(tenant_id=tenant_id, sources=sources, skip_unreadable=True)
-            if len(texts) < len(sources):
-                discarded += 1  # a key was destroyed since we listed the sources: a deletion is running
-                continue
-            summary = compose(mode, [(cv, texts[cv.source]) for cv in members], self.summarizer)
-            del texts
-            record_id = f"{scope}:{scope_id}"
-            with self.store.transaction() as conn:
-                # The summarizer may have taken seconds: if any source was forgotten meanwhile, the
-                # summary states forgotten text and is dropped (the cascade rebuilds it without).
-                if ordering.guard_build(conn, tenant_id, [(cv.memory_id, cv.version, cv.epoch) for cv in members]):
-                    discarded += 1
-                    continue
-                try:
-                    if scope == "subject":  # never a summary of a subject whose key is gone
-                        self.store.keys.subject_key(conn, tenant_id, scope_id, create=False)
-                    # A key of this build only: replacing the row below deletes the previous build's key
-                    # in this transaction (migration 0015), so the old summary, wherever PostgreSQL's
-                    # history keeps it, is sealed under a key that no longer exists.
-                    key_id, key = self.store.keys.new_build_key(conn, tenant_id, BUILD_KEY_PURPOSE)
-                except NotFoundError:
-                    discarded += 1
-                    continue
-                sealed = crypto.seal(key, summary.encode(), _aad(tenant_id, scope, scope_id))
-                conn.execute(
-                    "INSERT INTO derived.summaries (tenant_id, scope, scope_id, mode, summary_ct, key_id,"
-                    " sources_hash, source_count, summarizer) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                    " ON CONFLICT (tenant_id, scope, scope_id) DO UPDATE SET mode = EXCLUDED.mode,"
-                    " summary_ct = EXCLUDED.summary_ct, key_id = EXCLUDED.key_id,"
-                    " sources_hash = EXCLUDED.sources_hash, source_count = EXCLUDED.source_count,"
-                    " summarizer = EXCLUDED.summarizer, created_at = now()",
-                    (tenant_id, scope, scope_id, mode, sealed, key_id, digest, len(sources), self.summarizer.name),
-                )
-                lineage.record_edges(conn, tenant_id=tenant_id, store=store_name, record_id=record_id, sources=sources)
-            built += 1
-        gone = sorted(set(existing) - set(groups))
-        if gone:
-            with self.store.transaction() as conn:
-                conn.execute(
-                    "DELETE FROM derived.summaries WHERE tenant_id = %s AND scope = %s AND scope_id = ANY(%s)",
-                    (tenant_id, scope, gone),
-                )
-                lineage.remove_records(
-                    conn, tenant_id=tenant_id, store=store_name, record_ids=[f"{scope}:{g}" for g in gone]
-                )
-        return {
-            "summaries": len(groups),
-            "rebuilt": built,
-            "unchanged": unchanged,
-            "removed": len(gone),
-            "discarded": discarded,
-        }
+            lineage.record_edges(conn, tenant_id=tenant_id, store=store_name, record_id=record_id, sources=sources)
+        return "built"
+
+    def _remove(self, tenant_id: str, scope: str, gone: list[str], store_name: str) -> None:
+        """Delete the summaries of `gone` (subjects or teams with no current version left) and their lineage."""
+        with self.store.transaction() as conn:
+            conn.execute(
+                "DELETE FROM derived.summaries WHERE tenant_id = %s AND scope = %s AND scope_id = ANY(%s)",
+                (tenant_id, scope, gone),
+            )
+            lineage.remove_records(
+                conn, tenant_id=tenant_id, store=store_name, record_ids=[f"{scope}:{g}" for g in gone]
+            )
 
     def read(self, *, tenant_id: str, scope: str, scope_id: str) -> dict[str, Any]:
         """The decrypted summary of one subject or team, with its sources."""

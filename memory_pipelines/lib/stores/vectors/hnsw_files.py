@@ -15,6 +15,11 @@ from pathlib import Path
 
 from memory_pipelines.lib.infra.errors import ServiceError
 
+__all__ = [
+    "clear_unused_capacity",
+    "unused_capacity_holds_data",
+]
+
 # header.bin of Chroma's hnswlib index: int32 format version, then size_t offsetLevel0, max_elements,
 # cur_element_count, size_data_per_element, label_offset, offsetData (more fields follow).
 _HNSW_HEADER = struct.Struct("<i6Q")

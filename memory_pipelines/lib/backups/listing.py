@@ -1,0 +1,77 @@
+"""The backups recorded in control.backups: listing a tenant's, looking up one to restore, and
+deleting those past their expiry."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from memory_pipelines.lib.backups.archive import _public
+from memory_pipelines.lib.backups.base import BackupServiceBase
+from memory_pipelines.lib.infra import validation
+from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, ValidationError
+
+__all__ = [
+    "BackupListing",
+]
+
+
+class BackupListing(BackupServiceBase):
+    """Lists and expires backups."""
+
+    def list_backups(self, *, tenant_id: str) -> list[dict[str, Any]]:
+        """The tenant's backups, oldest first, in flight and failed ones included (ids and counts only)."""
+        validation.check_id("tenant", tenant_id)
+        with self.store.transaction() as conn:
+            rows = conn.execute(
+                "SELECT manifest, location, expired_at, state, snapshot_at FROM control.backups WHERE tenant_id = %s"
+                " ORDER BY created_at",
+                (tenant_id,),
+            ).fetchall()
+        # IN_FLIGHT: registered, snapshot being taken or uploaded (it may hold anything forgotten since).
+        return [
+            {
+                **_public(manifest),
+                "location": location,
+                "expired": expired is not None,
+                "state": state,
+                "snapshot_at": None if taken is None else taken.isoformat(),
+            }
+            for manifest, location, expired, state, taken in rows
+        ]
+
+    def sweep_expired(self, *, now: datetime | None = None) -> dict[str, int]:
+        """Delete backups past their expiry (local ones; S3's lifecycle rule does the same there)."""
+        now = now or datetime.now(UTC)
+        with self.store.transaction() as conn:
+            due = conn.execute(
+                "SELECT backup_id, object_key, tenant_id FROM control.backups"
+                " WHERE expired_at IS NULL AND expires_at <= %s",
+                (now,),
+            ).fetchall()
+        for backup_id, object_key, tenant_id in due:
+            self.storage.delete(object_key)
+            self.storage.delete(f"{tenant_id}/{backup_id}.manifest.json")
+            with self.store.transaction() as conn:
+                conn.execute("UPDATE control.backups SET expired_at = %s WHERE backup_id = %s", (now, backup_id))
+        return {"expired": len(due)}
+
+    def _backup_row(self, tenant_id: str, backup_id: str) -> dict[str, Any]:
+        validation.check_id("tenant", tenant_id)
+        if not isinstance(backup_id, str) or not backup_id.startswith("b_") or len(backup_id) > 64:
+            raise ValidationError("backup", f"malformed backup id {backup_id!r}")
+        with self.store.transaction() as conn:
+            row = conn.execute(
+                "SELECT tenant_id, manifest, expired_at, state FROM control.backups WHERE backup_id = %s", (backup_id,)
+            ).fetchone()
+        if row is None:
+            raise NotFoundError("backup", f"no backup {backup_id!r}")
+        if row[0] != tenant_id:
+            raise ValidationError("backup", f"backup {backup_id} belongs to another tenant, not {tenant_id!r}")
+        if row[3] == "FAILED":
+            raise NotFoundError("backup", f"backup {backup_id} failed before it was stored")
+        if row[2] is not None:
+            raise NotFoundError("backup", f"backup {backup_id} expired and was deleted")
+        if row[3] != "DONE":
+            raise ConflictError("backup", f"backup {backup_id} is still being taken; restore it once it is stored")
+        return dict(row[1])

@@ -1,0 +1,242 @@
+"""The Chroma client and the tenant's collection: connecting, opening, and reloading after an erasure.
+
+A Chroma server (`chroma run`) is reached through HttpClient; the embedded PersistentClient (path
+only) is one per path for the whole process, and its operations are serialized (`_serialized`).
+Every Chroma failure becomes a ServiceError (`_call`).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from memory_pipelines.lib.infra.errors import MemoryPipelinesError, ServiceError
+from memory_pipelines.lib.stores.vectors.embedding import Embedder
+from memory_pipelines.lib.stores.vectors.locks import CollectionLocks, collection_name
+
+__all__ = [
+    "ERASURES",
+    "STORE",
+    "ChromaCollections",
+    "F",
+    "T",
+    "read_pages",
+]
+
+STORE = "chroma"
+T = TypeVar("T")
+
+# One embedded client per path for the whole process. Chroma caches a loaded HNSW index per
+# client system, and a stale copy held by a second client would write erased vectors back into
+# the index files at its next persist (measured: see VectorStore.erase).
+_EMBEDDED: dict[str, Any] = {}
+_EMBEDDED_LOCK = threading.RLock()
+# Collection metadata key counting erasures; another process that loaded the index before an
+# erasure sees the count change and reloads from disk (see VectorStore._fresh).
+ERASURES = "erasures"
+_SEEN: dict[tuple[str, str], int] = {}
+_REBUILD_PAGE = 5000  # vectors a get() carries
+
+
+def _embedded_client(path: Path) -> Any:
+    with _EMBEDDED_LOCK:
+        key = str(path.resolve())
+        if key not in _EMBEDDED:
+            import chromadb
+            from chromadb.config import Settings as ChromaSettings
+
+            path.mkdir(parents=True, exist_ok=True)
+            _EMBEDDED[key] = chromadb.PersistentClient(path=key, settings=ChromaSettings(anonymized_telemetry=False))
+        return _EMBEDDED[key]
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _serialized(method: F) -> F:
+    """Embedded Chroma: one operation at a time per process, so an erasure's reload of the index
+    never races another thread holding a collection of the old one. A server needs no such lock."""
+
+    @functools.wraps(method)
+    def wrapper(self: ChromaCollections, *args: Any, **kwargs: Any) -> Any:
+        if self.url is not None:
+            return method(self, *args, **kwargs)
+        with _EMBEDDED_LOCK:
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _reopen_embedded() -> None:
+    """Drop every loaded index in this process; the next call loads them from disk afresh."""
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    with _EMBEDDED_LOCK:
+        for client in _EMBEDDED.values():
+            # Stop the old system so no stale index survives in memory (clearing the cache alone
+            # leaves it running for whoever still holds one of its collections).
+            try:
+                client._system.stop()
+            except Exception:  # a system that cannot stop is being dropped anyway
+                pass
+        SharedSystemClient.clear_system_cache()
+        _EMBEDDED.clear()
+        _SEEN.clear()
+
+
+def read_pages(col: Any, *, include: list[str], ids: Sequence[str] | None = None) -> dict[str, list[Any]]:
+    """`col.get` in pages of _REBUILD_PAGE: one get() past ~32,000 vectors (or ids) fails in Chroma
+    with "too many SQL variables". Returns ids and the included fields, concatenated."""
+    out: dict[str, list[Any]] = {"ids": [], **{field: [] for field in include}}
+    offset = 0
+    while True:
+        if ids is not None:
+            part = list(ids[offset : offset + _REBUILD_PAGE])
+            if not part:
+                break
+            page = col.get(ids=part, include=include)
+        else:
+            page = col.get(include=include, limit=_REBUILD_PAGE, offset=offset)
+            if not page["ids"]:
+                break
+        out["ids"] += list(page["ids"])
+        for field in include:
+            out[field] += list(page[field] if page[field] is not None else [])
+        offset += _REBUILD_PAGE
+    return out
+
+
+def _source(record_id: str) -> tuple[str, int]:
+    memory_id, _, version = record_id.rpartition(":")
+    return memory_id, int(version)
+
+
+class ChromaCollections(CollectionLocks):
+    """The client of one Chroma location and the tenants' collections in it.
+
+    `url` alone: a Chroma server whose files are not ours. `url` and `path`: a server keeping its
+    files in `path` (ours, under HOME), so erasures also clear them. `path` alone: the embedded
+    PersistentClient (one process only; unit tests)."""
+
+    def __init__(self, *, embedder: Embedder, path: Path | None = None, url: str | None = None) -> None:
+        if path is None and url is None:
+            raise ValueError("give url (Chroma server, with path when its files are local) or path (embedded)")
+        self.embedder = embedder
+        self.path = path
+        self.url = url
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def location(self) -> str:
+        return self.url or str(self.path)
+
+    @property
+    def embedded(self) -> bool:
+        return self.url is None
+
+    def _current(self, tenant_id: str, col: Any) -> Any:
+        """A server's collection as it is now (an erasure elsewhere may have replaced the one we hold)."""
+        if self.url is None:
+            return col
+        client = self.client()
+        return self._call("opening the collection", lambda: client.get_collection(name=collection_name(tenant_id)))
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except MemoryPipelinesError:
+            raise
+        except Exception as exc:  # chromadb raises many types; all mean the vector store failed us
+            raise ServiceError("chroma", f"{what} failed against {self.location}: {type(exc).__name__}: {exc}") from exc
+
+    def client(self) -> Any:
+        """The Chroma client: the process's embedded one for `path`, or an HttpClient made once."""
+        if self.url is None:
+            assert self.path is not None
+            return _embedded_client(self.path)
+        with self._lock:
+            if self._client is None:
+                import chromadb
+                from chromadb.config import Settings as ChromaSettings
+
+                from memory_pipelines.lib.infra.services import chroma_headers
+
+                assert self.url is not None
+                parts = urlsplit(self.url)
+                # The token of HOME's own server (its proxy refuses requests without it), or
+                # MEMORY_PIPELINES_CHROMA_TOKEN for an external one.
+                headers = chroma_headers(self.url)
+                self._client = self._call(
+                    "connecting",
+                    lambda: chromadb.HttpClient(
+                        host=parts.hostname or "localhost",
+                        port=parts.port or (443 if parts.scheme == "https" else 8000),
+                        ssl=parts.scheme == "https",
+                        headers=headers,
+                        settings=ChromaSettings(anonymized_telemetry=False),
+                    ),
+                )
+            return self._client
+
+    @_serialized
+    def collection(self, tenant_id: str) -> Any:
+        """The tenant's collection, created if missing (writes only: reads use `existing`)."""
+
+        def open_it() -> Any:
+            client = self.client()
+            return self._call(
+                "opening the collection",
+                lambda: client.get_or_create_collection(
+                    name=collection_name(tenant_id),
+                    metadata={"tenant_id": tenant_id, "hnsw:space": "cosine", "embedding_model": self.embedder.name},
+                    embedding_function=None,
+                ),
+            )
+
+        return self._fresh(open_it)
+
+    def _fresh(self, open_it: Callable[[], Any]) -> Any:
+        """The collection, reloaded from disk first if another process erased vectors since we loaded it."""
+        col = open_it()
+        if self.url is not None or self.path is None or col is None:
+            return col
+        key = (str(self.path.resolve()), col.name)
+        generation = int((col.metadata or {}).get(ERASURES, 0))
+        with _EMBEDDED_LOCK:
+            seen = _SEEN.setdefault(key, generation)
+            if seen == generation:
+                return col
+            _reopen_embedded()
+            _SEEN[key] = generation
+        return open_it()
+
+    @_serialized
+    def existing(self, tenant_id: str) -> Any | None:
+        """The tenant's collection if it exists; reads must never create one (a forgotten tenant stays gone)."""
+        name = collection_name(tenant_id)
+
+        def open_it() -> Any:
+            from chromadb.errors import NotFoundError as CollectionMissing
+
+            client = self.client()
+            # One call: listing collections first cost 0.1 s a read on a server holding many tenants.
+            try:
+                return self._call("opening the collection", lambda: client.get_collection(name=name))
+            except ServiceError as exc:
+                if isinstance(exc.__cause__, CollectionMissing):
+                    return None
+                raise
+
+        return self._fresh(open_it)
+
+    @_serialized
+    def ids(self, tenant_id: str) -> set[str]:
+        """The record ids (`memory_id:version`) in the tenant's collection."""
+        with self._tenant_lock(tenant_id, exclusive=False):
+            col = self.collection(tenant_id)
+            return set(self._call("listing ids", lambda: read_pages(col, include=[])["ids"]))

@@ -1,0 +1,325 @@
+"""Deleting vectors so that their bytes leave every file: the HNSW segments and Chroma's SQLite.
+
+Chroma's delete only flags a vector; `erase_physically` rewrites the tenant's collection, removes
+the segment directories a server leaves behind, and vacuums the SQLite log. A server writes an
+index's unused capacity from malloc'd memory, which may hold any tenant's vectors: `scrub` clears it
+after our writes, and an erasure sweeps every other collection too (hnsw_files.py has the format).
+Also here: the files a byte scan of the tenant must read, and what is still live in them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from memory_pipelines.lib.infra.errors import ServiceError
+from memory_pipelines.lib.stores.vectors.client import (
+    ERASURES,
+    ChromaCollections,
+    _reopen_embedded,
+    _serialized,
+    read_pages,
+)
+from memory_pipelines.lib.stores.vectors.hnsw_files import clear_unused_capacity, unused_capacity_holds_data
+from memory_pipelines.lib.stores.vectors.locks import collection_name
+
+__all__ = [
+    "VectorErasure",
+    "log",
+    "remove_orphan_segments",
+    "vacuum_sqlite",
+]
+
+log = logging.getLogger(__name__)
+
+_REBUILD_STEP = 500  # vectors a rebuild copies at a time: short bursts on the server
+_STAGING = "-rebuild"  # suffix of the collection a rebuild fills before it takes the tenant's name
+_SWEEP_WAIT = 5.0  # seconds an erasure's sweep waits for another tenant's collection lock
+
+
+class VectorErasure(ChromaCollections):
+    """Deletion, physical erasure and byte-scan support of the tenant collections."""
+
+    @staticmethod
+    def _clear_unused_capacity(segment: Path) -> int:
+        """Zero what no element owns in a segment's index files; bytes zeroed (see clear_unused_capacity)."""
+        return clear_unused_capacity(segment)
+
+    def scrub(self, tenant_id: str) -> int:
+        """Clear the unused index capacity of the tenant's collection when any holds data; bytes zeroed.
+
+        Runs after our writes: the first write to a collection (and the first after a server
+        restart, to one never persisted) makes the server write its files from malloc'd memory,
+        which may hold any tenant's vectors, forgotten ones included (see clear_unused_capacity).
+        The check reads a few headers; only a collection with such bytes takes the tenant's lock
+        exclusively, for milliseconds. A thread already holding the lock (shared, maybe) skips."""
+        if self.path is None or self._holds(tenant_id):
+            return 0
+        if not any(unused_capacity_holds_data(segment) for segment in self.segments(tenant_id)):
+            return 0
+        zeroed = 0
+        with self._tenant_lock(tenant_id, exclusive=True):
+            for segment in self.segments(tenant_id):
+                try:
+                    zeroed += self._clear_unused_capacity(segment)
+                except ServiceError as exc:  # hygiene after a write: the erasure is what fails loudly
+                    log.warning("could not clear unused capacity of %s: %s", segment, exc)
+        return zeroed
+
+    def _scrub_others(self, tenant_id: str) -> list[str]:
+        """Clear the unused capacity of every other tenant's collection; returns those left busy.
+
+        An erasure's sweep: a collection whose files the server wrote while this tenant's vectors
+        were in its memory may hold some (benchmarks/erasure_loop.py found them in 5 of 50 new
+        collections), and a scrub after writes does not reach a collection whose files a server
+        restart re-created on a read. Each collection is taken alone under its own lock, waiting
+        at most _SWEEP_WAIT seconds (the caller holds no tenant lock, so two sweeps never wait on
+        each other); one still busy then is named, and its next writer's scrub or sweep clears it."""
+        assert self.path is not None
+        with sqlite3.connect(str(self.path / "chroma.sqlite3"), timeout=30) as db:
+            rows = db.execute(
+                "SELECT c.name, s.id FROM segments s JOIN collections c ON s.collection = c.id"
+            ).fetchall()
+        own = collection_name(tenant_id)
+        busy = []
+        for name, segment_id in rows:
+            base = str(name).removesuffix(_STAGING)  # a rebuild in progress holds its tenant's lock
+            segment = self.path / str(segment_id)
+            if base == own or not base.startswith("mem-") or not unused_capacity_holds_data(segment):
+                continue
+            with self._collection_lock(base, exclusive=True, timeout=_SWEEP_WAIT) as locked:
+                if not locked:
+                    busy.append(str(name))
+                    continue
+                try:
+                    self._clear_unused_capacity(segment)
+                except ServiceError as exc:  # another tenant's index: reported, never this erasure's failure
+                    log.warning("could not clear unused capacity of %s: %s", segment, exc)
+                    busy.append(str(name))
+        if busy:
+            log.warning("unused index capacity left to clear in %d busy collection(s): %s", len(busy), busy[:5])
+        return busy
+
+    @_serialized
+    def drop(self, tenant_id: str) -> bool:
+        """Delete the tenant's collection (its files go with it); True when one existed."""
+        client = self.client()
+        name = collection_name(tenant_id)
+        with self._tenant_lock(tenant_id, exclusive=True):
+            existing = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+            if name not in existing:
+                return False
+            self._call("deleting the collection", lambda: client.delete_collection(name=name))
+            if self.url is not None and self.path is not None:
+                remove_orphan_segments(self.path)  # a server leaves the deleted collection's files
+        return True
+
+    @_serialized
+    def rebuild(self, tenant_id: str) -> int:
+        """Copy the remaining vectors into a fresh collection: deleted vectors leave the HNSW files."""
+        with self._tenant_lock(tenant_id, exclusive=True):
+            copied = self._rebuild(tenant_id)
+            self._clear(tenant_id)
+            return copied
+
+    def _clear(self, tenant_id: str) -> int:
+        """Clear the unused capacity of the tenant's collection; the caller holds its lock exclusively."""
+        return sum(self._clear_unused_capacity(segment) for segment in self.segments(tenant_id))
+
+    def _rebuild(self, tenant_id: str) -> int:
+        """Copy the live vectors, a page at a time, into a new collection that then takes the name.
+
+        Pages keep memory flat and each get() under SQLite's variable limit (one get() of a tenant
+        past ~32,000 vectors fails with "too many SQL variables"). A run that dies midway leaves the
+        old collection whole and a partial copy, which the next rebuild drops first."""
+        client = self.client()
+        name = collection_name(tenant_id)
+        staging = name + _STAGING
+        col = self.collection(tenant_id)
+        metadata = dict(col.metadata or {})
+        metadata[ERASURES] = int(metadata.get(ERASURES, 0)) + 1  # other embedded clients reload
+        names = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+        if staging in names:
+            self._call("deleting a partial rebuild", lambda: client.delete_collection(name=staging))
+        fresh = self._call(
+            "creating the rebuilt collection",
+            lambda: client.create_collection(name=staging, metadata=metadata, embedding_function=None),
+        )
+        copied = 0
+        while True:
+            started = time.monotonic()
+            page = self._call(
+                "reading vectors",
+                lambda: col.get(include=["embeddings", "metadatas"], limit=_REBUILD_STEP, offset=copied),  # noqa: B023
+            )
+            if not page["ids"]:
+                break
+            self._call(
+                "restoring vectors",
+                lambda: fresh.add(ids=page["ids"], embeddings=page["embeddings"], metadatas=page["metadatas"]),  # noqa: B023
+            )
+            copied += len(page["ids"])
+            # Background work on a shared server: as long idle as busy, so other tenants' queries
+            # find it free half the time (the erasure has hours; a recall has milliseconds).
+            time.sleep(time.monotonic() - started)
+        self._call("deleting the old collection", lambda: client.delete_collection(name=name))
+        self._call("renaming the rebuilt collection", lambda: fresh.modify(name=name))
+        return copied
+
+    @_serialized
+    def vectors_of(self, tenant_id: str, record_ids: Sequence[str]) -> dict[str, Any]:
+        """Stored vectors of the given records; records without one are left out."""
+        with self._tenant_lock(tenant_id, exclusive=False):
+            col = self.existing(tenant_id)
+            if col is None or not record_ids:
+                return {}
+            got = self._call("reading vectors", lambda: read_pages(col, ids=list(record_ids), include=["embeddings"]))
+        return dict(zip(got["ids"], got["embeddings"], strict=True))
+
+    @_serialized
+    def delete(self, tenant_id: str, record_ids: Sequence[str]) -> int:
+        """Delete vectors through Chroma's API; returns how many were present.
+
+        Chroma only flags them: no query or get returns them again, but their bytes stay in the
+        index files until `erase_physically` rewrites the tenant's collection.
+        """
+        with self._tenant_lock(tenant_id, exclusive=False):
+            col, present = self._present(tenant_id, record_ids)
+            if not present:
+                return 0
+            step = int(self._call("reading the batch limit", self.client().get_max_batch_size))
+            for start in range(0, len(present), step):
+                part = present[start : start + step]
+                self._call("deleting vectors", lambda: col.delete(ids=part))  # noqa: B023
+        self.scrub(tenant_id)
+        return len(present)
+
+    def _present(self, tenant_id: str, record_ids: Sequence[str]) -> tuple[Any, list[str]]:
+        """The tenant's collection and which of `record_ids` it still holds (none without a collection)."""
+        col: Any = self.existing(tenant_id)
+        if col is None or not record_ids:
+            return col, []
+        return col, list(self._call("reading ids", lambda: read_pages(col, ids=list(record_ids), include=[])["ids"]))
+
+    @_serialized
+    def erase_physically(self, tenant_id: str) -> tuple[int, list[Path]]:
+        """Rewrite the tenant's collection so deleted vectors leave every file; (bytes written, files).
+
+        The remaining vectors are copied into a fresh collection whose unused index capacity is
+        then zeroed, the old one's segment files are removed (a server leaves them behind), and the
+        SQLite log is vacuumed (its free pages keep deleted rows); then, out of the tenant's lock,
+        every other collection's unused capacity is cleared too (_scrub_others). The files returned
+        are what a byte scan must read: the tenant's segments and the SQLite database. Without a
+        local path (an external server) nothing can be rewritten or scanned here: (0, []).
+        """
+        if self.path is None:
+            return 0, []
+        with self._tenant_lock(tenant_id, exclusive=True):
+            if self.existing(tenant_id) is not None:
+                self._rebuild(tenant_id)
+            # The server wrote the new index's whole capacity from malloc'd memory: clear what no
+            # element owns while our writers of the tenant are held off (see clear_unused_capacity).
+            self._clear(tenant_id)
+            remove_orphan_segments(self.path)
+            vacuum_sqlite(self.path / "chroma.sqlite3")
+            if self.url is None:
+                _reopen_embedded()
+            files = self.files(tenant_id)
+        if self.url is not None and not self._holds_any():  # waits on others' locks: hold none
+            self._scrub_others(tenant_id)
+        return sum(f.stat().st_size for f in files if f.exists()), files
+
+    def live_windows(self, tenant_id: str) -> tuple[set[bytes], int]:
+        """Windows of vectors still live in the files an erasure scans (the tenant's collection, and
+        every vector in the shared SQLite log), and log rows of collections that no longer exist."""
+        from memory_pipelines.lib.stores.bytescan import vector_windows, windows_of_raw
+
+        live: set[bytes] = set()
+        with self._tenant_lock(tenant_id, exclusive=False):
+            col = self.existing(tenant_id)
+            if col is not None:
+                got = self._call("reading vectors", lambda: read_pages(col, include=["embeddings"]))
+                live = {w for vector in got["embeddings"] for w in vector_windows(vector)}
+        orphans = 0
+        if self.path is not None and (self.path / "chroma.sqlite3").exists():
+            with sqlite3.connect(str(self.path / "chroma.sqlite3"), timeout=30) as db:
+                for (blob,) in db.execute("SELECT vector FROM embeddings_queue WHERE vector IS NOT NULL"):
+                    live |= set(windows_of_raw(blob))
+                row = db.execute(
+                    "SELECT count(*) FROM embeddings_queue q WHERE NOT EXISTS (SELECT 1 FROM collections c"
+                    " WHERE q.topic = 'persistent://default/default/' || c.id)"
+                ).fetchone()
+                orphans = int(row[0]) if row else 0
+        return live, orphans
+
+    def segments(self, tenant_id: str) -> list[Path]:
+        """Directories of the tenant's collection's segments (those a server has written files into)."""
+        if self.path is None or not (self.path / "chroma.sqlite3").exists():
+            return []
+        with sqlite3.connect(str(self.path / "chroma.sqlite3"), timeout=30) as db:
+            ids = [
+                str(row[0])
+                for row in db.execute(
+                    "SELECT s.id FROM segments s JOIN collections c ON s.collection = c.id WHERE c.name = ?",
+                    (collection_name(tenant_id),),
+                )
+            ]
+        return [self.path / segment for segment in ids if (self.path / segment).is_dir()]
+
+    def files(self, tenant_id: str) -> list[Path]:
+        """The files holding the tenant's vectors: its collection's segment directories and SQLite."""
+        if self.path is None or not (self.path / "chroma.sqlite3").exists():
+            return []
+        files = [f for f in self.path.glob("chroma.sqlite3*") if f.is_file()]
+        for segment in self.segments(tenant_id):
+            files += [f for f in segment.rglob("*") if f.is_file()]
+        return files
+
+
+def remove_orphan_segments(path: Path) -> list[str]:
+    """Remove segment directories under a Chroma data `path` that no segment row names any more.
+
+    A Chroma server keeps a deleted collection's HNSW files (measured with chromadb 1.5.9: after
+    delete_collection the old directory stays, erased vectors included). Directories are listed
+    before the rows are read, so a collection created meanwhile is never taken for an orphan."""
+    import shutil
+    import uuid
+
+    if not (path / "chroma.sqlite3").exists():
+        return []
+    candidates = []
+    for child in path.iterdir():
+        try:
+            uuid.UUID(child.name)
+        except ValueError:
+            continue
+        if child.is_dir():
+            candidates.append(child)
+    if not candidates:
+        return []
+    with sqlite3.connect(str(path / "chroma.sqlite3"), timeout=30) as db:
+        live = {str(row[0]) for row in db.execute("SELECT id FROM segments")}
+    removed = []
+    for child in candidates:
+        if child.name not in live:
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child.name)
+    return removed
+
+
+def vacuum_sqlite(path: Path) -> None:
+    """Chroma's SQLite keeps deleted rows (and its purged write log, vectors included) in free pages."""
+    if not path.exists():
+        return
+    for attempt in range(5):
+        try:
+            with sqlite3.connect(str(path), timeout=10) as db:
+                db.execute("VACUUM")
+            return
+        except sqlite3.OperationalError:
+            time.sleep(0.2 * (attempt + 1))
+    raise ServiceError("chroma", f"could not vacuum {path}: the database stays busy")
