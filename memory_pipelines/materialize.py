@@ -33,14 +33,14 @@ from memory_pipelines.lib.infra import progress
 from memory_pipelines.lib.infra.errors import ServiceError, ValidationError
 from memory_pipelines.lib.infra.owner_only import private_dir
 from memory_pipelines.lib.infra.paths import PROJECT_ROOT
-from memory_pipelines.lib.infra.runtime import open_store
 from memory_pipelines.lib.infra.settings import ENV_HOME, Settings
+from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores import registry
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance
-    from dagster._core.workspace.context import WorkspaceProcessContext
 
+    from memory_pipelines.dagster_internals import WorkspaceProcessContext
     from memory_pipelines.lib.infra.processes import Proc
 
 # `memories` and every registered store's asset (stores/<store>/spec.py).
@@ -157,10 +157,8 @@ def _workspace(
 
     Returns only once the code server it started has ended, and the run workers with it."""
     import dagster as dg
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import WorkspaceFileTarget
-    from dagster.version import __version__
 
+    from memory_pipelines.dagster_internals import open_workspace
     from memory_pipelines.lib.infra.services import ensure_services
 
     endpoints = ensure_services(settings)  # the embedded server and dagster.yaml, on a fresh HOME too
@@ -172,13 +170,7 @@ def _workspace(
         owned: list[Proc] = []
         try:
             with _sigint_not_ignored():  # the code server starts in here
-                workspace = WorkspaceProcessContext(
-                    instance=instance,
-                    version=__version__,
-                    read_only=False,
-                    workspace_load_target=WorkspaceFileTarget(paths=[str(WORKSPACE_FILE)]),
-                    code_server_log_level="WARNING",
-                )
+                workspace = open_workspace(instance, WORKSPACE_FILE, code_server_log_level="WARNING")
             with workspace as context:
                 owned = [proc for proc in _code_servers() if proc.pid not in before]
                 try:
@@ -242,62 +234,36 @@ def _await_code_servers(procs: Sequence[Proc]) -> None:
 
 
 def _create_run(instance: DagsterInstance, context: WorkspaceProcessContext, launch: Launch) -> str:
-    """Create the run as `dagster job launch` does (its `_create_run`), plus an asset subset and the
+    """Create and submit the run as `dagster job launch` does, plus an asset subset and the
     partition and tenant tags the coordinator's concurrency limits key on."""
     import dagster as dg
-    from dagster._core.definitions.selector import JobSubsetSelector
-    from dagster._utils.tags import normalize_tags
 
-    workspace = context.create_request_context()
-    error = workspace.get_code_location_error(LOCATION)
-    if error is not None:  # the definitions failed to import: say why in one line, not a traceback
-        raise ServiceError("code_location", f"{LOCATION} failed to load: {_root_cause(error)}")
-    location = workspace.get_code_location(LOCATION)
-    repository = next(iter(location.get_repositories().values()))
-    keys = {dg.AssetKey(name) for name in launch.assets} or None
-    selector = JobSubsetSelector(
-        location_name=location.name,
-        repository_name=repository.name,
-        job_name=launch.job_name,
-        op_selection=None,
-        asset_selection=keys,
-    )
-    remote_job = location.get_job(selector)
-    plan = location.get_execution_plan(
-        remote_job, launch.run_config, step_keys_to_execute=None, known_state=None, instance=instance
-    ).execution_plan_snapshot
-    tags = {**remote_job.tags, **dict(launch.tags)}
+    from memory_pipelines.dagster_internals import CodeLocationLoadError, submit_job_run
+
+    tags = dict(launch.tags)
     if launch.partition:  # an unpartitioned job (the canary drill) gets no partition tag at all
         tags[PARTITION_TAG] = launch.partition
     if launch.tenant is not None:
         tags[TENANT_TAG] = launch.tenant
-    run = instance.create_run(
-        job_name=launch.job_name,
-        run_id=None,
-        run_config=launch.run_config,
-        resolved_op_selection=remote_job.resolved_op_selection,
-        step_keys_to_execute=plan.step_keys_to_execute,
-        op_selection=None,
-        status=None,
-        root_run_id=None,
-        parent_run_id=None,
-        tags=normalize_tags(tags),
-        job_snapshot=remote_job.job_snapshot,
-        execution_plan_snapshot=plan,
-        parent_job_snapshot=remote_job.parent_job_snapshot,
-        remote_job_origin=remote_job.get_remote_origin(),
-        job_code_origin=remote_job.get_python_origin(),
-        asset_selection=frozenset(keys) if keys else None,
-        asset_check_selection=remote_job.asset_check_selection if keys else None,
-        asset_graph=repository.asset_graph,
-    )
-    instance.submit_run(run.run_id, workspace)
-    return run.run_id
+    try:
+        return submit_job_run(
+            instance,
+            context,
+            location_name=LOCATION,
+            job_name=launch.job_name,
+            run_config=launch.run_config,
+            tags=tags,
+            asset_keys=[dg.AssetKey(name) for name in launch.assets],
+        )
+    except CodeLocationLoadError as failed:  # the definitions failed to import: say why in one line, not a traceback
+        raise ServiceError("code_location", f"{LOCATION} failed to load: {_root_cause(failed.error)}") from None
 
 
 def _daemon_dequeues(instance: DagsterInstance) -> bool:
-    heartbeat = instance.get_daemon_heartbeats().get("QUEUED_RUN_COORDINATOR")
-    return heartbeat is not None and time.time() - heartbeat.timestamp < DAEMON_FRESH_SECONDS
+    from memory_pipelines.dagster_internals import queued_run_daemon_heartbeat
+
+    heartbeat = queued_run_daemon_heartbeat(instance)
+    return heartbeat is not None and time.time() - heartbeat < DAEMON_FRESH_SECONDS
 
 
 class _Dequeuer:
@@ -308,13 +274,14 @@ class _Dequeuer:
     each launches its runs (status STARTING) before releasing it, so the next one counts them."""
 
     def __init__(self, context: WorkspaceProcessContext, conninfo: str) -> None:
-        from dagster._core.run_coordinator import QueuedRunCoordinator
-        from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+        import dagster as dg
+
+        from memory_pipelines.dagster_internals import RunDequeuer
 
         self.context = context
         self.conninfo = conninfo
-        self.queued = isinstance(context.instance.run_coordinator, QueuedRunCoordinator)
-        self.daemon = QueuedRunCoordinatorDaemon(interval_seconds=1) if self.queued else None
+        self.queued = isinstance(context.instance.run_coordinator, dg.QueuedRunCoordinator)
+        self.daemon = RunDequeuer() if self.queued else None
 
     def step(self) -> None:
         if self.daemon is None or _daemon_dequeues(self.context.instance):
@@ -324,14 +291,13 @@ class _Dequeuer:
             try:
                 if _daemon_dequeues(self.context.instance):
                     return  # a daemon started while we waited for the lock: never two dequeuers at once
-                for _ in self.daemon.run_iteration(self.context):
-                    pass
+                self.daemon.run_iteration(self.context)
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (_DEQUEUE_LOCK,))
 
     def close(self) -> None:
         if self.daemon is not None:
-            self.daemon.__exit__(None, None, None)
+            self.daemon.close()
 
 
 # DagsterEventType member names (their values are older names: RUN_SUCCESS is "PIPELINE_SUCCESS").

@@ -1,7 +1,6 @@
 import dagster as dg
-from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
-from dagster._core.definitions.events import AssetKeyPartitionKey
 
+from memory_pipelines.dagster_internals import backfill_request
 from memory_pipelines.defs.backups.jobs import restore_job
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.defs.stores.jobs import DERIVED_ASSETS
@@ -62,12 +61,13 @@ def restored_tenants_backfill_sensor(
         if tenant in gone:
             context.log.info(f"restore {r['restore_id']}: tenant {tenant} is gone (offboarded, internal): no backfill")
             continue
-        wanted = {AssetKeyPartitionKey(dg.AssetKey(name), tenant) for name in REBUILT_ASSETS}
-        # A RunRequest with an asset graph subset: the sensor daemon turns it into a backfill (under
-        # Backfills) in the same tick that stores the cursor, so each restore is backfilled once.
+        # The sensor daemon turns this into a backfill (under Backfills) in the same tick that stores
+        # the cursor, so each restore is backfilled once.
         requests.append(
-            dg.RunRequest.for_asset_graph_subset(
-                AssetGraphSubset.from_asset_partition_set(wanted, graph),  # type: ignore[arg-type]
+            backfill_request(
+                graph,  # type: ignore[arg-type]
+                [dg.AssetKey(name) for name in REBUILT_ASSETS],
+                tenant,
                 tags={"memory_pipelines/restore_id": r["restore_id"], "memory_pipelines/tenant": tenant},
             )
         )

@@ -1,8 +1,6 @@
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationTargetMaterializationData,
-)
 
+from memory_pipelines.dagster_internals import AssetCheckEvaluationTargetMaterializationData, check_target
 from memory_pipelines.defs.memories.partitions import check_result, tenant_asset_check
 from memory_pipelines.lib.forget.deletion import NEAR_DEADLINE, DeletionLedger
 from memory_pipelines.resources import MemoryStoreResource
@@ -29,9 +27,7 @@ def latest_materialization(
     ).records
     if not records:
         return None
-    return AssetCheckEvaluationTargetMaterializationData(
-        storage_id=records[0].storage_id, run_id=records[0].run_id, timestamp=records[0].timestamp
-    )
+    return check_target(records[0])
 
 
 def check_evaluation(

@@ -1,0 +1,194 @@
+"""The one module that uses Dagster's private API. tests/unit/test_dagster_internals.py pins each
+thing used here (names, signatures, constructor keywords, and what they do where that is cheap), so
+a Dagster upgrade that changes one fails there first, naming it. Checked against dagster 1.13.27.
+
+Private, and why no public API does the job:
+
+- `dagster._core.workspace.context.WorkspaceProcessContext` and
+  `dagster._core.workspace.load_target.WorkspaceFileTarget`: load workspace.yaml's code location in
+  a code server, as `dagster job launch -w workspace.yaml` does. The public ways to run a job
+  (`dg.materialize`, `dg.execute_job`) run it in this process, with no code location origin and
+  no run coordinator; the GraphQL client needs a running webserver.
+- `dagster._core.definitions.selector.JobSubsetSelector`, with `CodeLocation.get_job` /
+  `get_execution_plan` and `DagsterInstance.create_run` / `submit_run` (not public methods): create
+  and submit a run of the code location's job with an asset subset, as the CLI's own `_create_run`
+  (dagster/_cli/job.py) does. `dg.JobSelector` has no asset selection and the code location takes
+  only a JobSubsetSelector.
+- `dagster._daemon.run_coordinator.queued_run_coordinator_daemon.QueuedRunCoordinatorDaemon`, and
+  `DagsterInstance.get_daemon_heartbeats` (not public) with its daemon type: run the daemon's own
+  dequeue iteration (tag concurrency limits, max_concurrent_runs) from a CLI process when no
+  dagster-daemon is running; nothing public dequeues a queued run.
+- `dagster._core.definitions.assets.graph.asset_graph_subset.AssetGraphSubset`,
+  `dagster._core.definitions.events.AssetKeyPartitionKey` and `dg.RunRequest.for_asset_graph_subset`:
+  a sensor's request that the sensor daemon turns into an asset backfill. Dagster keeps that
+  constructor private on purpose ("AssetGraphSubset is not part of the public API") and has no
+  public backfill request.
+- `dagster._core.definitions.asset_checks.asset_check_evaluation.AssetCheckEvaluationTargetMaterializationData`:
+  the `target_materialization_data` of the public `dg.AssetCheckEvaluation`. An evaluation reported
+  outside the check's own step shows in the UI only when it targets the partition's latest
+  materialization, and the type is not exported.
+
+Replaced by public API: `dagster._core.run_coordinator.QueuedRunCoordinator` is `dg.QueuedRunCoordinator`;
+`dagster._utils.tags.normalize_tags` was a no-op here (every tag is already a string);
+`dagster.version.__version__` is `dg.__version__`. materialize.py also reads runs' event logs with
+`DagsterInstance.all_logs` / `get_records_for_run` and `DagsterEvent.event_specific_data`, not marked
+public but methods of public classes with no public per-run equivalent; the test pins those too.
+
+Imports: the definition-time names are loaded by `import dagster` anyway and are imported at the top.
+The workspace and daemon machinery is slow to import and is imported only inside the functions
+that use it; materialize.py imports this module only where it launches runs (CLI commands that
+launch nothing do not load dagster at all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData as AssetCheckEvaluationTargetMaterializationData,
+)
+from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
+from dagster._core.definitions.events import AssetKeyPartitionKey
+from dagster._core.definitions.selector import JobSubsetSelector
+
+if TYPE_CHECKING:
+    from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
+    from dagster._core.workspace.context import WorkspaceProcessContext as WorkspaceProcessContext
+
+# QueuedRunCoordinatorDaemon.daemon_type(): the key of its heartbeat (the test pins it), known here
+# without importing the daemon machinery.
+QUEUED_RUN_DAEMON = "QUEUED_RUN_COORDINATOR"
+
+
+# -- runs launched through the workspace (materialize.py) --------------------------------------
+
+
+class CodeLocationLoadError(Exception):
+    """The code location failed to load; `error` is Dagster's SerializableErrorInfo (message,
+    cls_name, cause)."""
+
+    def __init__(self, location_name: str, error: Any) -> None:
+        super().__init__(f"{location_name} failed to load")
+        self.location_name = location_name
+        self.error = error
+
+
+def open_workspace(
+    instance: dg.DagsterInstance, workspace_file: Path, code_server_log_level: str = "WARNING"
+) -> WorkspaceProcessContext:
+    """The workspace of workspace.yaml (its code locations in code servers it starts); enter it
+    with `with`, and leaving it shuts them down."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    return WorkspaceProcessContext(
+        instance=instance,
+        version=dg.__version__,
+        read_only=False,
+        workspace_load_target=WorkspaceFileTarget(paths=[str(workspace_file)]),
+        code_server_log_level=code_server_log_level,
+    )
+
+
+def submit_job_run(
+    instance: dg.DagsterInstance,
+    context: WorkspaceProcessContext,
+    *,
+    location_name: str,
+    job_name: str,
+    run_config: Mapping[str, Any],
+    tags: Mapping[str, str],
+    asset_keys: Iterable[dg.AssetKey] = (),
+) -> str:
+    """Create a run of the location's job as `dagster job launch` does (dagster/_cli/job.py
+    `_create_run`), with `tags` over the job's own and optionally a subset of its assets, and
+    submit it to the instance's run coordinator. Returns its run id.
+
+    Raises CodeLocationLoadError when the location failed to load."""
+    workspace = context.create_request_context()
+    error = workspace.get_code_location_error(location_name)
+    if error is not None:
+        raise CodeLocationLoadError(location_name, error)
+    location = workspace.get_code_location(location_name)
+    repository = next(iter(location.get_repositories().values()))
+    keys = frozenset(asset_keys) or None
+    selector = JobSubsetSelector(
+        location_name=location.name,
+        repository_name=repository.name,
+        job_name=job_name,
+        op_selection=None,
+        asset_selection=keys,
+    )
+    remote_job = location.get_job(selector)
+    plan = location.get_execution_plan(
+        remote_job, run_config, step_keys_to_execute=None, known_state=None, instance=instance
+    ).execution_plan_snapshot
+    run = instance.create_run(
+        job_name=job_name,
+        run_id=None,
+        run_config=run_config,
+        resolved_op_selection=remote_job.resolved_op_selection,
+        step_keys_to_execute=plan.step_keys_to_execute,
+        op_selection=None,
+        status=None,
+        root_run_id=None,
+        parent_run_id=None,
+        tags={**remote_job.tags, **tags},
+        job_snapshot=remote_job.job_snapshot,
+        execution_plan_snapshot=plan,
+        parent_job_snapshot=remote_job.parent_job_snapshot,
+        remote_job_origin=remote_job.get_remote_origin(),
+        job_code_origin=remote_job.get_python_origin(),
+        asset_selection=keys,
+        asset_check_selection=remote_job.asset_check_selection if keys else None,
+        asset_graph=repository.asset_graph,
+    )
+    instance.submit_run(run.run_id, workspace)
+    return run.run_id
+
+
+def queued_run_daemon_heartbeat(instance: dg.DagsterInstance) -> float | None:
+    """When a dagster-daemon's run queue last said it was alive (a timestamp), or None: never."""
+    heartbeat = instance.get_daemon_heartbeats().get(QUEUED_RUN_DAEMON)
+    return None if heartbeat is None else float(heartbeat.timestamp)
+
+
+class RunDequeuer:
+    """The dagster-daemon's QueuedRunCoordinatorDaemon, for its dequeue iteration run from this
+    process: it launches the queued runs the instance's limits allow. It assumes it is the only
+    dequeuer; the caller makes sure of that."""
+
+    def __init__(self) -> None:
+        from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+
+        self._daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
+
+    def run_iteration(self, context: WorkspaceProcessContext) -> None:
+        for _ in self._daemon.run_iteration(context):
+            pass
+
+    def close(self) -> None:
+        self._daemon.__exit__(None, None, None)
+
+
+# -- definitions: sensors and checks -----------------------------------------------------------
+
+
+def backfill_request(
+    asset_graph: BaseAssetGraph, asset_keys: Iterable[dg.AssetKey], partition_key: str, tags: Mapping[str, str]
+) -> dg.RunRequest:
+    """A sensor's RunRequest that the sensor daemon launches as one asset backfill (listed under
+    Backfills) of `partition_key` of each asset, in the tick that stores the sensor's cursor."""
+    wanted = {AssetKeyPartitionKey(key, partition_key) for key in asset_keys}
+    subset = AssetGraphSubset.from_asset_partition_set(wanted, asset_graph)
+    return dg.RunRequest.for_asset_graph_subset(subset, tags=tags)
+
+
+def check_target(record: dg.EventLogRecord) -> AssetCheckEvaluationTargetMaterializationData:
+    """A materialization's record, as the `target_materialization_data` of a dg.AssetCheckEvaluation."""
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp
+    )
