@@ -2,6 +2,14 @@
 
 Errors go to stderr as `memory-pipelines: error: FIELD: message` with a non-zero exit code
 (2 bad input, 3 not found, 4 permission denied, 5 conflict, 6 service unavailable).
+
+One front door: every command calls a `MemoryPlatform` method (memory_pipelines/platform.py), the
+same API a host application uses. What stays outside it, each saying why where it happens:
+commands that launch Dagster runs (`materialize`, `forget --wait`, `deletion retry|erase`, `backup`,
+`restore --wait`, `retention sweep --wait`, `eval run`, `demo`: memory_pipelines/materialize.py)
+and those that manage HOME's services and processes (`stop`, `dev`, `env`). From the library
+itself the CLI takes errors, settings and input checks only, the checks run before any service
+starts (tests/integration/test_front_door.py keeps it so).
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -23,16 +31,21 @@ from memory_pipelines.lib.infra.paths import PROJECT_ROOT
 from memory_pipelines.lib.infra.progress import ENV_VERBOSE
 from memory_pipelines.lib.infra.settings import ENV_HOME, Settings
 from memory_pipelines.lib.memories.crypto import DecryptionError
-from memory_pipelines.lib.memories.store import MemoryStore
 
 if TYPE_CHECKING:
-    from memory_pipelines.lib.forget.deletion import DeletionLedger, DeletionService
+    from memory_pipelines.lib.memories.store import MemoryStore
     from memory_pipelines.lib.stores.derived import DerivedStores
     from memory_pipelines.platform import MemoryPlatform
+
+__all__ = ["main"]
 
 PROG = "memory-pipelines"
 # Set to 1 to get the traceback of an unexpected error (never of a refused input).
 ENV_DEBUG = "MEMORY_PIPELINES_DEBUG"
+
+Handler = Callable[[argparse.Namespace], None]
+# What each command group's function is given to add its commands: add(name, handler, help).
+Adder = Callable[[str, Handler, str], argparse.ArgumentParser]
 
 
 def _emit(document: Any) -> None:
@@ -47,19 +60,36 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings.from_env()
 
 
-def _platform(args: argparse.Namespace) -> MemoryPlatform:
-    """The command's MemoryPlatform, made once: the services start (or are found) once per command."""
+def _store(args: argparse.Namespace) -> MemoryStore:
+    """HOME's memory store, its embedded services started (or found) once per command.
+
+    Every command reaches the services through here, `_platform` included: a caller that replaces
+    it (the CLI's tests do, to prove that refused input opens nothing) gets a platform on its
+    stand-in."""
     platform: MemoryPlatform | None = getattr(args, "_platform", None)
     if platform is None:
         from memory_pipelines.platform import MemoryPlatform
 
         _settings(args)  # --home first: from_env reads it
         platform = args._platform = MemoryPlatform.from_env()
+    return platform.store
+
+
+def _platform(args: argparse.Namespace) -> MemoryPlatform:
+    """The command's MemoryPlatform, made once, on `_store(args)`."""
+    store = _store(args)
+    platform: MemoryPlatform | None = getattr(args, "_platform", None)
+    if platform is None:  # `_store` was replaced: a platform on the store it gave
+        from memory_pipelines.platform import MemoryPlatform
+
+        platform = args._platform = MemoryPlatform(settings=_settings(args), store=store)
     return platform
 
 
-def _store(args: argparse.Namespace) -> MemoryStore:
-    return _platform(args).store
+def _derived(args: argparse.Namespace) -> DerivedStores:
+    """The derived stores (Chroma, the embedding model). No command calls it: the platform methods
+    open them when they need them. Kept for tests/unit/test_cli_errors.py, which replaces it."""
+    return _platform(args).derived
 
 
 def _text_arg(value: str, field: str) -> str:
@@ -131,35 +161,31 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def cmd_team(args: argparse.Namespace) -> None:
-    store = _store(args)
+    platform = _platform(args)
     if args.team_command == "add-member":
-        _emit(store.add_team_member(tenant_id=args.tenant, team_id=args.team, user_id=args.user))
+        _emit(platform.add_team_member(tenant_id=args.tenant, team_id=args.team, user_id=args.user))
     else:
-        _emit(store.remove_team_member(tenant_id=args.tenant, team_id=args.team, user_id=args.user))
+        _emit(platform.remove_team_member(tenant_id=args.tenant, team_id=args.team, user_id=args.user))
 
 
 def cmd_tenants(args: argparse.Namespace) -> None:
-    _emit(_store(args).tenants())
+    _emit(_platform(args).tenants())
 
 
 def cmd_tenant(args: argparse.Namespace) -> None:
-    store = _store(args)
+    platform = _platform(args)
     if args.tenant_command == "create":
-        _emit(store.create_tenant(tenant_id=args.tenant, sharing_mode=args.sharing_mode))
+        _emit(platform.create_tenant(tenant_id=args.tenant, sharing_mode=args.sharing_mode))
     else:
-        _emit(store.set_sharing_mode(tenant_id=args.tenant, sharing_mode=args.sharing_mode))
+        _emit(platform.set_sharing_mode(tenant_id=args.tenant, sharing_mode=args.sharing_mode))
 
 
 def cmd_do_not_sell(args: argparse.Namespace) -> None:
     _emit(
-        _store(args).set_do_not_sell(
+        _platform(args).set_do_not_sell(
             tenant_id=args.tenant, memory_id=args.memory_id, subject=args.subject, value=not args.off, user_id=args.user
         )
     )
-
-
-def _derived(args: argparse.Namespace) -> DerivedStores:
-    return _platform(args).derived
 
 
 def _document(args: argparse.Namespace, content: str | bytes) -> None:
@@ -192,16 +218,11 @@ def cmd_lineage(args: argparse.Namespace) -> None:
         raise ValidationError("format", f"{args.format} draws one memory's lineage: give --memory-id")
     if args.format == "png" and not args.output:
         raise ValidationError("output", "is required with --format png (a binary file)")
-    derived = _derived(args)
+    platform = _platform(args)
     if args.format != "json":
-        from memory_pipelines.lib.forget.certificate import lineage_graph
-
-        records = derived.lineage_of_memory(tenant_id=args.tenant, memory_id=args.memory_id)
-        _document(args, lineage_graph(records, title=f"lineage of {args.memory_id}", fmt=args.format))
-    elif args.memory_id:
-        _json_document(args, derived.lineage_of_memory(tenant_id=args.tenant, memory_id=args.memory_id))
+        _document(args, platform.lineage_picture(tenant_id=args.tenant, memory_id=args.memory_id, fmt=args.format))
     else:
-        _json_document(args, derived.sources_of_record(tenant_id=args.tenant, record=args.record))
+        _json_document(args, platform.lineage(tenant_id=args.tenant, memory_id=args.memory_id, record=args.record))
 
 
 def cmd_recall(args: argparse.Namespace) -> None:
@@ -220,18 +241,17 @@ def cmd_recall(args: argparse.Namespace) -> None:
 
 
 def cmd_analytics(args: argparse.Namespace) -> None:
-    from memory_pipelines.lib.stores.analytics.store import AnalyticsStore, QueryLimits, parse_select
+    from memory_pipelines.lib.stores.analytics.store import parse_select
 
-    parse_select(args.sql)  # before any service starts
+    parse_select(args.sql)  # an input check, before any service starts
     # Unknown, deleted and restoring tenants are refused as everywhere else; the query then sees
     # only this tenant's rows, less those an accepted deletion hides.
-    store = _store(args)
-    settings = _settings(args)
-    analytics = AnalyticsStore(settings.analytics_root, store=store, limits=QueryLimits.of(settings))
-    _emit(analytics.query(args.sql, tenant_id=args.tenant))
+    _emit(_platform(args).analytics(tenant_id=args.tenant, sql=args.sql))
 
 
 def cmd_materialize(args: argparse.Namespace) -> None:
+    # A Dagster run of the code location (memory_pipelines/materialize.py), not a platform call:
+    # MemoryPlatform has no Dagster (its `sync` is the in-process equivalent).
     from memory_pipelines.materialize import materialize
 
     select = [name.strip() for name in args.select.split(",") if name.strip()] if args.select else None
@@ -244,31 +264,29 @@ def cmd_materialize(args: argparse.Namespace) -> None:
 
 
 def cmd_summary(args: argparse.Namespace) -> None:
-    summaries = _derived(args).summaries
+    platform = _platform(args)
     if args.subject:
-        _emit(summaries.read(tenant_id=args.tenant, scope="subject", scope_id=args.subject))
+        _emit(platform.summary(tenant_id=args.tenant, subject=args.subject))
     else:
-        _emit(summaries.read(tenant_id=args.tenant, scope="team", scope_id=args.team))
+        _emit(platform.summary(tenant_id=args.tenant, team_id=args.team))
 
 
 def cmd_summary_mode(args: argparse.Namespace) -> None:
-    _emit(_derived(args).summaries.set_mode(tenant_id=args.tenant, subject=args.subject, mode=args.mode))
+    _emit(_platform(args).set_summary_mode(tenant_id=args.tenant, subject=args.subject, mode=args.mode))
 
 
-def _deletions(args: argparse.Namespace) -> DeletionService:
-    return _platform(args).deletions
-
-
-def _wait_for(args: argparse.Namespace, service: DeletionLedger, job: dict[str, Any]) -> dict[str, Any]:
+def _wait_for(args: argparse.Namespace, job: Mapping[str, Any]) -> dict[str, Any]:
+    """Run the job's forget now, as a Dagster run of the code location (memory_pipelines/materialize.py,
+    the platform has no Dagster), and return the job's final status with the run."""
     from memory_pipelines.materialize import run_forget
 
     run = run_forget(_settings(args), job["tenant_id"], [job["job_id"]])
-    return {**service.status(job_id=job["job_id"]), "run_id": run["run_id"], "run_failures": run["failures"]}
+    status = _platform(args).deletion_status(job_id=job["job_id"])
+    return {**status, "run_id": run["run_id"], "run_failures": run["failures"]}
 
 
 def cmd_forget(args: argparse.Namespace) -> None:
-    service = _deletions(args)
-    job = service.request(
+    job = _platform(args).request_deletion(
         tenant_id=args.tenant,
         subject=args.subject,
         memory_id=args.memory_id,
@@ -278,56 +296,50 @@ def cmd_forget(args: argparse.Namespace) -> None:
         basis=args.basis,
     )
     if args.wait and job["state"] != "COMPLETE":
-        job = {**_wait_for(args, service, job), "duplicate": job["duplicate"]}
-    _emit(job)
+        _emit({**_wait_for(args, job), "duplicate": job["duplicate"]})
+    else:
+        _emit(job)
 
 
 def cmd_deletion(args: argparse.Namespace) -> None:
     if args.deletion_command == "erase":
-        from memory_pipelines.materialize import run_erasure
+        # A Dagster run (physical erasure), as the erasure sensor launches it.
+        from memory_pipelines.materialize import failure_message, run_erasure
 
-        _store(args).require_tenant(tenant_id=args.tenant)  # an unknown tenant is not made a partition
+        _platform(args).require_tenant(tenant_id=args.tenant)  # an unknown tenant is not made a partition
         result = run_erasure(_settings(args), args.tenant)
         _emit(result)
         if not result["success"]:
-            from memory_pipelines.materialize import failure_message
-
             raise MemoryPipelinesError("physical_erasure", failure_message(result["failures"]))
         return
     # Reading jobs needs only the control plane, not Chroma or the embedding model.
-    service = _platform(args).ledger
+    platform = _platform(args)
     if args.deletion_command == "status":
-        _emit(service.status(job_id=args.job_id))
+        _emit(platform.deletion_status(job_id=args.job_id))
     elif args.deletion_command == "proof":
-        proof = service.proof(job_id=args.job_id)
         if args.format == "json":
-            _json_document(args, proof)
+            _json_document(args, platform.deletion_proof(job_id=args.job_id))
         else:
-            from memory_pipelines.lib.forget.certificate import render
-
-            _document(args, render(proof, service.status(job_id=args.job_id), args.format))
+            _document(args, platform.deletion_certificate(job_id=args.job_id, fmt=args.format))
     elif args.deletion_command == "list":
-        _emit(service.list_jobs(state=args.state, tenant_id=args.tenant))
+        _emit(platform.deletion_jobs(state=args.state, tenant_id=args.tenant))
     else:
-        job = service.status(job_id=args.job_id)
-        _emit(_wait_for(args, service, job) if job["state"] != "COMPLETE" else job)
-
-
-def _backups(args: argparse.Namespace) -> Any:
-    return _platform(args).backups
+        job = platform.deletion_status(job_id=args.job_id)
+        _emit(_wait_for(args, job) if job["state"] != "COMPLETE" else job)
 
 
 def cmd_backup(args: argparse.Namespace) -> None:
     if args.backup_command == "list":
-        _emit(_backups(args).list_backups(tenant_id=args.tenant))
+        _emit(_platform(args).list_backups(tenant_id=args.tenant))
     elif args.backup_command == "sweep":
-        _emit(_backups(args).sweep_expired())
+        _emit(_platform(args).sweep_backups())
     else:
+        # A Dagster run of the `backup` job (what the nightly schedule launches).
         from memory_pipelines.materialize import failure_message, run_backup
 
         if not args.tenant:
             raise ValidationError("tenant", "is required: backup --tenant T")
-        _store(args).require_tenant(tenant_id=args.tenant)
+        _platform(args).require_tenant(tenant_id=args.tenant)
         result = run_backup(_settings(args), args.tenant)
         if not result["success"]:
             raise MemoryPipelinesError("backup", failure_message(result["failures"]))
@@ -335,20 +347,19 @@ def cmd_backup(args: argparse.Namespace) -> None:
 
 
 def cmd_restore(args: argparse.Namespace) -> None:
-    service = _backups(args)
     if args.reopen:
-        _emit(service.reopen(tenant_id=args.tenant))
+        _emit(_platform(args).reopen_tenant(tenant_id=args.tenant))
         return
     if not args.backup:
         raise ValidationError("backup", "is required: restore --tenant T --backup ID")
+    platform = _platform(args)
     if not args.wait:
-        _emit(service.request_restore(tenant_id=args.tenant, backup_id=args.backup, restore_id=args.restore_id))
+        _emit(platform.request_restore(tenant_id=args.tenant, backup_id=args.backup, restore_id=args.restore_id))
         return
+    # A Dagster run of the `restore` job (what the restore sensor launches); bad ids fail before it starts.
     from memory_pipelines.materialize import failure_message, run_restore
 
-    service._backup_row(args.tenant, args.backup)  # bad ids fail here, before a run starts
-    if args.restore_id is not None:
-        service.check_restore_id(tenant_id=args.tenant, backup_id=args.backup, restore_id=args.restore_id)
+    platform.check_restore(tenant_id=args.tenant, backup_id=args.backup, restore_id=args.restore_id)
     result = run_restore(_settings(args), args.tenant, args.backup, restore_id=args.restore_id)
     if not result["success"] or result["report"] is None:
         raise MemoryPipelinesError("restore", failure_message(result["failures"]))
@@ -358,60 +369,54 @@ def cmd_restore(args: argparse.Namespace) -> None:
 def cmd_keys(args: argparse.Namespace) -> None:
     if args.subject is None and args.confirm != args.tenant:
         raise ValidationError("confirm", "shredding a whole tenant needs --confirm with the tenant id")
-    _emit(_deletions(args).shred_keys(tenant_id=args.tenant, subject=args.subject, confirm=args.confirm))
+    _emit(_platform(args).shred_keys(tenant_id=args.tenant, subject=args.subject, confirm=args.confirm))
 
 
 def cmd_retention(args: argparse.Namespace) -> None:
-    from memory_pipelines.lib.retention import rules as retention
+    from memory_pipelines.lib.retention import rules as retention  # input checks only
 
     if args.retention_command == "preview":
         # A preview of a future day is allowed: counts only, nothing written (see retention.preview).
-        _emit(retention.preview(_store(args), day=retention.check_day(args.date).isoformat()))
+        _emit(_platform(args).retention_preview(day=retention.check_day(args.date).isoformat()))
         return
     day = retention.check_sweep_day(args.date).isoformat()  # a day that has ended, on every path
-    if args.wait:
-        from memory_pipelines.lib.forget.canary import is_reserved_tenant
-        from memory_pipelines.materialize import failure_message, run_retention
+    if not args.wait:
+        _emit(_platform(args).sweep_retention(day=day, run=False))
+        return
+    # One Dagster run of the `retention` job per tenant partition (what the daily schedule launches).
+    from memory_pipelines.materialize import failure_message, run_retention
 
-        retention.load_policies()  # a broken policy file fails here, naming its line
-        if day < retention.FIRST_DAY:
-            raise ValidationError("date", f"must be from {retention.FIRST_DAY}, the retention job's first day")
-        store = _store(args)
-        if args.tenant:
-            store.require_tenant(tenant_id=args.tenant)
-            tenants = [args.tenant]
-        else:  # one run per tenant partition of the store: internal tenants are not partitions
-            tenants = [t["tenant_id"] for t in store.tenants() if not is_reserved_tenant(t["tenant_id"])]
-        result = run_retention(_settings(args), day, tenants)
-        if not result["success"]:
-            raise MemoryPipelinesError("retention", failure_message(result["failures"]))
-        _emit(result)
-    else:
-        _emit(retention.sweep(_deletions(args), day=day, run=False))
-
-
-def _runs(args: argparse.Namespace) -> Any:
-    from memory_pipelines.lib.agent_runs.runs import AgentRuns
-
-    return AgentRuns(_derived(args))
+    retention.load_policies()  # a broken policy file fails here, naming its line
+    if day < retention.FIRST_DAY:
+        raise ValidationError("date", f"must be from {retention.FIRST_DAY}, the retention job's first day")
+    platform = _platform(args)
+    if args.tenant:
+        platform.require_tenant(tenant_id=args.tenant)
+        tenants = [args.tenant]
+    else:  # one run per tenant partition of the store: internal tenants are not partitions
+        tenants = [t["tenant_id"] for t in platform.tenants() if not validation.is_reserved_tenant(t["tenant_id"])]
+    result = run_retention(_settings(args), day, tenants)
+    if not result["success"]:
+        raise MemoryPipelinesError("retention", failure_message(result["failures"]))
+    _emit(result)
 
 
 def cmd_run(args: argparse.Namespace) -> None:
     prompt = _text_arg(args.prompt, "prompt") if args.run_command == "snapshot" else None
-    runs = _runs(args)
+    platform = _platform(args)
     if args.run_command == "open":
-        lease = runs.open(tenant_id=args.tenant, subject_id=args.user, run_id=args.run, ttl_seconds=args.ttl)
-        _emit({"lease_id": lease, "run_id": args.run, "tenant_id": args.tenant, "subject_id": args.user})
+        _emit(platform.open_run(tenant_id=args.tenant, subject_id=args.user, run_id=args.run, ttl_seconds=args.ttl))
     elif args.run_command == "recall":
-        _emit(runs.recall(lease_id=args.lease, query=args.query, team_id=args.team, k=args.k, mode=args.mode))
+        _emit(platform.run_recall(lease_id=args.lease, query=args.query, team_id=args.team, k=args.k, mode=args.mode))
     elif args.run_command == "revoke":
-        _emit(runs.gate.revoke(lease_id=args.lease))
+        _emit(platform.revoke_lease(lease_id=args.lease))
     elif args.run_command == "permit":
-        with runs.gate.permit(lease_id=args.lease, sink=args.sink) as permit:
+        with platform.permit(lease_id=args.lease, sink=args.sink) as permit:
             held = {"permit_id": permit.permit_id, "seq": permit.seq, "sink": permit.sink}
         _emit({**held, "state": "RELEASED"})
     else:
-        _emit(runs.snapshot_prompt(lease_id=args.lease, prompt=prompt))
+        assert prompt is not None
+        _emit(platform.snapshot_prompt(lease_id=args.lease, prompt=prompt))
 
 
 def cmd_explain(args: argparse.Namespace) -> None:
@@ -419,9 +424,8 @@ def cmd_explain(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from memory_pipelines.lib.evaluation import evaluator as evaluation
-
     if args.eval_command == "run":
+        # A Dagster run materializing memory_eval and memory_drift for the month's partition.
         from memory_pipelines.materialize import failure_message, run_evaluation
 
         month = _month(args.month)
@@ -430,13 +434,14 @@ def cmd_eval(args: argparse.Namespace) -> None:
             raise MemoryPipelinesError("eval", failure_message(result["failures"]))
         _emit(result)
         return
-    evaluation.check_mode(args.mode)  # before any service starts
-    eval_set = evaluation.load_eval_set()
-    rows = evaluation.trend(_store(args), tenant_id=eval_set.tenant, mode=args.mode)
-    if not rows:
+    from memory_pipelines.lib.evaluation.evaluator import check_mode
+
+    check_mode(args.mode)  # an input check, before any service starts
+    trend = _platform(args).evaluation_trend(mode=args.mode)
+    if not trend["months"]:
         raise NotFoundError("eval", "no evaluation yet: run `eval run --month YYYY-MM` first")
-    print(f"memory quality of tenant {eval_set.tenant!r}, recall mode {args.mode}, K={eval_set.k}")
-    print(evaluation.trend_markdown(rows))
+    print(f"memory quality of tenant {trend['tenant']!r}, recall mode {args.mode}, K={trend['k']}")
+    print(trend["markdown"])
 
 
 def _month(value: str) -> str:
@@ -451,14 +456,7 @@ def _month(value: str) -> str:
 
 
 def cmd_canary(args: argparse.Namespace) -> None:
-    from memory_pipelines.lib.forget.canary import run_canary_drill
-
-    settings = _settings(args)
-    from memory_pipelines.lib.infra.runtime import open_backups
-
-    derived = _derived(args)
-    backups = open_backups(settings, derived.store)
-    result = run_canary_drill(derived, home=None if settings.pg_url else settings.home, backups=backups)
+    result = _platform(args).canary_drill()
     _emit(result)
     if not result["passed"]:
         raise MemoryPipelinesError("canary", f"drill found leftovers: {result['leftovers']}")
@@ -466,13 +464,16 @@ def cmd_canary(args: argparse.Namespace) -> None:
 
 def cmd_stop(args: argparse.Namespace) -> None:
     """Everything of HOME ends: its Dagster processes (code servers, run workers, daemon, webserver;
-    SIGTERM, then SIGKILL), then the embedded Chroma and PostgreSQL servers. The JSON names each."""
+    SIGTERM, then SIGKILL), then the embedded Chroma and PostgreSQL servers. The JSON names each.
+
+    Process management, not a platform call: a MemoryPlatform would start the services it stops."""
     from memory_pipelines.lib.infra.services import stop_services
 
     _emit(stop_services(_settings(args)))
 
 
 def cmd_dev(args: argparse.Namespace) -> None:
+    """Embedded services and `dg dev` under supervision: process management, not a platform call."""
     from memory_pipelines.devserver import GRACE_SECONDS, dg_dev_command, port_taken, run_supervised
     from memory_pipelines.lib.infra.errors import ConflictError, ServiceError
     from memory_pipelines.lib.infra.services import ensure_services
@@ -515,11 +516,12 @@ def cmd_dev(args: argparse.Namespace) -> None:
 def cmd_env(args: argparse.Namespace) -> None:
     """The variables Dagster's own tools need for HOME's instance, as shell exports or JSON.
 
-    Starts the embedded services when needed: the Dagster URL names the embedded server's socket."""
+    Starts the embedded services when needed: the Dagster URL names the embedded server's socket.
+    Service management, not a platform call: it needs the services' endpoints, not the store."""
     import shlex
 
-    from memory_pipelines.lib.infra.services import ENV_DAGSTER_PG_URL_EXPORTED, ensure_services
-    from memory_pipelines.lib.infra.settings import ENV_DAGSTER_PG_URL
+    from memory_pipelines.lib.infra.services import ensure_services
+    from memory_pipelines.lib.infra.settings import ENV_DAGSTER_PG_URL, ENV_DAGSTER_PG_URL_EXPORTED
 
     settings = _settings(args)
     endpoints = ensure_services(settings)
@@ -540,6 +542,7 @@ def cmd_env(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
+    # Dagster runs of the code location throughout (memory_pipelines/demo.py).
     from memory_pipelines.demo import run_demo
 
     _emit(run_demo(_settings(args)))
@@ -578,11 +581,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, handler: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
+    def add(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.set_defaults(handler=handler)
         return command
 
+    # In this order in `--help`.
+    for add_group in (
+        _memory_commands,
+        _tenant_commands,
+        _derived_commands,
+        _forget_commands,
+        _backup_and_retention_commands,
+        _run_commands,
+        _operator_commands,
+    ):
+        add_group(add)
+    return parser
+
+
+def _memory_commands(add: Adder) -> None:
     write = add("write", cmd_write, "write a memory, or a new version of --memory-id")
     write.add_argument("--tenant", required=True)
     write.add_argument("--user", required=True, help="the subject who writes (and owns) the memory")
@@ -613,6 +631,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--tenant", required=True)
     export.add_argument("--subject", required=True)
 
+
+def _tenant_commands(add: Adder) -> None:
     team = add("team", cmd_team, "team membership")
     team_sub = team.add_subparsers(dest="team_command", required=True, metavar="ACTION")
     for action in ("add-member", "remove-member"):
@@ -642,6 +662,8 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--subject")
     dns.add_argument("--off", action="store_true", help="clear the flag instead of setting it")
 
+
+def _derived_commands(add: Adder) -> None:
     lineage = add("lineage", cmd_lineage, "derivedFrom lineage: derived records of a memory, or sources of a record")
     lineage.add_argument("--tenant", required=True)
     which = lineage.add_mutually_exclusive_group(required=True)
@@ -679,6 +701,8 @@ def build_parser() -> argparse.ArgumentParser:
     summary_mode.add_argument("--subject", required=True)
     summary_mode.add_argument("--mode", required=True, help="full, summary or hybrid (default)")
 
+
+def _forget_commands(add: Adder) -> None:
     forget = add("forget", cmd_forget, "request deletion of a subject, a memory (version) or a whole tenant")
     forget.add_argument("--tenant", required=True)
     scope = forget.add_mutually_exclusive_group(required=True)
@@ -713,6 +737,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     erase.add_argument("--tenant", required=True)
 
+
+def _backup_and_retention_commands(add: Adder) -> None:
     backup = add("backup", cmd_backup, "back a tenant up now (encrypted), list its backups, or sweep expired ones")
     backup.add_argument("backup_command", nargs="?", choices=["list", "sweep"], metavar="list|sweep")
     backup.add_argument("--tenant")
@@ -744,6 +770,8 @@ def build_parser() -> argparse.ArgumentParser:
             )
             day.add_argument("--tenant", help="with --wait: only this tenant (default: every tenant)")
 
+
+def _run_commands(add: Adder) -> None:
     run = add("run", cmd_run, "try the agent-run fence: open a lease, recall inside it, take a permit, snapshot")
     run_sub = run.add_subparsers(dest="run_command", required=True, metavar="ACTION")
     opening = run_sub.add_parser("open", help="open a run's lease")
@@ -774,6 +802,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--tenant", required=True)
     explain.add_argument("--run", required=True)
 
+
+def _operator_commands(add: Adder) -> None:
     ev = add("eval", cmd_eval, "memory quality: run a month's evaluation, or print the month-by-month report")
     ev_sub = ev.add_subparsers(dest="eval_command", required=True, metavar="ACTION")
     ev_run = ev_sub.add_parser("run", help="materialize memory_eval and memory_drift for one month")
@@ -795,7 +825,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", default="sh", choices=("sh", "json"), help="sh (default): export lines; json: one object"
     )
     add("demo", cmd_demo, "seed a demo tenant, show versions and sharing modes, materialize `memories`")
-    return parser
 
 
 def _check_arguments(args: argparse.Namespace) -> None:

@@ -18,11 +18,11 @@ from memory_pipelines.lib.forget.canary import CANARY_PREFIX
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.infra.paths import ASSETS_DIR
 from memory_pipelines.lib.infra.progress import ENV_VERBOSE
-from memory_pipelines.lib.infra.runtime import open_store
 from memory_pipelines.lib.infra.services import Endpoints, ensure_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.infra.validation import SHARING_MODES
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
 from memory_pipelines.materialize import (
     IN_PROCESS,
@@ -202,6 +202,38 @@ def run_demo(settings: Settings) -> dict[str, Any]:
 
 def _walk_through(settings: Settings, endpoints: Endpoints, corpus: dict[str, Any]) -> dict[str, Any]:
     """The demo's own steps on its tenant, from the seed to the retention run."""
+    tenant = corpus["tenant"]
+    result: dict[str, Any] = {"tenant": tenant, "home": str(settings.home), **_first_steps(settings, endpoints, corpus)}
+    run = materialize(settings, tenant)
+    result["dagster"] = {
+        "run_id": run["run_id"],
+        "success": run["success"],
+        "materialized": run["assets"],
+        "checks": run["checks"],
+    }
+    derived = open_derived(settings, open_store(settings, endpoints))
+    try:
+        result.update(_reads(derived, tenant, result["versions"]["memory_id"]))
+        backup = run_backup(settings, tenant)  # last night's backup, before bob asks to be forgotten
+        result["forget_bob"] = _forget_bob(settings, derived, corpus)
+        result["backup_then_restore"] = _restore_backup(settings, derived, corpus, backup)
+        # Last night's retention run of the tenant (the corpus is recent: nothing is due yet).
+        yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+        swept = run_retention(settings, yesterday, [tenant])
+    finally:
+        derived.store.close()
+    result["retention"] = {
+        "date": swept["date"],
+        "removed": swept["totals"].get("removed", 0),
+        "success": swept["success"],
+        "run_id": swept["runs"][0]["run_id"] if swept["runs"] else None,
+    }
+    result["next"] = _next_steps(settings)
+    return result
+
+
+def _first_steps(settings: Settings, endpoints: Endpoints, corpus: dict[str, Any]) -> dict[str, Any]:
+    """Seed, versions, sharing modes and alice's export: the memory store alone, before any run."""
     store = open_store(settings, endpoints)
     try:
         seeded = seed(store, corpus)
@@ -210,62 +242,25 @@ def _walk_through(settings: Settings, endpoints: Endpoints, corpus: dict[str, An
         exported = list(store.iter_export(tenant_id=corpus["tenant"], subject="alice"))
     finally:
         store.close()
-    tenant = corpus["tenant"]
-    run = materialize(settings, tenant)
-    derived = open_derived(settings, open_store(settings, endpoints))
-    try:
-        recall_query = "what should the doctor know before prescribing antibiotics?"
-        recalled = derived.recaller.recall(tenant_id=tenant, user_id="alice", query=recall_query, k=2)
-        lineage = derived.lineage_of_memory(tenant_id=tenant, memory_id=versions["memory_id"])
-        analytics = derived.analytics.query(
-            "SELECT category, count(*) AS memories, avg(text_length)::int AS avg_text_length"
-            " FROM memories GROUP BY ALL ORDER BY category",
-            tenant_id=tenant,
-        )
-        backup = run_backup(settings, tenant)  # last night's backup, before bob asks to be forgotten
-        forget_request = DeletionService(derived).request(tenant_id=tenant, subject="bob", basis="gdpr-art17")
-        forget_run = run_forget(settings, tenant, [forget_request["job_id"]])
-        # The demo does not wait for the erasure sensor's batch window: the bytes go now, proven.
-        erasure_run = run_erasure(settings, tenant)
-        service = DeletionService(derived)
-        forgotten = service.status(job_id=forget_request["job_id"])
-        proof = service.proof(job_id=forget_request["job_id"]) if forgotten["state"] == "COMPLETE" else None
-        bob_after = {
-            "list": store_rows(derived, tenant, "bob"),
-            "recall_mortgage": derived.recaller.recall(tenant_id=tenant, user_id="bob", query="mortgage payments"),
-            "team_summary": derived.summaries.read(tenant_id=tenant, scope="team", scope_id=corpus["team"])["summary"],
-        }
-        # Restoring the backup taken before the deletion must not bring bob back.
-        restored = run_restore(settings, tenant, str(backup["backup_id"]))
-        report = restored["report"] or {"state": "FAILED", "failures": restored["failures"]}
-        bob_after_restore = {
-            "list": store_rows(derived, tenant, "bob"),
-            "export": list(derived.store.iter_export(tenant_id=tenant, subject="bob")),
-            "others_back": {
-                user: len(store_rows(derived, tenant, user)) for user in corpus["members"] if user != "bob"
-            },
-        }
-        # In `dagster dev`, restored_tenants_backfill_sensor launches this rebuild as an asset backfill;
-        # the demo has no daemon, so it materializes the same assets as one run.
-        backfill = materialize(settings, tenant)
-        # Last night's retention run of the tenant (the corpus is recent: nothing is due yet).
-        yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
-        swept = run_retention(settings, yesterday, [tenant])
-    finally:
-        derived.store.close()
     return {
-        "tenant": corpus["tenant"],
-        "home": str(settings.home),
         "seeded": seeded,
         "versions": versions,
         "sharing_modes": sharing,
         "export_of_alice": {"versions": len(exported), "memories": len({e["memory_id"] for e in exported})},
-        "dagster": {
-            "run_id": run["run_id"],
-            "success": run["success"],
-            "materialized": run["assets"],
-            "checks": run["checks"],
-        },
+    }
+
+
+def _reads(derived: DerivedStores, tenant: str, memory_id: str) -> dict[str, Any]:
+    """What the materialized derived stores answer: a recall, a lineage lookup, an analytics query."""
+    recall_query = "what should the doctor know before prescribing antibiotics?"
+    recalled = derived.recaller.recall(tenant_id=tenant, user_id="alice", query=recall_query, k=2)
+    lineage = derived.lineage_of_memory(tenant_id=tenant, memory_id=memory_id)
+    analytics = derived.analytics.query(
+        "SELECT category, count(*) AS memories, avg(text_length)::int AS avg_text_length"
+        " FROM memories GROUP BY ALL ORDER BY category",
+        tenant_id=tenant,
+    )
+    return {
         "recall": {
             "user": "alice",
             "query": recall_query,
@@ -273,41 +268,73 @@ def _walk_through(settings: Settings, endpoints: Endpoints, corpus: dict[str, An
         },
         "lineage_of_versioned_memory": lineage,
         "analytics": analytics,
-        "forget_bob": {
-            "run_id": forget_run["run_id"],
-            "erasure_run_id": erasure_run["run_id"],
-            "state": forgotten["state"],
-            "targets": forgotten["targets"],
-            "proof": proof,
-            "after": bob_after,
+    }
+
+
+def _forget_bob(settings: Settings, derived: DerivedStores, corpus: dict[str, Any]) -> dict[str, Any]:
+    """bob asks to be forgotten (GDPR Art. 17): the forget run, the erasure run, the proof, and
+    what is left of him to read (nothing)."""
+    tenant = corpus["tenant"]
+    forget_request = DeletionService(derived).request(tenant_id=tenant, subject="bob", basis="gdpr-art17")
+    forget_run = run_forget(settings, tenant, [forget_request["job_id"]])
+    # The demo does not wait for the erasure sensor's batch window: the bytes go now, proven.
+    erasure_run = run_erasure(settings, tenant)
+    service = DeletionService(derived)
+    forgotten = service.status(job_id=forget_request["job_id"])
+    proof = service.proof(job_id=forget_request["job_id"]) if forgotten["state"] == "COMPLETE" else None
+    bob_after = {
+        "list": store_rows(derived, tenant, "bob"),
+        "recall_mortgage": derived.recaller.recall(tenant_id=tenant, user_id="bob", query="mortgage payments"),
+        "team_summary": derived.summaries.read(tenant_id=tenant, scope="team", scope_id=corpus["team"])["summary"],
+    }
+    return {
+        "run_id": forget_run["run_id"],
+        "erasure_run_id": erasure_run["run_id"],
+        "state": forgotten["state"],
+        "targets": forgotten["targets"],
+        "proof": proof,
+        "after": bob_after,
+    }
+
+
+def _restore_backup(
+    settings: Settings, derived: DerivedStores, corpus: dict[str, Any], backup: dict[str, Any]
+) -> dict[str, Any]:
+    """Restoring the backup taken before bob's deletion must not bring him back; then the rebuild."""
+    tenant = corpus["tenant"]
+    restored = run_restore(settings, tenant, str(backup["backup_id"]))
+    report = restored["report"] or {"state": "FAILED", "failures": restored["failures"]}
+    bob_after_restore = {
+        "list": store_rows(derived, tenant, "bob"),
+        "export": list(derived.store.iter_export(tenant_id=tenant, subject="bob")),
+        "others_back": {user: len(store_rows(derived, tenant, user)) for user in corpus["members"] if user != "bob"},
+    }
+    # In `dagster dev`, restored_tenants_backfill_sensor launches this rebuild as an asset backfill;
+    # the demo has no daemon, so it materializes the same assets as one run.
+    backfill = materialize(settings, tenant)
+    return {
+        "backup": {k: backup.get(k) for k in ("backup_id", "location", "bytes", "expires_at", "rows_memories")},
+        "restore": {
+            k: report.get(k) for k in ("state", "loaded", "replayed", "verification", "failures") if k in report
         },
-        "backup_then_restore": {
-            "backup": {k: backup.get(k) for k in ("backup_id", "location", "bytes", "expires_at", "rows_memories")},
-            "restore": {
-                k: report.get(k) for k in ("state", "loaded", "replayed", "verification", "failures") if k in report
-            },
-            "bob_after_restore": bob_after_restore,
-            "backfill_after_restore": {"success": backfill["success"], "checks": backfill["checks"]},
-        },
-        "retention": {
-            "date": swept["date"],
-            "removed": swept["totals"].get("removed", 0),
-            "success": swept["success"],
-            "run_id": swept["runs"][0]["run_id"] if swept["runs"] else None,
-        },
-        "next": {
-            "ui": f"memory-pipelines --home {settings.home} dev   # then open http://127.0.0.1:3000/assets/memories",
-            "what_to_look_at": "Assets: `memories` and the derived_stores group, partition `demo`: counts per "
-            "materialization and the asset checks; `memory_deletions`, partition `demo`: bob's forget with its "
-            "proof, certificate and data map, and the deletions_on_track check (the `forget` job's page says how to "
-            "request a deletion from the launchpad); `memory_eval` and `memory_drift` for the month evaluated "
-            "(the trend chart, precision_target and drift_target); `deletion_canary` and its nothing_left_behind "
-            "check; "
-            "`tenant_backups` lists the tenant's backups (the `backups` table) for a restore from the launchpad of "
-            "the `restore` job; Runs: the `tenant_refresh`, `forget`, `backup`, `restore`, `memory_evaluation` and "
-            "`canary_drill` runs above, launched from the code location (re-executable); sensor "
-            "`tenant_partitions_sensor` keeps tenants as partitions; after a restore, "
-            "`restored_tenants_backfill_sensor` starts a backfill",
-            "stop": f"memory-pipelines --home {settings.home} stop",
-        },
+        "bob_after_restore": bob_after_restore,
+        "backfill_after_restore": {"success": backfill["success"], "checks": backfill["checks"]},
+    }
+
+
+def _next_steps(settings: Settings) -> dict[str, str]:
+    return {
+        "ui": f"memory-pipelines --home {settings.home} dev   # then open http://127.0.0.1:3000/assets/memories",
+        "what_to_look_at": "Assets: `memories` and the derived_stores group, partition `demo`: counts per "
+        "materialization and the asset checks; `memory_deletions`, partition `demo`: bob's forget with its "
+        "proof, certificate and data map, and the deletions_on_track check (the `forget` job's page says how to "
+        "request a deletion from the launchpad); `memory_eval` and `memory_drift` for the month evaluated "
+        "(the trend chart, precision_target and drift_target); `deletion_canary` and its nothing_left_behind "
+        "check; "
+        "`tenant_backups` lists the tenant's backups (the `backups` table) for a restore from the launchpad of "
+        "the `restore` job; Runs: the `tenant_refresh`, `forget`, `backup`, `restore`, `memory_evaluation` and "
+        "`canary_drill` runs above, launched from the code location (re-executable); sensor "
+        "`tenant_partitions_sensor` keeps tenants as partitions; after a restore, "
+        "`restored_tenants_backfill_sensor` starts a backfill",
+        "stop": f"memory-pipelines --home {settings.home} stop",
     }

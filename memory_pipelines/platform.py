@@ -12,30 +12,81 @@ It holds the existing parts and calls them: the memory store (`open_store`), the
 deletion service and the backup service. No Dagster: what the CLI runs as Dagster jobs (the
 forget cascade, backups, restores) runs here in-process, through the same library calls the
 jobs' ops make. Errors are `MemoryPipelinesError` subclasses naming the field.
+
+The `memory-pipelines` CLI is a front end to this class: every command that does not launch a
+Dagster run or manage the services calls one method here. Answers are plain dicts typed by the
+TypedDicts of `memory_pipelines.lib.results`. The methods are grouped in mixin classes below
+(memories, tenants, derived views, forgetting, backups, agent runs and checks), all on the parts
+of `_Parts`; `MemoryPlatform` is all of them.
 """
 
 from __future__ import annotations
 
+import builtins
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from datetime import date
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from memory_pipelines.lib.infra import services, validation
 from memory_pipelines.lib.infra.errors import ConflictError, MemoryPipelinesError, ValidationError
-from memory_pipelines.lib.infra.runtime import open_backups, open_store
 from memory_pipelines.lib.infra.services import Endpoints
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import (
+    AnalyticsAnswer,
+    BackupListing,
+    BackupsExpired,
+    BackupTaken,
+    CanaryDrill,
+    DeletionJob,
+    DeletionProof,
+    DeletionRequest,
+    DoNotSell,
+    EvaluationTrend,
+    ExportedVersion,
+    KeysShredded,
+    LeaseRevoked,
+    LineageRecord,
+    MemoryVersion,
+    MemoryWrite,
+    PromptSnapshot,
+    RecallHit,
+    RecordSources,
+    RestoreReport,
+    RestoreRequest,
+    RetentionPreview,
+    RetentionSweep,
+    RollBack,
+    RunExplanation,
+    RunLease,
+    Summary,
+    SummaryMode,
+    SyncCounts,
+    TeamMemberAdded,
+    TeamMemberRemoved,
+    TenantInfo,
+    TenantMode,
+    TenantReopened,
+    TrendMonth,
+    VisibleMemory,
+)
+from memory_pipelines.lib.runtime import open_backups, open_store
 
 if TYPE_CHECKING:
+    from memory_pipelines.lib.agent_runs.runs import AgentRuns
     from memory_pipelines.lib.backups.service import BackupService
     from memory_pipelines.lib.forget.deletion import DeletionLedger, DeletionService
+    from memory_pipelines.lib.forget.gate import Permit
+    from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
     from memory_pipelines.lib.stores.derived import DerivedStores
 
-# `list` is a method name here: annotations use these aliases.
-Row = dict[str, Any]
+__all__ = ["DEFAULT_WAIT_SECONDS", "DeletionHandle", "DeletionTimeout", "MemoryPlatform"]
+
+# `list` is a method name of `_Memories`: annotations there use `builtins.list`, or this alias.
 Rows = list[dict[str, Any]]
 
 DEFAULT_WAIT_SECONDS = 300.0
@@ -55,7 +106,7 @@ class DeletionHandle:
     tenant's forget lock) until the job is COMPLETE; `proof()` is the proof of a COMPLETE job.
     """
 
-    def __init__(self, platform: MemoryPlatform, job: Row) -> None:
+    def __init__(self, platform: MemoryPlatform, job: Mapping[str, Any]) -> None:
         self._platform = platform
         self.job_id: str = job["job_id"]
         self.tenant_id: str = job["tenant_id"]
@@ -64,11 +115,11 @@ class DeletionHandle:
     def __repr__(self) -> str:
         return f"DeletionHandle(job_id={self.job_id!r}, tenant_id={self.tenant_id!r})"
 
-    def status(self) -> Row:
+    def status(self) -> DeletionJob:
         """The job now: state, scope, basis, deadline and per-store targets (ids and counts only)."""
-        return self._platform.ledger.status(job_id=self.job_id)
+        return self._platform.deletion_status(job_id=self.job_id)
 
-    def wait(self, *, timeout: float = DEFAULT_WAIT_SECONDS) -> Row:
+    def wait(self, *, timeout: float = DEFAULT_WAIT_SECONDS) -> DeletionJob:
         """Run the cascade in this process until the job is COMPLETE and return its status.
 
         Like `memory-pipelines forget --wait` without Dagster: `DeletionService.run_batch` for this
@@ -85,7 +136,7 @@ class DeletionHandle:
         ledger = self._platform.ledger
         ran = False
         while True:
-            job = ledger.status(job_id=self.job_id)
+            job = cast(DeletionJob, ledger.status(job_id=self.job_id))
             if job["state"] == "COMPLETE":
                 return job
             if ran and job["state"] == "BLOCKED":
@@ -111,25 +162,23 @@ class DeletionHandle:
                 )
             time.sleep(_POLL_SECONDS)
 
-    def proof(self) -> Row:
+    def proof(self) -> DeletionProof:
         """The job's proof once COMPLETE (ids, HMACs and counts, never text); NotFoundError before."""
-        return self._platform.ledger.proof(job_id=self.job_id)
+        return self._platform.deletion_proof(job_id=self.job_id)
 
 
-def _blocked_targets(job: Row) -> str:
+def _blocked_targets(job: DeletionJob) -> str:
     failed = {name: status for name, status in (job.get("targets") or {}).items() if str(status).startswith("FAILED")}
     return ", ".join(f"{name}={status}" for name, status in sorted(failed.items())) or "see status()"
 
 
-class MemoryPlatform:
-    """Write, recall, version, export, forget, back up and explain memories: one object for all of it.
+def _check_tenant(tenant_id: str) -> None:
+    """Every door refuses malformed and reserved tenant ids (eval, eval-*, canary-*) alike."""
+    validation.check_customer_tenant("tenant", tenant_id)
 
-    `MemoryPlatform.from_env()` reads the settings from the environment (MEMORY_PIPELINES_HOME and
-    the rest) and starts or reuses the embedded PostgreSQL and Chroma of that HOME. The
-    constructor takes the parts, for tests and for callers that built them. Methods take keyword
-    arguments only. Use it as a context manager, or call `close()`; the services keep running for
-    the next process (`memory-pipelines stop` stops them).
-    """
+
+class _Parts:
+    """The parts every group of methods works with, each opened on first use, and the lifecycle."""
 
     def __init__(
         self,
@@ -147,19 +196,12 @@ class MemoryPlatform:
         self._derived = derived
         self._backups = backups
         self._deletions = deletions
+        self._runs: AgentRuns | None = None
+        self._analytics: AnalyticsStore | None = None
         self._lock = threading.Lock()
         # tenant -> the change sequence its recall indexes were last synced at by this object.
         self._synced: dict[str, int] = {}
         self._closed = False
-
-    @classmethod
-    def from_env(cls) -> MemoryPlatform:
-        """A platform on the settings of the environment; starts or reuses the embedded services."""
-        settings = Settings.from_env()
-        endpoints = services.ensure_services(settings)
-        return cls(settings=settings, store=open_store(settings, endpoints), endpoints=endpoints)
-
-    # -- parts -----------------------------------------------------------------------------------
 
     def _open(self) -> None:
         if self._closed:
@@ -214,7 +256,42 @@ class MemoryPlatform:
                 self._backups = open_backups(self.settings, self._store)
             return self._backups
 
-    # -- memories --------------------------------------------------------------------------------
+    def _agent_runs(self) -> AgentRuns:
+        """Agent runs on the derived stores: one gate (a connection per thread) for every run call."""
+        derived = self.derived
+        with self._lock:
+            if self._runs is None:
+                from memory_pipelines.lib.agent_runs.runs import AgentRuns
+
+                self._runs = AgentRuns(derived)
+            return self._runs
+
+    def _analytics_store(self) -> AnalyticsStore:
+        """The derived stores' analytics copy if they are open, else one of its own: a query needs
+        neither Chroma nor the embedding model."""
+        self._open()
+        with self._lock:
+            if self._derived is not None:
+                return self._derived.analytics
+            if self._analytics is None:
+                from memory_pipelines.lib.stores.analytics.store import AnalyticsStore, QueryLimits
+
+                self._analytics = AnalyticsStore(
+                    self.settings.analytics_root, store=self._store, limits=QueryLimits.of(self.settings)
+                )
+            return self._analytics
+
+    def close(self) -> None:
+        """Release the connections this object holds; idempotent. Later calls raise ConflictError."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._store.close()
+
+
+class _Memories(_Parts):
+    """Write, recall, version and export memories."""
 
     def write(
         self,
@@ -229,10 +306,10 @@ class MemoryPlatform:
         confidence: float | None = None,
         original_query: str | None = None,
         do_not_sell: bool | None = None,
-    ) -> Row:
+    ) -> MemoryWrite:
         """Write a memory, or a new version of `memory_id`; identical re-writes are no-ops (`changed` False)."""
-        validation.check_customer_tenant("tenant", tenant_id)
-        return self.store.write(
+        _check_tenant(tenant_id)
+        written = self.store.write(
             tenant_id=tenant_id,
             user_id=user_id,
             text=text,
@@ -243,16 +320,19 @@ class MemoryPlatform:
             confidence=confidence,
             original_query=original_query,
             do_not_sell=do_not_sell,
-        ).as_dict()
+        )
+        return cast(MemoryWrite, written.as_dict())
 
-    def write_many(self, *, tenant_id: str, items: Rows) -> Rows:
+    def write_many(self, *, tenant_id: str, items: Rows) -> builtins.list[MemoryWrite]:
         """Bulk-write new memories (`user_id`, `text`, optional fields); every item is checked first.
 
         Commits in chunks so a deletion never waits for the whole batch; one stopped part way raises
         `PartialWriteError` with `written` (what landed). Writing the same items again is safe.
         """
-        validation.check_customer_tenant("tenant", tenant_id)
-        return [result.as_dict() for result in self.store.write_many(tenant_id=tenant_id, items=items)]
+        _check_tenant(tenant_id)
+        return [
+            cast(MemoryWrite, result.as_dict()) for result in self.store.write_many(tenant_id=tenant_id, items=items)
+        ]
 
     def recall(
         self,
@@ -264,7 +344,7 @@ class MemoryPlatform:
         k: int = 5,
         mode: str = "hybrid",
         sync: bool = True,
-    ) -> Rows:
+    ) -> builtins.list[RecallHit]:
         """Top-k memories visible to the user for `query` (semantic, keyword or hybrid); sees every write.
 
         With `sync` (the default) the tenant's recall indexes (vectors and keyword postings) are
@@ -275,7 +355,7 @@ class MemoryPlatform:
         (~14 s for 1,000 memories, as `materialize` would). Writes in a batch share one sync.
         `sync=False` reads the indexes as the Dagster assets last built them.
         """
-        validation.check_customer_tenant("tenant", tenant_id)
+        _check_tenant(tenant_id)
         if validation.check_bool("sync", sync):
             # Bad input is refused before any index work (the tenant id is checked above).
             validation.check_id("user", user_id)
@@ -283,9 +363,10 @@ class MemoryPlatform:
             validation.check_text("query", query)
             validation.check_recall(k, mode)
             self._sync_recall_indexes(tenant_id)
-        return self.derived.recaller.recall(
+        hits = self.derived.recaller.recall(
             tenant_id=tenant_id, user_id=user_id, team_id=team_id, query=query, k=k, mode=mode
         )
+        return cast(builtins.list[RecallHit], hits)
 
     def _sync_recall_indexes(self, tenant_id: str) -> None:
         from memory_pipelines.lib.stores.derived import sync_embeddings, sync_keywords
@@ -300,41 +381,144 @@ class MemoryPlatform:
         with self._lock:
             self._synced[tenant_id] = seq
 
-    def sync(self, *, tenant_id: str) -> dict[str, dict[str, int]]:
+    def sync(self, *, tenant_id: str) -> SyncCounts:
         """Bring every derived store of the tenant up to date (what `materialize` does, without Dagster)."""
-        validation.check_customer_tenant("tenant", tenant_id)
+        _check_tenant(tenant_id)
         seq = self.store.change_seq(tenant_id=tenant_id)
         counts = self.derived.sync_all(tenant_id=tenant_id)
         with self._lock:
             self._synced[tenant_id] = seq
         return counts
 
-    def list(self, *, tenant_id: str, user_id: str, team_id: str | None = None) -> Rows:
+    def list(self, *, tenant_id: str, user_id: str, team_id: str | None = None) -> builtins.list[VisibleMemory]:
         """Current memories visible to the user: the personal view, or the team view with `team_id`."""
-        validation.check_customer_tenant("tenant", tenant_id)
-        return self.store.list_visible(tenant_id=tenant_id, user_id=user_id, team_id=team_id)
+        _check_tenant(tenant_id)
+        visible = self.store.list_visible(tenant_id=tenant_id, user_id=user_id, team_id=team_id)
+        return cast(builtins.list[VisibleMemory], visible)
 
-    def history(self, *, tenant_id: str, memory_id: str) -> Rows:
+    def history(self, *, tenant_id: str, memory_id: str) -> builtins.list[MemoryVersion]:
         """Every version of a memory, oldest first."""
-        validation.check_customer_tenant("tenant", tenant_id)
-        return self.store.history(tenant_id=tenant_id, memory_id=memory_id)
+        _check_tenant(tenant_id)
+        return cast(builtins.list[MemoryVersion], self.store.history(tenant_id=tenant_id, memory_id=memory_id))
 
-    def rollback(self, *, tenant_id: str, memory_id: str, user_id: str) -> Row:
+    def rollback(self, *, tenant_id: str, memory_id: str, user_id: str) -> RollBack:
         """Make the previous version current again, as a new version (only the author may)."""
-        validation.check_customer_tenant("tenant", tenant_id)
-        return self.store.rollback(tenant_id=tenant_id, memory_id=memory_id, user_id=user_id)
+        _check_tenant(tenant_id)
+        return cast(RollBack, self.store.rollback(tenant_id=tenant_id, memory_id=memory_id, user_id=user_id))
 
-    def export(self, *, tenant_id: str, subject: str) -> Rows:
+    def export(self, *, tenant_id: str, subject: str) -> builtins.list[ExportedVersion]:
         """Every version of every memory the subject wrote, personal and team (GDPR Art. 15/20, CCPA)."""
-        validation.check_customer_tenant("tenant", tenant_id)
-        return list(self.store.iter_export(tenant_id=tenant_id, subject=subject))
+        _check_tenant(tenant_id)
+        return cast(builtins.list[ExportedVersion], list(self.store.iter_export(tenant_id=tenant_id, subject=subject)))
 
     def export_json(self, *, tenant_id: str, subject: str) -> Iterator[str]:
         """The subject's export as chunks of one JSON document, streamed (what `memory-pipelines export` prints)."""
-        validation.check_customer_tenant("tenant", tenant_id)
+        _check_tenant(tenant_id)
         return self.store.export_json(tenant_id=tenant_id, subject=subject)
 
-    # -- forgetting --------------------------------------------------------------------------------
+
+class _Tenants(_Parts):
+    """Tenants, their sharing modes and teams, and do-not-sell flags."""
+
+    def tenants(self) -> list[TenantInfo]:
+        """Every tenant with its sharing mode and counts (no text)."""
+        return cast(list[TenantInfo], self.store.tenants())
+
+    def require_tenant(self, *, tenant_id: str) -> str:
+        """The tenant's sharing mode: NotFoundError for an unknown or deleted tenant, ConflictError
+        while it is being restored (as every read and write of it)."""
+        _check_tenant(tenant_id)
+        return self.store.require_tenant(tenant_id=tenant_id)
+
+    def create_tenant(self, *, tenant_id: str, sharing_mode: str = "strict") -> TenantMode:
+        """Create a tenant (idempotent); an existing tenant keeps its data and gets `sharing_mode`."""
+        _check_tenant(tenant_id)
+        return cast(TenantMode, self.store.create_tenant(tenant_id=tenant_id, sharing_mode=sharing_mode))
+
+    def set_sharing_mode(self, *, tenant_id: str, sharing_mode: str) -> TenantMode:
+        """Change an existing tenant's sharing mode: strict, shared_pool or progressive."""
+        _check_tenant(tenant_id)
+        return cast(TenantMode, self.store.set_sharing_mode(tenant_id=tenant_id, sharing_mode=sharing_mode))
+
+    def add_team_member(self, *, tenant_id: str, team_id: str, user_id: str) -> TeamMemberAdded:
+        """Add a user to a team, creating tenant and team if needed (idempotent)."""
+        _check_tenant(tenant_id)
+        added = self.store.add_team_member(tenant_id=tenant_id, team_id=team_id, user_id=user_id)
+        return cast(TeamMemberAdded, added)
+
+    def remove_team_member(self, *, tenant_id: str, team_id: str, user_id: str) -> TeamMemberRemoved:
+        """Remove a user from a team; the memories they wrote for it stay with the team."""
+        _check_tenant(tenant_id)
+        removed = self.store.remove_team_member(tenant_id=tenant_id, team_id=team_id, user_id=user_id)
+        return cast(TeamMemberRemoved, removed)
+
+    def set_do_not_sell(
+        self,
+        *,
+        tenant_id: str,
+        user_id: str,
+        memory_id: str | None = None,
+        subject: str | None = None,
+        value: bool = True,
+    ) -> DoNotSell:
+        """CCPA opt-out (`value` False clears it) for one memory (its author acts) or for every memory
+        of a subject, present and future (the subject acts: `subject` == `user_id`)."""
+        _check_tenant(tenant_id)
+        flagged = self.store.set_do_not_sell(
+            tenant_id=tenant_id, user_id=user_id, value=value, memory_id=memory_id, subject=subject
+        )
+        return cast(DoNotSell, flagged)
+
+
+class _DerivedViews(_Parts):
+    """What the derived stores answer: lineage, summaries, analytics."""
+
+    def lineage(
+        self, *, tenant_id: str, memory_id: str | None = None, record: str | None = None
+    ) -> list[LineageRecord] | RecordSources:
+        """Derived records of every version of `memory_id` (a list), or the sources of a derived
+        `record` (STORE:ID)."""
+        _check_tenant(tenant_id)
+        if (memory_id is None) == (record is None):
+            raise ValidationError("memory_id", "give exactly one of memory_id or record")
+        if memory_id is not None:
+            return cast(list[LineageRecord], self.derived.lineage_of_memory(tenant_id=tenant_id, memory_id=memory_id))
+        assert record is not None
+        return cast(RecordSources, self.derived.sources_of_record(tenant_id=tenant_id, record=record))
+
+    def lineage_picture(self, *, tenant_id: str, memory_id: str, fmt: str = "png") -> bytes:
+        """A picture (png or svg) of one memory's lineage: its versions, each derived record, an edge per link."""
+        from memory_pipelines.lib.forget.certificate import lineage_graph
+
+        records = self.lineage(tenant_id=tenant_id, memory_id=memory_id)
+        return lineage_graph(cast(list[LineageRecord], records), title=f"lineage of {memory_id}", fmt=fmt)
+
+    def summary(self, *, tenant_id: str, subject: str | None = None, team_id: str | None = None) -> Summary:
+        """A subject's summary, or else a team's (`team_id`), decrypted, with its sources."""
+        _check_tenant(tenant_id)
+        if subject is not None and team_id is not None:
+            raise ValidationError("subject", "give exactly one of subject or team_id")
+        summaries = self.derived.summaries
+        if subject is not None:
+            return cast(Summary, summaries.read(tenant_id=tenant_id, scope="subject", scope_id=subject))
+        return cast(Summary, summaries.read(tenant_id=tenant_id, scope="team", scope_id=cast(str, team_id)))
+
+    def set_summary_mode(self, *, tenant_id: str, subject: str, mode: str) -> SummaryMode:
+        """How the subject's summary is made: full, summary or hybrid."""
+        _check_tenant(tenant_id)
+        return cast(SummaryMode, self.derived.summaries.set_mode(tenant_id=tenant_id, subject=subject, mode=mode))
+
+    def analytics(self, *, tenant_id: str, sql: str) -> AnalyticsAnswer:
+        """One SELECT over the tenant's analytics rows (the table `memories`), in a locked-down DuckDB.
+
+        Only this tenant's rows, less those an accepted deletion hides; an unknown, deleted or
+        restoring tenant is refused as by every read."""
+        _check_tenant(tenant_id)
+        return cast(AnalyticsAnswer, self._analytics_store().query(sql, tenant_id=tenant_id))
+
+
+class _Forgetting(_Parts):
+    """Deletion requests, jobs, proofs and certificates, crypto-shredding, retention sweeps."""
 
     def forget(
         self,
@@ -354,7 +538,32 @@ class MemoryPlatform:
         Returns a handle: `wait()` runs the cascade, `proof()` proves it. The same open request
         again returns the first one's job (`duplicate` True).
         """
-        validation.check_customer_tenant("tenant", tenant_id)
+        job = self.request_deletion(
+            tenant_id=tenant_id,
+            subject=subject,
+            memory_id=memory_id,
+            version=version,
+            all_tenant=all_tenant,
+            confirm=confirm,
+            basis=basis,
+            requested_by=requested_by,
+        )
+        return DeletionHandle(cast(MemoryPlatform, self), job)
+
+    def request_deletion(
+        self,
+        *,
+        tenant_id: str,
+        subject: str | None = None,
+        memory_id: str | None = None,
+        version: int | None = None,
+        all_tenant: bool = False,
+        confirm: str | None = None,
+        basis: str = "user-request",
+        requested_by: str | None = None,
+    ) -> DeletionRequest:
+        """`forget`'s request, answered with the job itself (`duplicate` True for an open job of that scope)."""
+        _check_tenant(tenant_id)
         job = self.deletions.request(
             tenant_id=tenant_id,
             subject=subject,
@@ -365,57 +574,196 @@ class MemoryPlatform:
             basis=basis,
             requested_by=requested_by,
         )
-        return DeletionHandle(self, job)
+        return cast(DeletionRequest, job)
 
     def deletion(self, *, job_id: str) -> DeletionHandle:
         """A handle on an existing deletion job (from `forget`, the CLI or a Dagster run)."""
-        return DeletionHandle(self, self.ledger.status(job_id=job_id))
+        return DeletionHandle(cast(MemoryPlatform, self), self.deletion_status(job_id=job_id))
 
-    # -- backups -----------------------------------------------------------------------------------
+    def deletion_status(self, *, job_id: str) -> DeletionJob:
+        """A job's state, scope, basis, deadline and per-store targets (control plane only)."""
+        return cast(DeletionJob, self.ledger.status(job_id=job_id))
 
-    def backup(self, *, tenant_id: str) -> Row:
+    def deletion_proof(self, *, job_id: str) -> DeletionProof:
+        """A COMPLETE job's proof (ids, HMACs and counts, never text); NotFoundError before."""
+        return cast(DeletionProof, self.ledger.proof(job_id=job_id))
+
+    def deletion_certificate(self, *, job_id: str, fmt: str = "md") -> str:
+        """A COMPLETE job's deletion certificate for a privacy officer, as Markdown (md) or HTML (html)."""
+        from memory_pipelines.lib.forget.certificate import render
+
+        ledger = self.ledger
+        proof = ledger.proof(job_id=job_id)
+        return render(proof, ledger.status(job_id=job_id), fmt)
+
+    def deletion_jobs(self, *, state: str | None = None, tenant_id: str | None = None) -> list[DeletionJob]:
+        """Every deletion job, oldest first; only those in `state`, or of `tenant_id`, when given."""
+        if tenant_id is not None:
+            _check_tenant(tenant_id)
+        return cast(list[DeletionJob], self.ledger.list_jobs(state=state, tenant_id=tenant_id))
+
+    def shred_keys(self, *, tenant_id: str, subject: str | None = None, confirm: str | None = None) -> KeysShredded:
+        """Crypto-shred now: destroy the subject's key, or every key of the tenant (`confirm` repeats
+        the tenant id). Its data becomes unreadable at once, in every backup too; the forget job of
+        the same scope is requested (hidden at once)."""
+        _check_tenant(tenant_id)
+        return cast(KeysShredded, self.deletions.shred_keys(tenant_id=tenant_id, subject=subject, confirm=confirm))
+
+    def retention_preview(self, *, day: str | date) -> RetentionPreview:
+        """What a retention sweep of `day` (YYYY-MM-DD, a future day too) would remove: counts only."""
+        from memory_pipelines.lib.retention import rules
+
+        return cast(RetentionPreview, rules.preview(self.store, day=day))
+
+    def sweep_retention(self, *, day: str | date, tenant_id: str | None = None, run: bool = True) -> RetentionSweep:
+        """Request the removal of what day `day`'s retention ended (a day that has ended, UTC), one
+        RETENTION job per tenant (`tenant_id`: that tenant only); with `run` carry it out now, in
+        this process, else the jobs wait for the forget sensor."""
+        from memory_pipelines.lib.retention import rules
+
+        if tenant_id is not None:
+            _check_tenant(tenant_id)
+        return cast(RetentionSweep, rules.sweep(self.deletions, day=day, tenant_id=tenant_id, run=run))
+
+
+class _Backups(_Parts):
+    """Encrypted backups and safe restores."""
+
+    def backup(self, *, tenant_id: str) -> BackupTaken:
         """Back the tenant up now, encrypted; returns the manifest (backup_id, counts, expiry; no text)."""
-        validation.check_customer_tenant("tenant", tenant_id)
-        return self.backups.backup(tenant_id=tenant_id)
+        _check_tenant(tenant_id)
+        return cast(BackupTaken, self.backups.backup(tenant_id=tenant_id))
 
-    def restore(self, *, tenant_id: str, backup_id: str) -> Row:
+    def restore(self, *, tenant_id: str, backup_id: str) -> RestoreReport:
         """Restore the tenant from a backup: journal replayed so forgotten data stays forgotten, verified.
 
         Returns the report; `state` is COMPLETE, or BLOCKED when verification failed (the tenant's
         rows are as before and it stays closed until a later restore succeeds). Recall rebuilds its
         indexes from the restored memories on its next call.
         """
-        validation.check_customer_tenant("tenant", tenant_id)
-        return self.backups.restore(tenant_id=tenant_id, backup_id=backup_id)
+        _check_tenant(tenant_id)
+        return cast(RestoreReport, self.backups.restore(tenant_id=tenant_id, backup_id=backup_id))
 
-    # -- lineage and explain -----------------------------------------------------------------------
+    def list_backups(self, *, tenant_id: str) -> list[BackupListing]:
+        """The tenant's backups, oldest first, in flight and failed ones included (ids and counts only)."""
+        _check_tenant(tenant_id)
+        return cast(list[BackupListing], self.backups.list_backups(tenant_id=tenant_id))
 
-    def lineage(self, *, tenant_id: str, memory_id: str | None = None, record: str | None = None) -> Any:
-        """Derived records of every version of `memory_id`, or the sources of a derived `record` (STORE:ID)."""
-        validation.check_customer_tenant("tenant", tenant_id)
-        if (memory_id is None) == (record is None):
-            raise ValidationError("memory_id", "give exactly one of memory_id or record")
-        if memory_id is not None:
-            return self.derived.lineage_of_memory(tenant_id=tenant_id, memory_id=memory_id)
-        assert record is not None
-        return self.derived.sources_of_record(tenant_id=tenant_id, record=record)
+    def sweep_backups(self) -> BackupsExpired:
+        """Delete every tenant's backups past their expiry (S3's lifecycle rule does the same there)."""
+        return cast(BackupsExpired, self.backups.sweep_expired())
 
-    def explain(self, *, tenant_id: str, run_id: str) -> Row:
+    def request_restore(self, *, tenant_id: str, backup_id: str, restore_id: str | None = None) -> RestoreRequest:
+        """Record a restore for the restore sensor to run; the backup and `restore_id` are checked now."""
+        _check_tenant(tenant_id)
+        requested = self.backups.request_restore(tenant_id=tenant_id, backup_id=backup_id, restore_id=restore_id)
+        return cast(RestoreRequest, requested)
+
+    def check_restore(self, *, tenant_id: str, backup_id: str, restore_id: str | None = None) -> None:
+        """Refuse a restore before it is launched elsewhere (a Dagster run): the backup must be the
+        tenant's, stored and not expired, and `restore_id` (when given) free or this restore's own."""
+        _check_tenant(tenant_id)
+        backups = self.backups
+        # BackupService has no public check of a backup id yet: its restore's own first step.
+        backups._backup_row(tenant_id, backup_id)
+        if restore_id is not None:
+            backups.check_restore_id(tenant_id=tenant_id, backup_id=backup_id, restore_id=restore_id)
+
+    def reopen_tenant(self, *, tenant_id: str) -> TenantReopened:
+        """Open a tenant a BLOCKED restore left closed; its rows are those before that restore."""
+        _check_tenant(tenant_id)
+        return cast(TenantReopened, self.backups.reopen(tenant_id=tenant_id))
+
+
+class _Runs(_Parts):
+    """The agent-run fence: leases, recall inside them, permits, prompt snapshots, `explain`."""
+
+    def open_run(self, *, tenant_id: str, subject_id: str, run_id: str, ttl_seconds: int = 300) -> RunLease:
+        """Open an agent run's lease for the subject it acts for; `ttl_seconds` its lifetime."""
+        _check_tenant(tenant_id)
+        lease = self._agent_runs().open(
+            tenant_id=tenant_id, subject_id=subject_id, run_id=run_id, ttl_seconds=ttl_seconds
+        )
+        return {"lease_id": lease, "run_id": run_id, "tenant_id": tenant_id, "subject_id": subject_id}
+
+    def run_recall(
+        self, *, lease_id: str, query: str, team_id: str | None = None, k: int = 5, mode: str = "hybrid"
+    ) -> list[RecallHit]:
+        """Recall for the run's subject inside its lease: every hit is fenced on the lease."""
+        hits = self._agent_runs().recall(lease_id=lease_id, query=query, team_id=team_id, k=k, mode=mode)
+        return cast(list[RecallHit], hits)
+
+    def permit(
+        self, *, lease_id: str, sink: str, on_cancel: Iterable[Callable[[], None]] = ()
+    ) -> AbstractContextManager[Permit]:
+        """`with mp.permit(lease_id=..., sink=...) as p:` a sink boundary (model_output, tool_dispatch,
+        state_write, memory_write, queued_work); call `p.check()` between units. Refused once a
+        deletion closed a fence of the run; released when the block ends, cancelled on an error."""
+        return self._agent_runs().gate.permit(lease_id=lease_id, sink=sink, on_cancel=on_cancel)
+
+    def revoke_lease(self, *, lease_id: str) -> LeaseRevoked:
+        """Operator action for a crashed run: cancel its in-flight permits and close its lease."""
+        return cast(LeaseRevoked, self._agent_runs().gate.revoke(lease_id=lease_id))
+
+    def snapshot_prompt(
+        self, *, lease_id: str, prompt: str, sources: Iterable[tuple[str, int]] | None = None
+    ) -> PromptSnapshot:
+        """Store the prompt the run sent, sealed, with lineage to the memory versions in it
+        (default: everything the lease read); forgetting any of them removes it."""
+        snapshot = self._agent_runs().snapshot_prompt(lease_id=lease_id, prompt=prompt, sources=sources)
+        return cast(PromptSnapshot, snapshot)
+
+    def explain(self, *, tenant_id: str, run_id: str) -> RunExplanation:
         """The recall chain of an agent run: memories it read (text while present) and derived records."""
-        validation.check_customer_tenant("tenant", tenant_id)
-        from memory_pipelines.lib.agent_runs.runs import AgentRuns
+        _check_tenant(tenant_id)
+        return cast(RunExplanation, self._agent_runs().explain(tenant_id=tenant_id, run_id=run_id))
 
-        return AgentRuns(self.derived).explain(tenant_id=tenant_id, run_id=run_id)
 
-    # -- lifecycle ---------------------------------------------------------------------------------
+class _Checks(_Parts):
+    """The platform checking itself: memory quality over time, the deletion canary drill."""
 
-    def close(self) -> None:
-        """Release the connections this object holds; idempotent. Later calls raise ConflictError."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._store.close()
+    def evaluation_trend(self, *, mode: str = "hybrid") -> EvaluationTrend:
+        """Month by month precision, recall (of recall `mode`) and drift of the evaluation tenant,
+        with the Markdown table; `months` is empty before any `eval run`."""
+        from memory_pipelines.lib.evaluation import evaluator
+
+        evaluator.check_mode(mode)
+        eval_set = evaluator.load_eval_set()
+        rows = evaluator.trend(self.store, tenant_id=eval_set.tenant, mode=mode)
+        return {
+            "tenant": eval_set.tenant,
+            "mode": mode,
+            "k": eval_set.k,
+            "months": cast(list[TrendMonth], rows),
+            "markdown": evaluator.trend_markdown(rows),
+        }
+
+    def canary_drill(self) -> CanaryDrill:
+        """The end-to-end deletion drill in a tenant of its own (written, backed up, forgotten, erased,
+        restored, offboarded); `passed` only when nothing of the canaries is left anywhere."""
+        from memory_pipelines.lib.forget.canary import run_canary_drill
+
+        derived, backups = self.derived, self.backups
+        home = None if self.settings.pg_url else self.settings.home
+        return cast(CanaryDrill, run_canary_drill(derived, home=home, backups=backups))
+
+
+class MemoryPlatform(_Memories, _Tenants, _DerivedViews, _Forgetting, _Backups, _Runs, _Checks):
+    """Write, recall, version, export, forget, back up and explain memories: one object for all of it.
+
+    `MemoryPlatform.from_env()` reads the settings from the environment (MEMORY_PIPELINES_HOME and
+    the rest) and starts or reuses the embedded PostgreSQL and Chroma of that HOME. The
+    constructor takes the parts, for tests and for callers that built them. Methods take keyword
+    arguments only. Use it as a context manager, or call `close()`; the services keep running for
+    the next process (`memory-pipelines stop` stops them).
+    """
+
+    @classmethod
+    def from_env(cls) -> MemoryPlatform:
+        """A platform on the settings of the environment; starts or reuses the embedded services."""
+        settings = Settings.from_env()
+        endpoints = services.ensure_services(settings)
+        return cls(settings=settings, store=open_store(settings, endpoints), endpoints=endpoints)
 
     def __enter__(self) -> MemoryPlatform:
         self._open()
