@@ -25,12 +25,12 @@ from benchmarks.ingest import corpus
 from memory_pipelines.lib.backups.service import BackupService
 from memory_pipelines.lib.backups.storage import LocalBackupStorage
 from memory_pipelines.lib.forget.deletion import DeletionService
-from memory_pipelines.lib.infra.runtime import open_store
 from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.retention import rules as retention
+from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import open_derived
 from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
 

@@ -24,9 +24,9 @@ from typing import Any
 
 from benchmarks.ingest import corpus
 from memory_pipelines.lib.forget.deletion import DeletionService
-from memory_pipelines.lib.infra.runtime import open_store
 from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import open_derived
 from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
 

@@ -41,10 +41,10 @@ import numpy as np
 from benchmarks.ingest import corpus
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureIncomplete, ErasureService
-from memory_pipelines.lib.infra.runtime import open_store
 from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores import bytescan
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived, sync_embeddings
 from memory_pipelines.lib.stores.vectors import index as vectors

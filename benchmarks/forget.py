@@ -47,10 +47,10 @@ import numpy as np
 from benchmarks.ingest import corpus
 from memory_pipelines.lib.forget.deletion import DeletionBlocked, DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureIncomplete, ErasureService
-from memory_pipelines.lib.infra.runtime import open_store
 from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import (
     DerivedStores,
     default_embedder,

@@ -46,9 +46,9 @@ from benchmarks.forget import VERSIONS, SyntheticVectors, items_for, populate, r
 from benchmarks.ingest import WORDS
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
-from memory_pipelines.lib.infra.runtime import open_store
 from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings, lower_priority
+from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import default_embedder, open_derived, sync_keywords
 
 TENANT_A = "iso-a"

@@ -33,11 +33,11 @@ from typing import Any
 from benchmarks.forget import build
 from benchmarks.ingest import WORDS, corpus
 from memory_pipelines.lib.infra.errors import NotFoundError
-from memory_pipelines.lib.infra.runtime import open_store
 from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import default_embedder, open_derived, sync_embeddings, sync_keywords
 from memory_pipelines.lib.stores.recall_cache.recall import MODES, Recaller, chroma_where
 from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder

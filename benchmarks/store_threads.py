@@ -16,10 +16,10 @@ import threading
 import time
 from pathlib import Path
 
-from memory_pipelines.lib.infra.runtime import open_store
 from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.runtime import open_store
 
 
 def hammer(stores: list[MemoryStore], seconds: float, tenant: str) -> float:

@@ -17,7 +17,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from memory_pipelines.lib.infra import processes, services
-from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.infra import settings as infra_settings
 from memory_pipelines.lib.infra.services import (
     Endpoints,
     ensure_services,
@@ -27,6 +27,7 @@ from memory_pipelines.lib.infra.services import (
 )
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
 
 ROW_COUNT_TABLES = (
@@ -189,8 +190,8 @@ def _session_dagster_url() -> None:
     if _session_endpoints:
         # Forget what earlier tests exported or set (a monkeypatched value restored after a test
         # would otherwise pass for the user's): the session's URL is ours again.
-        os.environ.pop(services.ENV_DAGSTER_PG_URL, None)
-        os.environ.pop(services.ENV_DAGSTER_PG_URL_EXPORTED, None)
+        os.environ.pop(infra_settings.ENV_DAGSTER_PG_URL, None)
+        os.environ.pop(infra_settings.ENV_DAGSTER_PG_URL_EXPORTED, None)
         services._exported_dagster_url = None
         services._exported_before.clear()
         export_dagster_url(_session_endpoints[0].dagster_url)

@@ -9,6 +9,12 @@ from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.keys import KeyStore
 from memory_pipelines.lib.memories.store import MemoryStore
 
+__all__ = [
+    "master_key",
+    "open_backups",
+    "open_store",
+]
+
 
 def master_key(settings: Settings) -> crypto.MasterKey:
     """KMS when MEMORY_PIPELINES_KMS_KEY_ID is set, else the local key file under HOME."""

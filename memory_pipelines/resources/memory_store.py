@@ -7,9 +7,9 @@ from typing import ClassVar
 
 import dagster as dg
 
-from memory_pipelines.lib.infra.runtime import open_store
 from memory_pipelines.lib.infra.settings import DEFAULT_HOME, Settings
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.runtime import open_store
 
 
 class MemoryStoreResource(dg.ConfigurableResource):

@@ -349,8 +349,8 @@ def test_the_one_file_layout_is_read_then_converted_at_the_first_write(store, te
 
 
 def _remove_subject(home: str, root: str, tenant: str, sources: list[tuple[str, int]], start: Any, out: Any) -> None:
-    from memory_pipelines.lib.infra.runtime import open_store
     from memory_pipelines.lib.infra.settings import Settings
+    from memory_pipelines.lib.runtime import open_store
 
     store = open_store(Settings.from_env({"MEMORY_PIPELINES_HOME": home}))
     try:

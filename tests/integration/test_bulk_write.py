@@ -28,7 +28,7 @@ BIG = 12_000  # chunks of 250: about 1.5 s here, and about 10 s as one transacti
 _WRITER = """
 import json, sys, time
 from memory_pipelines.lib.infra.errors import PartialWriteError
-from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.infra.settings import Settings
 tenant, n, hal_every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 store = open_store(Settings.from_env())

@@ -11,7 +11,7 @@ import pytest
 
 from memory_pipelines.lib.forget.canary import files_containing as scan_for
 from memory_pipelines.lib.infra import services
-from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import open_derived
 from memory_pipelines.materialize import materialize
 from tests.conftest import run_cli, settings_for

@@ -18,7 +18,7 @@ import pytest
 
 from memory_pipelines.devserver import group_members
 from memory_pipelines.lib.infra import services, validation
-from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.runtime import open_store
 from tests.conftest import CLI, settings_for
 
 pytestmark = pytest.mark.slow

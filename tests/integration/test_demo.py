@@ -19,6 +19,7 @@ from dagster._core.execution.backfill import BulkActionStatus
 
 from memory_pipelines.demo import last_completed_month
 from memory_pipelines.lib.infra import services
+from memory_pipelines.lib.infra import settings as infra_settings
 from memory_pipelines.lib.infra.paths import ASSETS_DIR, PROJECT_ROOT
 from memory_pipelines.lib.infra.services import Endpoints
 from memory_pipelines.lib.stores import registry
@@ -42,8 +43,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory, endpoints: Endpoints) -> Iter
     of the demo, its evaluation child included, must still use the demo HOME's own instance."""
     home = tmp_path_factory.mktemp("demo") / "demo-home"
     inherited = {
-        services.ENV_DAGSTER_PG_URL: endpoints.dagster_url,
-        services.ENV_DAGSTER_PG_URL_EXPORTED: endpoints.dagster_url,
+        infra_settings.ENV_DAGSTER_PG_URL: endpoints.dagster_url,
+        infra_settings.ENV_DAGSTER_PG_URL_EXPORTED: endpoints.dagster_url,
     }
     try:
         done = run_cli("demo", home=home, env=inherited, timeout=600)

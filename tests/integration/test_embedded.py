@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from memory_pipelines.lib.infra import services
-from memory_pipelines.lib.infra.runtime import open_store
 from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.runtime import open_store
 from tests.conftest import run_cli, settings_for
 
 pytestmark = pytest.mark.slow

@@ -88,7 +88,7 @@ def test_do_not_sell_per_memory_and_per_subject(store, tenant):
 
 
 def test_concurrent_identical_writes_make_one_memory(store, tenant, session_settings, endpoints):
-    from memory_pipelines.lib.infra.runtime import open_store
+    from memory_pipelines.lib.runtime import open_store
 
     stores = [open_store(session_settings, endpoints) for _ in range(4)]
     results = []

@@ -14,7 +14,7 @@ import pytest
 from memory_pipelines.lib.forget.deletion import DeletionBlocked, DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
 from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError, ValidationError
-from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores import lineage, registry
 from memory_pipelines.lib.stores.derived import open_derived
 

@@ -35,11 +35,11 @@ from memory_pipelines.lib.backups.service import BackupService
 from memory_pipelines.lib.evaluation import evaluator as evaluation
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError
-from memory_pipelines.lib.infra.runtime import open_backups, open_store
 from memory_pipelines.lib.infra.services import Endpoints
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.retention import rules as retention
+from memory_pipelines.lib.runtime import open_backups, open_store
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
 from memory_pipelines.platform import MemoryPlatform
 from tests.conftest import CLI

@@ -7,7 +7,7 @@ import dataclasses
 import psycopg
 import pytest
 
-from memory_pipelines.lib.infra.runtime import open_store
+from memory_pipelines.lib.runtime import open_store
 
 
 def test_store_with_a_kms_master_key(session_settings, endpoints, tenant, kms_key):

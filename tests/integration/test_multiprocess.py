@@ -67,7 +67,7 @@ def test_chroma_server_is_shared_by_processes_and_stopped_with_postgres(fresh_ho
     assert services.pid_alive(state["pid"]), "the server outlives the process that asked for it"
 
     # Every product path goes to that server, never to an embedded PersistentClient.
-    from memory_pipelines.lib.infra.runtime import open_store
+    from memory_pipelines.lib.runtime import open_store
     from memory_pipelines.lib.stores.derived import open_derived
     from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
     from memory_pipelines.resources import ChromaResource
@@ -218,7 +218,7 @@ def _worker(home: str, tenant: str, label: str, seconds: float, out: Any) -> Non
     import duckdb
 
     from memory_pipelines.lib.forget.deletion import DeletionService
-    from memory_pipelines.lib.infra.runtime import open_store
+    from memory_pipelines.lib.runtime import open_store
     from memory_pipelines.lib.stores.derived import open_derived
     from memory_pipelines.lib.stores.recall_cache.recall import MODES
     from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
@@ -312,7 +312,7 @@ def test_two_processes_refreshing_recalling_and_forgetting_one_tenant_at_once_pr
 
     # Afterwards every current version the vector index has lineage for has its vector (no
     # process's stale copy of the index wrote over the other's), and no forgotten subject is left.
-    from memory_pipelines.lib.infra.runtime import open_store
+    from memory_pipelines.lib.runtime import open_store
     from memory_pipelines.lib.stores import lineage
     from memory_pipelines.lib.stores.derived import open_derived
     from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder

@@ -23,6 +23,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def toy_registered(store) -> Iterator[None]:
+    from memory_pipelines.definitions import defs
+
+    # The code location's module-level objects are built before the toy registers (as at a real
+    # start), so no other test in this process sees a toy asset; this test builds its own.
+    defs()
     toy.install(store)
     with registry.register(*SPECS):
         yield
@@ -98,5 +103,58 @@ def test_a_restore_drops_the_toy_notes_of_versions_it_drops(toy_registered, stor
         assert toy.notes(store, tenant) == set()  # version 2's note went with it; the rebuild makes version 1's
         assert derived.sync_all(tenant_id=tenant)["toy_notes"]["written"] == 1
         assert toy.notes(store, tenant) == {f"{first.memory_id}:1"}
+    finally:
+        _cleanup(store, tenant)
+
+
+def test_the_forget_graph_has_and_runs_a_step_for_the_toy_store(
+    toy_registered, store, derived, tenant, session_settings
+):
+    import dagster as dg
+
+    from memory_pipelines.defs.forget.deletions import build_memory_deletions
+    from memory_pipelines.defs.forget.jobs import forget_run_config
+    from memory_pipelines.defs.forget.ops import forget_batch
+    from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
+
+    try:
+        store.write(tenant_id=tenant, user_id="alice", text="Alice keeps a toy boat in the bath")
+        store.write(tenant_id=tenant, user_id="bob", text="Bob folds paper cranes")
+        derived.sync_all(tenant_id=tenant)
+        job = DeletionService(derived).request(tenant_id=tenant, subject="alice")
+        graph = build_memory_deletions()
+        steps = [node.name for node in graph.node_def.nodes_in_topological_order]
+        stores = [f"delete_{name}" for name in registry.names()]
+        assert steps == ["freeze", *stores, "verify", "prove"]
+        assert steps.index("delete_analytics") < steps.index("delete_toy_notes") < steps.index("delete_primary")
+        home = str(session_settings.home)
+        with dg.instance_for_test() as instance:
+            instance.add_dynamic_partitions("tenants", [tenant])
+            result = dg.materialize(
+                [graph],
+                instance=instance,
+                partition_key=tenant,
+                run_config=forget_run_config(job_ids=[job["job_id"]]),
+                resources={
+                    "memory_store": MemoryStoreResource(home=home),
+                    "chroma": ChromaResource(home=home),
+                    "summarizer": SummarizerResource(),
+                    "analytics": AnalyticsResource(home=home),
+                    "forget_batch": forget_batch,
+                },
+            )
+        assert result.success
+        ran = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SUCCESS"}
+        assert "memory_deletions.delete_toy_notes" in ran
+        [done] = [
+            e.step_materialization_data.materialization
+            for e in result.get_asset_materialization_events()
+            if e.asset_key == dg.AssetKey("memory_deletions")
+        ]
+        assert done.metadata["store_toy_notes"].value == 1
+        assert done.metadata["data_map_before"].value["toy_notes"] == 2
+        assert done.metadata["data_map_after"].value["toy_notes"] == 1
+        assert "| `toy_notes`" in done.metadata[f"certificate_{job['job_id']}"].value
+        assert len(toy.notes(store, tenant)) == 1
     finally:
         _cleanup(store, tenant)

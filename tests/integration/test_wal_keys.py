@@ -26,13 +26,13 @@ from memory_pipelines.lib.forget import certificate, wal
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
 from memory_pipelines.lib.infra.errors import NotFoundError
-from memory_pipelines.lib.infra.runtime import open_backups, open_store
 from memory_pipelines.lib.infra.services import Endpoints, ensure_services, stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.key_vault import VAULT_BYTES
 from memory_pipelines.lib.memories.keys import KeyDestroyedError, KeyStore
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.runtime import open_backups, open_store
 from memory_pipelines.lib.stores import bytescan
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
 from memory_pipelines.lib.stores.summaries.store import ExtractiveSummarizer, SummaryStore

@@ -83,13 +83,13 @@ from memory_pipelines.lib.infra.errors import (
     PermissionDeniedError,
     ServiceError,
 )
-from memory_pipelines.lib.infra.runtime import master_key, open_backups
 from memory_pipelines.lib.infra.services import ensure_services, stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.keys import KeyStore
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.retention import rules as retention
+from memory_pipelines.lib.runtime import master_key, open_backups
 from memory_pipelines.lib.stores.adapter import postgres_files
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived, sync_embeddings, sync_keywords
 from memory_pipelines.lib.stores.summaries.store import ExtractiveSummarizer, SummaryStore

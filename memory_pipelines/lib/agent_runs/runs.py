@@ -26,6 +26,11 @@ from memory_pipelines.lib.memories import crypto, ordering
 from memory_pipelines.lib.stores import lineage
 from memory_pipelines.lib.stores.derived import DerivedStores
 
+__all__ = [
+    "STORE",
+    "AgentRuns",
+]
+
 STORE = "prompt_snapshots"
 
 

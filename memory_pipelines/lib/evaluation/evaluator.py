@@ -35,6 +35,34 @@ from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.recall_cache.recall import MODES
 
+__all__ = [
+    "CHART_MONTHS",
+    "DRIFT_SAMPLE",
+    "DRIFT_TARGET",
+    "EVAL_SET",
+    "INLINE_MARKDOWN",
+    "PRECISION_TARGET",
+    "EvalSet",
+    "Judge",
+    "LLMJudge",
+    "LabelJudge",
+    "check_mode",
+    "drift",
+    "evaluate",
+    "load_eval_set",
+    "measure_drift",
+    "precision_at_k",
+    "ready_eval_tenant",
+    "recall_at_k",
+    "save_results",
+    "seed_eval_tenant",
+    "severity",
+    "trend",
+    "trend_chart",
+    "trend_markdown",
+    "trend_svg_markdown",
+]
+
 EVAL_SET = ASSETS_DIR / "eval" / "memory_eval_set.json"
 PRECISION_TARGET = 0.8
 DRIFT_TARGET = 0.10

@@ -46,6 +46,23 @@ import time
 from pathlib import Path
 from types import FrameType
 
+__all__ = [
+    "EXIT_ISOLATION",
+    "EXIT_SERVER",
+    "ISOLATIONS",
+    "REFUSAL",
+    "TOKEN_FILE",
+    "TOKEN_HEADER",
+    "Door",
+    "IsolationError",
+    "answers",
+    "authorized",
+    "isolate",
+    "main",
+    "presented_tokens",
+    "start_server",
+]
+
 TOKEN_FILE = "token"
 TOKEN_HEADER = "x-chroma-token"
 ISOLATIONS = ("auto", "netns", "none")

@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = [
+    "ConflictError",
+    "MemoryPipelinesError",
+    "NotFoundError",
+    "PartialWriteError",
+    "PermissionDeniedError",
+    "ServiceError",
+    "ValidationError",
+]
+
 
 class MemoryPipelinesError(Exception):
     """Base class for every error the API reports to its callers."""

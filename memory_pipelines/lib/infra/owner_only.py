@@ -14,6 +14,18 @@ import os
 import stat
 from pathlib import Path
 
+__all__ = [
+    "DIR_MODE",
+    "FILE_MODE",
+    "OWNER_ONLY_UMASK",
+    "TRAVERSABLE_MODE",
+    "narrow",
+    "private_dir",
+    "private_file",
+    "restrict_umask",
+    "traversable_dir",
+]
+
 OWNER_ONLY_UMASK = 0o077
 DIR_MODE = 0o700
 FILE_MODE = 0o600

@@ -3,6 +3,12 @@
 import hashlib
 from pathlib import Path
 
+__all__ = [
+    "ASSETS_DIR",
+    "PROJECT_ROOT",
+    "tenant_hash",
+]
+
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 ASSETS_DIR = PROJECT_ROOT / "assets"
 

@@ -16,6 +16,26 @@ from pathlib import Path
 
 from memory_pipelines.lib.infra.settings import ENV_HOME
 
+__all__ = [
+    "COMMAND_WIDTH",
+    "HOME_VARIABLES",
+    "STOP_SECONDS",
+    "Proc",
+    "ancestry",
+    "descendants",
+    "end_processes",
+    "group_members",
+    "home_processes",
+    "is_dagster_process",
+    "listens_on",
+    "names_home",
+    "names_path",
+    "process_environ",
+    "processes",
+    "read_proc",
+    "wait_for_exit",
+]
+
 # `stop`: how long Dagster processes get to end on SIGTERM before SIGKILL.
 STOP_SECONDS = 10.0
 COMMAND_WIDTH = 200

@@ -14,6 +14,17 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+__all__ = [
+    "ENV_VERBOSE",
+    "PREFIX",
+    "Progress",
+    "Throttled",
+    "line",
+    "no_progress",
+    "parse",
+    "throttled",
+]
+
 PREFIX = "progress: "
 # Set to 1 by `memory-pipelines --verbose`: Dagster's event log and warnings go to stderr as they are.
 ENV_VERBOSE = "MEMORY_PIPELINES_VERBOSE"

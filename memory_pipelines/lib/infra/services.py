@@ -53,6 +53,35 @@ from memory_pipelines.lib.infra.settings import (
     Settings,
 )
 
+__all__ = [
+    "CHROMA_LOG",
+    "CHROMA_START_SECONDS",
+    "CHROMA_STATE",
+    "CHROMA_TOKEN",
+    "DAGSTER_DB",
+    "DAGSTER_YAML",
+    "EMBEDDED_SETTINGS",
+    "PROXY_MARK",
+    "PROXY_PROGRAM",
+    "STORE_DB",
+    "Endpoints",
+    "chroma_binary",
+    "chroma_headers",
+    "chroma_heartbeat",
+    "chroma_state",
+    "chroma_token_path",
+    "configure_embedded",
+    "ensure_chroma",
+    "ensure_services",
+    "export_dagster_url",
+    "free_port",
+    "install_dagster_yaml",
+    "log",
+    "pid_alive",
+    "stop_chroma",
+    "stop_services",
+]
+
 log = logging.getLogger(__name__)
 
 STORE_DB = "memory_pipelines"
@@ -131,7 +160,7 @@ def _socket_dir(pgdata: Path) -> Path | None:
         return None
     if info is None or not info.is_running() or info.status != "ready" or info.socket_dir is None:
         return None
-    return info.socket_dir
+    return Path(info.socket_dir)
 
 
 def _start_embedded(pgdata: Path) -> Path:
@@ -154,7 +183,7 @@ def _start_embedded(pgdata: Path) -> Path:
     socket_dir = server.get_postmaster_info().socket_dir
     if socket_dir is None:
         raise ServiceError("postgres", "embedded PostgreSQL started without a unix socket")
-    return socket_dir
+    return Path(socket_dir)
 
 
 def _local_urls(socket_dir: Path) -> tuple[str, str]:

@@ -12,6 +12,36 @@ from typing import Any
 
 from memory_pipelines.lib.infra.errors import ValidationError
 
+__all__ = [
+    "MAX_K",
+    "MAX_TEXT_BYTES",
+    "MAX_VERSION",
+    "RECALL_MODES",
+    "RESERVED_TENANT_IDS",
+    "RESERVED_TENANT_PREFIXES",
+    "SHARING_MODES",
+    "check_bool",
+    "check_category",
+    "check_confidence",
+    "check_customer_tenant",
+    "check_id",
+    "check_items",
+    "check_memory_id",
+    "check_new_tenant",
+    "check_optional_bool",
+    "check_optional_id",
+    "check_optional_str",
+    "check_optional_text",
+    "check_recall",
+    "check_sharing_mode",
+    "check_text",
+    "check_utf8",
+    "check_version",
+    "is_reserved_tenant",
+    "new_memory_id",
+    "platform_owned",
+]
+
 MAX_TEXT_BYTES = 64 * 1024
 # Versions are PostgreSQL `integer` columns.
 MAX_VERSION = 2**31 - 1

@@ -21,6 +21,20 @@ from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.infra.paths import ASSETS_DIR
 from memory_pipelines.lib.memories.store import MemoryStore
 
+__all__ = [
+    "FIRST_DAY",
+    "KNOWN_CATEGORIES",
+    "POLICY_FILE",
+    "Policies",
+    "check_day",
+    "check_sweep_day",
+    "expired",
+    "immediate",
+    "load_policies",
+    "preview",
+    "sweep",
+]
+
 POLICY_FILE = ASSETS_DIR / "retention_policies.yaml"
 # The earliest day a sweep may be asked for (UTC); the `retention` job is partitioned by tenant.
 FIRST_DAY = "2024-01-01"

@@ -1,0 +1,132 @@
+"""The package's layering, read from the source: `lib` never imports dagster nor anything above it,
+no module-level import cycle, and each domain of `lib` imports only the domains below it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "memory_pipelines"
+ROOT = "memory_pipelines"
+# Domains of lib, each importing only those before it (module-level imports; lazy ones are for
+# speed and may reach across, never up to dagster or out of lib).
+LIB_ORDER = ["infra", "memories", "stores", "backups", "forget", "agent_runs", "retention", "evaluation"]
+# A lower domain reaching a higher one, by design, with the reason (none today).
+ALLOWED_UP: set[tuple[str, str]] = set()
+ABOVE_LIB = ("defs", "resources", "cli", "platform", "materialize", "demo", "devserver", "definitions")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path, *, module_level: bool) -> set[str]:
+    """Modules `path` imports (resolved to modules of this package where it names one)."""
+    tree = ast.parse(path.read_text())
+    nodes: list[ast.AST] = []
+    if module_level:
+        for node in tree.body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue  # hints only
+            nodes.extend(ast.walk(node) if isinstance(node, ast.If | ast.Try) else [node])
+    else:
+        nodes = list(ast.walk(tree))
+    found: set[str] = set()
+    for each in nodes:
+        if isinstance(each, ast.Import):
+            found.update(alias.name for alias in each.names)
+        elif isinstance(each, ast.ImportFrom) and each.module and each.level == 0:
+            for alias in each.names:
+                candidate = f"{each.module}.{alias.name}"
+                found.add(candidate if candidate in MODULES else each.module)
+    return found
+
+
+def _domain(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "lib" else None
+
+
+def test_lib_never_imports_dagster_nor_anything_above_it():
+    offenders = []
+    for name, path in MODULES.items():
+        if not name.startswith(f"{ROOT}.lib"):
+            continue
+        for imported in _imports(path, module_level=False):
+            top = imported.split(".")
+            if top[0] == "dagster" or top[0].startswith("dagster_"):
+                offenders.append((name, imported))
+            elif top[0] == ROOT and len(top) > 1 and top[1] in ABOVE_LIB:
+                offenders.append((name, imported))
+    assert offenders == []
+
+
+def test_no_module_level_import_cycle():
+    graph = {
+        name: {m for m in _imports(path, module_level=True) if m in MODULES and m != name}
+        for name, path in MODULES.items()
+    }
+    # Tarjan's strongly connected components: any component of two or more modules is a cycle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_each_lib_domain_imports_only_the_domains_below_it():
+    upward = set()
+    for name, path in MODULES.items():
+        here = _domain(name)
+        if here is None or here not in LIB_ORDER:
+            continue
+        for imported in _imports(path, module_level=True):
+            there = _domain(imported)
+            if there is None or there == here or there not in LIB_ORDER:
+                continue
+            if LIB_ORDER.index(there) > LIB_ORDER.index(here) and (here, there) not in ALLOWED_UP:
+                upward.add((name, imported))
+    assert sorted(upward) == []
+
+
+def test_every_lib_package_is_a_known_domain():
+    domains = {p.name for p in (PACKAGE / "lib").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert domains == set(LIB_ORDER)
+    # Beside the domains only the composition root (`runtime`: everything opened from Settings) and
+    # the typed results that leave the library (`results`).
+    modules = {p.stem for p in (PACKAGE / "lib").glob("*.py")} - {"__init__"}
+    assert modules == {"runtime", "results"}
