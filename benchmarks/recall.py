@@ -25,7 +25,7 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import RecallHit
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import default_embedder, open_derived, sync_embeddings, sync_keywords
 from memory_pipelines.lib.stores.recall_cache.recall import MODES, Recaller, chroma_where
@@ -182,7 +183,7 @@ def questions(count: int) -> list[str]:
 
 
 def interleaved(
-    calls: Sequence[tuple[Callable[[str], list[dict[str, Any]]], int]], queries: list[str]
+    calls: Sequence[tuple[Callable[[str], Sequence[Mapping[str, Any]]], int]], queries: list[str]
 ) -> tuple[list[list[float]], list[list[list[Any]]]]:
     """Milliseconds and answers ((memory_id, version) lists) per call and query; a call with bound
     `b` answers the first b queries only. Each query runs through every call in turn (every size,
@@ -203,7 +204,7 @@ def interleaved(
     return millis, answers
 
 
-def recall_new(recaller: Recaller, kwargs: dict[str, Any], query: str) -> list[dict[str, Any]]:
+def recall_new(recaller: Recaller, kwargs: dict[str, Any], query: str) -> list[RecallHit]:
     return recaller.recall(query=query, use_cache=False, **kwargs)
 
 
@@ -232,6 +233,7 @@ def measure(
     results: dict[tuple[int, str], dict[str, Any]] = {}
     for mode in modes:
         per_size = [{**target, "mode": mode} for target in targets.values()]
+        calls: list[tuple[Callable[[str], Sequence[Mapping[str, Any]]], int]]
         calls = [(partial(recall_new, recaller, kwargs), len(queries)) for kwargs in per_size]
         calls += [(partial(recall_old, recaller, kwargs), len(baseline)) for kwargs in per_size]
         if mode == "keyword":  # the exact answer (not timed): keyword hits are exact, not approximate

@@ -71,7 +71,6 @@ from memory_pipelines.lib.results import (
     TenantInfo,
     TenantMode,
     TenantReopened,
-    TrendMonth,
     VisibleMemory,
 )
 from memory_pipelines.lib.runtime import open_backups, open_store
@@ -136,7 +135,7 @@ class DeletionHandle:
         ledger = self._platform.ledger
         ran = False
         while True:
-            job = cast(DeletionJob, ledger.status(job_id=self.job_id))
+            job = ledger.status(job_id=self.job_id)
             if job["state"] == "COMPLETE":
                 return job
             if ran and job["state"] == "BLOCKED":
@@ -321,7 +320,7 @@ class _Memories(_Parts):
             original_query=original_query,
             do_not_sell=do_not_sell,
         )
-        return cast(MemoryWrite, written.as_dict())
+        return written.as_dict()
 
     def write_many(self, *, tenant_id: str, items: Rows) -> builtins.list[MemoryWrite]:
         """Bulk-write new memories (`user_id`, `text`, optional fields); every item is checked first.
@@ -330,9 +329,7 @@ class _Memories(_Parts):
         `PartialWriteError` with `written` (what landed). Writing the same items again is safe.
         """
         _check_tenant(tenant_id)
-        return [
-            cast(MemoryWrite, result.as_dict()) for result in self.store.write_many(tenant_id=tenant_id, items=items)
-        ]
+        return [result.as_dict() for result in self.store.write_many(tenant_id=tenant_id, items=items)]
 
     def recall(
         self,
@@ -363,10 +360,9 @@ class _Memories(_Parts):
             validation.check_text("query", query)
             validation.check_recall(k, mode)
             self._sync_recall_indexes(tenant_id)
-        hits = self.derived.recaller.recall(
+        return self.derived.recaller.recall(
             tenant_id=tenant_id, user_id=user_id, team_id=team_id, query=query, k=k, mode=mode
         )
-        return cast(builtins.list[RecallHit], hits)
 
     def _sync_recall_indexes(self, tenant_id: str) -> None:
         from memory_pipelines.lib.stores.derived import sync_embeddings, sync_keywords
@@ -393,23 +389,22 @@ class _Memories(_Parts):
     def list(self, *, tenant_id: str, user_id: str, team_id: str | None = None) -> builtins.list[VisibleMemory]:
         """Current memories visible to the user: the personal view, or the team view with `team_id`."""
         _check_tenant(tenant_id)
-        visible = self.store.list_visible(tenant_id=tenant_id, user_id=user_id, team_id=team_id)
-        return cast(builtins.list[VisibleMemory], visible)
+        return self.store.list_visible(tenant_id=tenant_id, user_id=user_id, team_id=team_id)
 
     def history(self, *, tenant_id: str, memory_id: str) -> builtins.list[MemoryVersion]:
         """Every version of a memory, oldest first."""
         _check_tenant(tenant_id)
-        return cast(builtins.list[MemoryVersion], self.store.history(tenant_id=tenant_id, memory_id=memory_id))
+        return self.store.history(tenant_id=tenant_id, memory_id=memory_id)
 
     def rollback(self, *, tenant_id: str, memory_id: str, user_id: str) -> RollBack:
         """Make the previous version current again, as a new version (only the author may)."""
         _check_tenant(tenant_id)
-        return cast(RollBack, self.store.rollback(tenant_id=tenant_id, memory_id=memory_id, user_id=user_id))
+        return self.store.rollback(tenant_id=tenant_id, memory_id=memory_id, user_id=user_id)
 
     def export(self, *, tenant_id: str, subject: str) -> builtins.list[ExportedVersion]:
         """Every version of every memory the subject wrote, personal and team (GDPR Art. 15/20, CCPA)."""
         _check_tenant(tenant_id)
-        return cast(builtins.list[ExportedVersion], list(self.store.iter_export(tenant_id=tenant_id, subject=subject)))
+        return list(self.store.iter_export(tenant_id=tenant_id, subject=subject))
 
     def export_json(self, *, tenant_id: str, subject: str) -> Iterator[str]:
         """The subject's export as chunks of one JSON document, streamed (what `memory-pipelines export` prints)."""
@@ -422,7 +417,7 @@ class _Tenants(_Parts):
 
     def tenants(self) -> list[TenantInfo]:
         """Every tenant with its sharing mode and counts (no text)."""
-        return cast(list[TenantInfo], self.store.tenants())
+        return self.store.tenants()
 
     def require_tenant(self, *, tenant_id: str) -> str:
         """The tenant's sharing mode: NotFoundError for an unknown or deleted tenant, ConflictError
@@ -433,24 +428,22 @@ class _Tenants(_Parts):
     def create_tenant(self, *, tenant_id: str, sharing_mode: str = "strict") -> TenantMode:
         """Create a tenant (idempotent); an existing tenant keeps its data and gets `sharing_mode`."""
         _check_tenant(tenant_id)
-        return cast(TenantMode, self.store.create_tenant(tenant_id=tenant_id, sharing_mode=sharing_mode))
+        return self.store.create_tenant(tenant_id=tenant_id, sharing_mode=sharing_mode)
 
     def set_sharing_mode(self, *, tenant_id: str, sharing_mode: str) -> TenantMode:
         """Change an existing tenant's sharing mode: strict, shared_pool or progressive."""
         _check_tenant(tenant_id)
-        return cast(TenantMode, self.store.set_sharing_mode(tenant_id=tenant_id, sharing_mode=sharing_mode))
+        return self.store.set_sharing_mode(tenant_id=tenant_id, sharing_mode=sharing_mode)
 
     def add_team_member(self, *, tenant_id: str, team_id: str, user_id: str) -> TeamMemberAdded:
         """Add a user to a team, creating tenant and team if needed (idempotent)."""
         _check_tenant(tenant_id)
-        added = self.store.add_team_member(tenant_id=tenant_id, team_id=team_id, user_id=user_id)
-        return cast(TeamMemberAdded, added)
+        return self.store.add_team_member(tenant_id=tenant_id, team_id=team_id, user_id=user_id)
 
     def remove_team_member(self, *, tenant_id: str, team_id: str, user_id: str) -> TeamMemberRemoved:
         """Remove a user from a team; the memories they wrote for it stay with the team."""
         _check_tenant(tenant_id)
-        removed = self.store.remove_team_member(tenant_id=tenant_id, team_id=team_id, user_id=user_id)
-        return cast(TeamMemberRemoved, removed)
+        return self.store.remove_team_member(tenant_id=tenant_id, team_id=team_id, user_id=user_id)
 
     def set_do_not_sell(
         self,
@@ -464,10 +457,9 @@ class _Tenants(_Parts):
         """CCPA opt-out (`value` False clears it) for one memory (its author acts) or for every memory
         of a subject, present and future (the subject acts: `subject` == `user_id`)."""
         _check_tenant(tenant_id)
-        flagged = self.store.set_do_not_sell(
+        return self.store.set_do_not_sell(
             tenant_id=tenant_id, user_id=user_id, value=value, memory_id=memory_id, subject=subject
         )
-        return cast(DoNotSell, flagged)
 
 
 class _DerivedViews(_Parts):
@@ -482,16 +474,17 @@ class _DerivedViews(_Parts):
         if (memory_id is None) == (record is None):
             raise ValidationError("memory_id", "give exactly one of memory_id or record")
         if memory_id is not None:
-            return cast(list[LineageRecord], self.derived.lineage_of_memory(tenant_id=tenant_id, memory_id=memory_id))
+            return self.derived.lineage_of_memory(tenant_id=tenant_id, memory_id=memory_id)
         assert record is not None
-        return cast(RecordSources, self.derived.sources_of_record(tenant_id=tenant_id, record=record))
+        return self.derived.sources_of_record(tenant_id=tenant_id, record=record)
 
     def lineage_picture(self, *, tenant_id: str, memory_id: str, fmt: str = "png") -> bytes:
         """A picture (png or svg) of one memory's lineage: its versions, each derived record, an edge per link."""
         from memory_pipelines.lib.forget.certificate import lineage_graph
 
         records = self.lineage(tenant_id=tenant_id, memory_id=memory_id)
-        return lineage_graph(cast(list[LineageRecord], records), title=f"lineage of {memory_id}", fmt=fmt)
+        assert isinstance(records, list)  # a memory_id's lineage: always the list
+        return lineage_graph(records, title=f"lineage of {memory_id}", fmt=fmt)
 
     def summary(self, *, tenant_id: str, subject: str | None = None, team_id: str | None = None) -> Summary:
         """A subject's summary, or else a team's (`team_id`), decrypted, with its sources."""
@@ -500,13 +493,15 @@ class _DerivedViews(_Parts):
             raise ValidationError("subject", "give exactly one of subject or team_id")
         summaries = self.derived.summaries
         if subject is not None:
-            return cast(Summary, summaries.read(tenant_id=tenant_id, scope="subject", scope_id=subject))
-        return cast(Summary, summaries.read(tenant_id=tenant_id, scope="team", scope_id=cast(str, team_id)))
+            return summaries.read(tenant_id=tenant_id, scope="subject", scope_id=subject)
+        # Kept: with neither subject nor team_id, None goes on to `read`, whose check of the id refuses it
+        # (ValidationError naming team), as before; only the type checker is told it is a str.
+        return summaries.read(tenant_id=tenant_id, scope="team", scope_id=cast(str, team_id))
 
     def set_summary_mode(self, *, tenant_id: str, subject: str, mode: str) -> SummaryMode:
         """How the subject's summary is made: full, summary or hybrid."""
         _check_tenant(tenant_id)
-        return cast(SummaryMode, self.derived.summaries.set_mode(tenant_id=tenant_id, subject=subject, mode=mode))
+        return self.derived.summaries.set_mode(tenant_id=tenant_id, subject=subject, mode=mode)
 
     def analytics(self, *, tenant_id: str, sql: str) -> AnalyticsAnswer:
         """One SELECT over the tenant's analytics rows (the table `memories`), in a locked-down DuckDB.
@@ -514,7 +509,7 @@ class _DerivedViews(_Parts):
         Only this tenant's rows, less those an accepted deletion hides; an unknown, deleted or
         restoring tenant is refused as by every read."""
         _check_tenant(tenant_id)
-        return cast(AnalyticsAnswer, self._analytics_store().query(sql, tenant_id=tenant_id))
+        return self._analytics_store().query(sql, tenant_id=tenant_id)
 
 
 class _Forgetting(_Parts):
@@ -548,6 +543,7 @@ class _Forgetting(_Parts):
             basis=basis,
             requested_by=requested_by,
         )
+        # Kept: this mixin is only ever part of a MemoryPlatform (the class below), what a handle holds.
         return DeletionHandle(cast(MemoryPlatform, self), job)
 
     def request_deletion(
@@ -564,7 +560,7 @@ class _Forgetting(_Parts):
     ) -> DeletionRequest:
         """`forget`'s request, answered with the job itself (`duplicate` True for an open job of that scope)."""
         _check_tenant(tenant_id)
-        job = self.deletions.request(
+        return self.deletions.request(
             tenant_id=tenant_id,
             subject=subject,
             memory_id=memory_id,
@@ -574,19 +570,19 @@ class _Forgetting(_Parts):
             basis=basis,
             requested_by=requested_by,
         )
-        return cast(DeletionRequest, job)
 
     def deletion(self, *, job_id: str) -> DeletionHandle:
         """A handle on an existing deletion job (from `forget`, the CLI or a Dagster run)."""
+        # Kept: this mixin is only ever part of a MemoryPlatform (see `forget`).
         return DeletionHandle(cast(MemoryPlatform, self), self.deletion_status(job_id=job_id))
 
     def deletion_status(self, *, job_id: str) -> DeletionJob:
         """A job's state, scope, basis, deadline and per-store targets (control plane only)."""
-        return cast(DeletionJob, self.ledger.status(job_id=job_id))
+        return self.ledger.status(job_id=job_id)
 
     def deletion_proof(self, *, job_id: str) -> DeletionProof:
         """A COMPLETE job's proof (ids, HMACs and counts, never text); NotFoundError before."""
-        return cast(DeletionProof, self.ledger.proof(job_id=job_id))
+        return self.ledger.proof(job_id=job_id)
 
     def deletion_certificate(self, *, job_id: str, fmt: str = "md") -> str:
         """A COMPLETE job's deletion certificate for a privacy officer, as Markdown (md) or HTML (html)."""
@@ -600,20 +596,20 @@ class _Forgetting(_Parts):
         """Every deletion job, oldest first; only those in `state`, or of `tenant_id`, when given."""
         if tenant_id is not None:
             _check_tenant(tenant_id)
-        return cast(list[DeletionJob], self.ledger.list_jobs(state=state, tenant_id=tenant_id))
+        return self.ledger.list_jobs(state=state, tenant_id=tenant_id)
 
     def shred_keys(self, *, tenant_id: str, subject: str | None = None, confirm: str | None = None) -> KeysShredded:
         """Crypto-shred now: destroy the subject's key, or every key of the tenant (`confirm` repeats
         the tenant id). Its data becomes unreadable at once, in every backup too; the forget job of
         the same scope is requested (hidden at once)."""
         _check_tenant(tenant_id)
-        return cast(KeysShredded, self.deletions.shred_keys(tenant_id=tenant_id, subject=subject, confirm=confirm))
+        return self.deletions.shred_keys(tenant_id=tenant_id, subject=subject, confirm=confirm)
 
     def retention_preview(self, *, day: str | date) -> RetentionPreview:
         """What a retention sweep of `day` (YYYY-MM-DD, a future day too) would remove: counts only."""
         from memory_pipelines.lib.retention import rules
 
-        return cast(RetentionPreview, rules.preview(self.store, day=day))
+        return rules.preview(self.store, day=day)
 
     def sweep_retention(self, *, day: str | date, tenant_id: str | None = None, run: bool = True) -> RetentionSweep:
         """Request the removal of what day `day`'s retention ended (a day that has ended, UTC), one
@@ -623,7 +619,7 @@ class _Forgetting(_Parts):
 
         if tenant_id is not None:
             _check_tenant(tenant_id)
-        return cast(RetentionSweep, rules.sweep(self.deletions, day=day, tenant_id=tenant_id, run=run))
+        return rules.sweep(self.deletions, day=day, tenant_id=tenant_id, run=run)
 
 
 class _Backups(_Parts):
@@ -632,7 +628,7 @@ class _Backups(_Parts):
     def backup(self, *, tenant_id: str) -> BackupTaken:
         """Back the tenant up now, encrypted; returns the manifest (backup_id, counts, expiry; no text)."""
         _check_tenant(tenant_id)
-        return cast(BackupTaken, self.backups.backup(tenant_id=tenant_id))
+        return self.backups.backup(tenant_id=tenant_id)
 
     def restore(self, *, tenant_id: str, backup_id: str) -> RestoreReport:
         """Restore the tenant from a backup: journal replayed so forgotten data stays forgotten, verified.
@@ -642,37 +638,35 @@ class _Backups(_Parts):
         indexes from the restored memories on its next call.
         """
         _check_tenant(tenant_id)
-        return cast(RestoreReport, self.backups.restore(tenant_id=tenant_id, backup_id=backup_id))
+        return self.backups.restore(tenant_id=tenant_id, backup_id=backup_id)
 
     def list_backups(self, *, tenant_id: str) -> list[BackupListing]:
         """The tenant's backups, oldest first, in flight and failed ones included (ids and counts only)."""
         _check_tenant(tenant_id)
-        return cast(list[BackupListing], self.backups.list_backups(tenant_id=tenant_id))
+        return self.backups.list_backups(tenant_id=tenant_id)
 
     def sweep_backups(self) -> BackupsExpired:
         """Delete every tenant's backups past their expiry (S3's lifecycle rule does the same there)."""
-        return cast(BackupsExpired, self.backups.sweep_expired())
+        return self.backups.sweep_expired()
 
     def request_restore(self, *, tenant_id: str, backup_id: str, restore_id: str | None = None) -> RestoreRequest:
         """Record a restore for the restore sensor to run; the backup and `restore_id` are checked now."""
         _check_tenant(tenant_id)
-        requested = self.backups.request_restore(tenant_id=tenant_id, backup_id=backup_id, restore_id=restore_id)
-        return cast(RestoreRequest, requested)
+        return self.backups.request_restore(tenant_id=tenant_id, backup_id=backup_id, restore_id=restore_id)
 
     def check_restore(self, *, tenant_id: str, backup_id: str, restore_id: str | None = None) -> None:
         """Refuse a restore before it is launched elsewhere (a Dagster run): the backup must be the
         tenant's, stored and not expired, and `restore_id` (when given) free or this restore's own."""
         _check_tenant(tenant_id)
         backups = self.backups
-        # BackupService has no public check of a backup id yet: its restore's own first step.
-        backups._backup_row(tenant_id, backup_id)
+        backups.find_backup(tenant_id=tenant_id, backup_id=backup_id)
         if restore_id is not None:
             backups.check_restore_id(tenant_id=tenant_id, backup_id=backup_id, restore_id=restore_id)
 
     def reopen_tenant(self, *, tenant_id: str) -> TenantReopened:
         """Open a tenant a BLOCKED restore left closed; its rows are those before that restore."""
         _check_tenant(tenant_id)
-        return cast(TenantReopened, self.backups.reopen(tenant_id=tenant_id))
+        return self.backups.reopen(tenant_id=tenant_id)
 
 
 class _Runs(_Parts):
@@ -690,8 +684,7 @@ class _Runs(_Parts):
         self, *, lease_id: str, query: str, team_id: str | None = None, k: int = 5, mode: str = "hybrid"
     ) -> list[RecallHit]:
         """Recall for the run's subject inside its lease: every hit is fenced on the lease."""
-        hits = self._agent_runs().recall(lease_id=lease_id, query=query, team_id=team_id, k=k, mode=mode)
-        return cast(list[RecallHit], hits)
+        return self._agent_runs().recall(lease_id=lease_id, query=query, team_id=team_id, k=k, mode=mode)
 
     def permit(
         self, *, lease_id: str, sink: str, on_cancel: Iterable[Callable[[], None]] = ()
@@ -703,20 +696,19 @@ class _Runs(_Parts):
 
     def revoke_lease(self, *, lease_id: str) -> LeaseRevoked:
         """Operator action for a crashed run: cancel its in-flight permits and close its lease."""
-        return cast(LeaseRevoked, self._agent_runs().gate.revoke(lease_id=lease_id))
+        return self._agent_runs().gate.revoke(lease_id=lease_id)
 
     def snapshot_prompt(
         self, *, lease_id: str, prompt: str, sources: Iterable[tuple[str, int]] | None = None
     ) -> PromptSnapshot:
         """Store the prompt the run sent, sealed, with lineage to the memory versions in it
         (default: everything the lease read); forgetting any of them removes it."""
-        snapshot = self._agent_runs().snapshot_prompt(lease_id=lease_id, prompt=prompt, sources=sources)
-        return cast(PromptSnapshot, snapshot)
+        return self._agent_runs().snapshot_prompt(lease_id=lease_id, prompt=prompt, sources=sources)
 
     def explain(self, *, tenant_id: str, run_id: str) -> RunExplanation:
         """The recall chain of an agent run: memories it read (text while present) and derived records."""
         _check_tenant(tenant_id)
-        return cast(RunExplanation, self._agent_runs().explain(tenant_id=tenant_id, run_id=run_id))
+        return self._agent_runs().explain(tenant_id=tenant_id, run_id=run_id)
 
 
 class _Checks(_Parts):
@@ -734,7 +726,7 @@ class _Checks(_Parts):
             "tenant": eval_set.tenant,
             "mode": mode,
             "k": eval_set.k,
-            "months": cast(list[TrendMonth], rows),
+            "months": rows,
             "markdown": evaluator.trend_markdown(rows),
         }
 
@@ -745,7 +737,7 @@ class _Checks(_Parts):
 
         derived, backups = self.derived, self.backups
         home = None if self.settings.pg_url else self.settings.home
-        return cast(CanaryDrill, run_canary_drill(derived, home=home, backups=backups))
+        return run_canary_drill(derived, home=home, backups=backups)
 
 
 class MemoryPlatform(_Memories, _Tenants, _DerivedViews, _Forgetting, _Backups, _Runs, _Checks):

@@ -339,7 +339,7 @@ class KeysShredded(TypedDict):
 class BackupStub(TypedDict):
     """What every backup's manifest holds, even one in flight or failed."""
 
-    format: str
+    format: int
     backup_id: str
     tenant_id: str
     object: str
@@ -401,14 +401,14 @@ class RestoreReport(TypedDict):
     backup_id: str
     state: NotRequired[str]
     loaded: NotRequired[dict[str, int]]
-    consent: NotRequired[Any]
+    consent: NotRequired[dict[str, Any]]
     replayed: NotRequired[dict[str, Any]]
     verification: NotRequired[dict[str, int]]
     seconds: NotRequired[dict[str, float]]
     load_seconds: NotRequired[float]
     replay_seconds: NotRequired[float]
     change_seq: NotRequired[int]
-    erasure_owed: NotRequired[Any]
+    erasure_owed: NotRequired[dict[str, Any]]
     error: NotRequired[str]
 
 

@@ -19,7 +19,7 @@ from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.infra.paths import tenant_hash
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.stores import lineage
-from memory_pipelines.lib.stores.analytics import store as analytics_module
+from memory_pipelines.lib.stores.analytics import files as analytics_files
 from memory_pipelines.lib.stores.analytics.store import (
     BUCKET_FILE,
     BUCKETS,
@@ -166,7 +166,7 @@ def test_a_removal_reads_only_its_authors_buckets_unless_a_memory_is_gone_from_t
         opened.append(Path(path))
         return open(path, *args, **kwargs)
 
-    monkeypatch.setattr(analytics_module, "open", spy, raising=False)
+    monkeypatch.setattr(analytics_files, "open", spy, raising=False)
     analytics.remove(store=store, tenant_id=tenant, sources=sources_of(store, tenant, "user04"))
     assert [p for p in opened if p.name == BUCKET_FILE] == [analytics.bucket_file(tenant, buckets["user04"])]
     # A memory the store no longer holds (a retried deletion): its author is unknown, every bucket read.

@@ -25,6 +25,7 @@ from memory_pipelines.lib.forget.gate import FenceClosed, Gate
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, PermissionDeniedError
 from memory_pipelines.lib.memories.keys import KeyDestroyedError, KeyStore
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import DeletionJob, DeletionRequest, RollBack
 from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
 from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
@@ -108,7 +109,7 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
     return thread, out
 
 
-def forget_now(derived: DerivedStores, tenant: str, **scope: Any) -> dict[str, Any]:
+def forget_now(derived: DerivedStores, tenant: str, **scope: Any) -> DeletionJob:
     service = DeletionService(derived)
     job = service.request(tenant_id=tenant, **scope)
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
@@ -336,7 +337,7 @@ def test_14_identical_concurrent_forget_requests_get_the_one_open_job(store, der
     tenant = world["tenant"]
     barrier = threading.Barrier(6)
 
-    def request() -> dict[str, Any]:
+    def request() -> DeletionRequest:
         service = DeletionService(dataclasses.replace(derived, store=another_store(store)))
         barrier.wait(10)
         return service.request(tenant_id=tenant, subject="bob")
@@ -355,7 +356,7 @@ def test_14_concurrent_rollbacks_each_append_a_version(store, world):
     store.write(tenant_id=tenant, user_id="bob", text="Bob keeps a rye starter", memory_id=memory_id)
     barrier = threading.Barrier(4)
 
-    def rollback() -> dict[str, Any]:
+    def rollback() -> RollBack:
         other = another_store(store)
         barrier.wait(10)
         return other.rollback(tenant_id=tenant, memory_id=memory_id, user_id="bob")

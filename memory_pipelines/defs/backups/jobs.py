@@ -107,7 +107,7 @@ def restore_tenant(
     }
     if report["state"] != "COMPLETE":
         raise dg.Failure(description="restore verification found forgotten rows; reads stay closed", metadata=metadata)
-    return dg.Output(report, metadata=metadata)
+    return dg.Output(dict(report), metadata=metadata)  # a plain dict, as `dg.Output[dict]` says
 
 
 @dg.job(

@@ -51,9 +51,9 @@ def _month_figures(derived: DerivedStores, tenant: str, month: date) -> dict[str
     rows = evaluation.trend(derived.store, tenant_id=tenant)
     row = next((r for r in rows if r["month"] == month.strftime("%Y-%m")), None)
     return {
-        f"{key}_{GRADED_MODE}": dg.MetadataValue.float(float(row[key]))
+        f"{key}_{GRADED_MODE}": dg.MetadataValue.float(float(value))
         for key in ("precision", "recall")
-        if row is not None and row[key] is not None
+        if row is not None and (value := row[key]) is not None
     }
 
 

@@ -10,7 +10,7 @@ finds no batch and begins it again from the ledger, as a re-execution from failu
 what `deletion retry` does): correct, only slower. Ops pass the job ids along (ids only).
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -393,7 +393,7 @@ def _prove_op(phase: Phase) -> dg.OpDefinition:
     return prove
 
 
-def certificates(service: DeletionLedger, proofs: list[dict[str, Any]]) -> dict[str, dg.MetadataValue]:
+def certificates(service: DeletionLedger, proofs: Sequence[Mapping[str, Any]]) -> dict[str, dg.MetadataValue]:
     """One Markdown deletion certificate per completed job (`certificate_<job_id>`): ids, hashes,
     states, counts and times only."""
     return {

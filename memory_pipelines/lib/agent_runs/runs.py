@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
-from typing import Any
 
 from memory_pipelines.lib.forget.gate import FenceClosed, Gate
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import NotFoundError
 from memory_pipelines.lib.memories import crypto, ordering
+from memory_pipelines.lib.results import DerivedRecord, PromptSnapshot, RecallHit, RunExplanation
 from memory_pipelines.lib.stores import lineage
 from memory_pipelines.lib.stores.derived import DerivedStores
 
@@ -50,7 +50,7 @@ class AgentRuns:
 
     def recall(
         self, *, lease_id: str, query: str, team_id: str | None = None, k: int = 5, mode: str = "hybrid"
-    ) -> list[dict[str, Any]]:
+    ) -> list[RecallHit]:
         """Recall for the run's subject; every hit is fenced on the lease."""
         lease = self.gate._lease(lease_id)
         return self.derived.recaller.recall(
@@ -65,7 +65,7 @@ class AgentRuns:
 
     def snapshot_prompt(
         self, *, lease_id: str, prompt: str, sources: Iterable[tuple[str, int]] | None = None
-    ) -> dict[str, Any]:
+    ) -> PromptSnapshot:
         """Store the prompt the run sent, sealed under a key of its own (a build key), with lineage to
         every memory version in it (default: everything the lease read). A state write: it takes a permit."""
         validation.check_text("prompt", prompt)
@@ -106,7 +106,7 @@ class AgentRuns:
             )
         return {"snapshot_id": snapshot_id, "run_id": lease["run_id"], "sources": len(chosen)}
 
-    def explain(self, *, tenant_id: str, run_id: str) -> dict[str, Any]:
+    def explain(self, *, tenant_id: str, run_id: str) -> RunExplanation:
         """The recall chain of a run: memories it read (text while it exists) and derived records."""
         validation.check_id("tenant", tenant_id)
         validation.check_id("run", run_id)
@@ -151,7 +151,7 @@ class AgentRuns:
             ).fetchall()
             # On this transaction's connection (a nested transaction joins it), still under the lock.
             texts = self.store.open_texts(tenant_id=tenant_id, sources=present, skip_unreadable=True, visible_only=True)
-        by_source: dict[tuple[str, int], list[dict[str, str]]] = {}
+        by_source: dict[tuple[str, int], list[DerivedRecord]] = {}
         for memory_id, version, store, record_id in derived_records:
             by_source.setdefault((memory_id, version), []).append({"store": store, "record_id": record_id})
         return {

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired
 
 from memory_pipelines.lib.memories import crypto
+from memory_pipelines.lib.results import BackupManifest, BackupStub
 
 __all__ = [
     "FORMAT",
@@ -35,6 +36,38 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _public(manifest: dict[str, Any]) -> dict[str, Any]:
+class SealedManifest(BackupManifest):
+    """A stored backup's whole manifest, as `BackupService.backup` writes it: with the wrapped key."""
+
+    wrapped_object_key: NotRequired[str]  # always written; NotRequired so that `_public_manifest` drops it
+
+
+class PublicManifest(BackupStub):
+    """A manifest without its wrapped key: the stub of a backup in flight or failed, else the whole."""
+
+    rows: NotRequired[dict[str, int]]
+    key_ids: NotRequired[dict[str, Any]]
+    bytes: NotRequired[int]
+    sha256: NotRequired[str]
+    snapshot_at: NotRequired[str]
+    consent_snapshot: NotRequired[Any]
+
+
+class StoredManifest(PublicManifest):
+    """A manifest as control.backups holds it (the stub, then the sealed manifest)."""
+
+    wrapped_object_key: NotRequired[str]
+
+
+def _public(manifest: StoredManifest) -> PublicManifest:
     """The manifest without the wrapped key (harmless, but of no use to a reader)."""
-    return {k: v for k, v in manifest.items() if k != "wrapped_object_key"}
+    public = manifest.copy()
+    public.pop("wrapped_object_key", None)
+    return public
+
+
+def _public_manifest(manifest: SealedManifest) -> BackupManifest:
+    """`_public` of a whole manifest."""
+    public = manifest.copy()
+    public.pop("wrapped_object_key", None)
+    return public

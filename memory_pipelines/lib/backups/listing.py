@@ -4,12 +4,13 @@ deleting those past their expiry."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
-from memory_pipelines.lib.backups.archive import _public
+from memory_pipelines.lib.backups.archive import SealedManifest, _public, _public_manifest
 from memory_pipelines.lib.backups.base import BackupServiceBase
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, ValidationError
+from memory_pipelines.lib.results import BackupListing as Listing
+from memory_pipelines.lib.results import BackupManifest, BackupsExpired
 
 __all__ = [
     "BackupListing",
@@ -19,7 +20,7 @@ __all__ = [
 class BackupListing(BackupServiceBase):
     """Lists and expires backups."""
 
-    def list_backups(self, *, tenant_id: str) -> list[dict[str, Any]]:
+    def list_backups(self, *, tenant_id: str) -> list[Listing]:
         """The tenant's backups, oldest first, in flight and failed ones included (ids and counts only)."""
         validation.check_id("tenant", tenant_id)
         with self.store.transaction() as conn:
@@ -40,7 +41,7 @@ class BackupListing(BackupServiceBase):
             for manifest, location, expired, state, taken in rows
         ]
 
-    def sweep_expired(self, *, now: datetime | None = None) -> dict[str, int]:
+    def sweep_expired(self, *, now: datetime | None = None) -> BackupsExpired:
         """Delete backups past their expiry (local ones; S3's lifecycle rule does the same there)."""
         now = now or datetime.now(UTC)
         with self.store.transaction() as conn:
@@ -56,7 +57,13 @@ class BackupListing(BackupServiceBase):
                 conn.execute("UPDATE control.backups SET expired_at = %s WHERE backup_id = %s", (now, backup_id))
         return {"expired": len(due)}
 
-    def _backup_row(self, tenant_id: str, backup_id: str) -> dict[str, Any]:
+    def find_backup(self, *, tenant_id: str, backup_id: str) -> BackupManifest:
+        """The manifest (less its wrapped key) of the tenant's backup `backup_id` if it can be restored
+        now: stored and not expired. Else ValidationError (malformed id, another tenant's backup),
+        NotFoundError (unknown, failed or expired) or ConflictError (still being taken), naming `backup`."""
+        return _public_manifest(self._backup_row(tenant_id, backup_id))
+
+    def _backup_row(self, tenant_id: str, backup_id: str) -> SealedManifest:
         validation.check_id("tenant", tenant_id)
         if not isinstance(backup_id, str) or not backup_id.startswith("b_") or len(backup_id) > 64:
             raise ValidationError("backup", f"malformed backup id {backup_id!r}")
@@ -74,4 +81,5 @@ class BackupListing(BackupServiceBase):
             raise NotFoundError("backup", f"backup {backup_id} expired and was deleted")
         if row[3] != "DONE":
             raise ConflictError("backup", f"backup {backup_id} is still being taken; restore it once it is stored")
-        return dict(row[1])
+        stored: SealedManifest = row[1]  # the jsonb column, decoded: the manifest `backup` stored
+        return stored.copy()

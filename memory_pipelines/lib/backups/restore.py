@@ -24,6 +24,7 @@ from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories import ordering
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import RestoreReport, RestoreRequest, TenantReopened
 
 __all__ = [
     "RESTORE_ID_RE",
@@ -69,7 +70,7 @@ def _restore_id_clash(row: tuple[Any, ...] | None, tenant_id: str, backup_id: st
 class BackupRestore(RestoreLoading, BackupListing):
     """Requests, runs and reopens restores."""
 
-    def request_restore(self, *, tenant_id: str, backup_id: str, restore_id: str | None = None) -> dict[str, Any]:
+    def request_restore(self, *, tenant_id: str, backup_id: str, restore_id: str | None = None) -> RestoreRequest:
         """Record a restore for the restore sensor to run; the backup and the restore id are checked now.
         A `restore_id` already naming another restore is refused (ConflictError), never reused."""
         if restore_id is not None:
@@ -112,7 +113,7 @@ class BackupRestore(RestoreLoading, BackupListing):
         restore_id: str | None = None,
         lock_timeout: float = 60.0,
         progress: Progress = no_progress,
-    ) -> dict[str, Any]:
+    ) -> RestoreReport:
         """Load a backup into the tenant behind the restore gate, replay the journals, verify, reopen;
         `progress` hears of each chunk of rows loaded ("restore rows") and each replay step ("restore replay").
 
@@ -138,7 +139,7 @@ class BackupRestore(RestoreLoading, BackupListing):
                 ordering.lock_tenant_exclusive(conn, tenant_id)
                 self._claim(conn, tenant_id, backup_id, restore_id)
                 conn.execute("UPDATE memory.tenants SET restoring_since = now() WHERE tenant_id = %s", (tenant_id,))
-            report: dict[str, Any] = {"restore_id": restore_id, "tenant_id": tenant_id, "backup_id": backup_id}
+            report: RestoreReport = {"restore_id": restore_id, "tenant_id": tenant_id, "backup_id": backup_id}
             owed: restore_replay.Owed = {}
             try:
                 with self.store.transaction() as conn:
@@ -195,7 +196,7 @@ class BackupRestore(RestoreLoading, BackupListing):
             raise ConflictError("restore_id", clash)
         conn.execute("UPDATE control.restores SET state = 'RUNNING' WHERE restore_id = %s", (restore_id,))
 
-    def _owe_erasure(self, tenant_id: str, restore_id: str, owed: restore_replay.Owed, report: dict[str, Any]) -> None:
+    def _owe_erasure(self, tenant_id: str, restore_id: str, owed: restore_replay.Owed, report: RestoreReport) -> None:
         erasure_hours = Settings.from_env().erasure_hours
         with self.store.transaction() as conn:
             report["erasure_owed"] = restore_replay.owe_erasure(
@@ -215,7 +216,7 @@ class BackupRestore(RestoreLoading, BackupListing):
         if row[0] is not None:
             raise NotFoundError("tenant", f"tenant {tenant_id!r} was deleted")
 
-    def reopen(self, *, tenant_id: str) -> dict[str, Any]:
+    def reopen(self, *, tenant_id: str) -> TenantReopened:
         """Open a tenant whose gate a BLOCKED restore left closed; its rows are those before that restore."""
         validation.check_id("tenant", tenant_id)
         with self.store.transaction() as conn:
@@ -228,7 +229,7 @@ class BackupRestore(RestoreLoading, BackupListing):
             self.store.require_tenant(tenant_id=tenant_id)  # an unknown tenant is not found, not "already open"
         return {"tenant_id": tenant_id, "reopened": row is not None}
 
-    def _mark_blocked(self, restore_id: str, report: dict[str, Any]) -> None:
+    def _mark_blocked(self, restore_id: str, report: RestoreReport) -> None:
         # The load rolled back; the gate stays closed until a restore succeeds or `reopen`.
         with self.store.transaction() as conn:
             conn.execute(

@@ -11,7 +11,6 @@ import base64
 import tarfile
 import time
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -19,11 +18,12 @@ import pyarrow.parquet as pq
 
 from memory_pipelines.lib.backups import restore_replay
 from memory_pipelines.lib.backups import tables as backup_tables
-from memory_pipelines.lib.backups.archive import _object_aad, _wrap_aad
+from memory_pipelines.lib.backups.archive import SealedManifest, _object_aad, _wrap_aad
 from memory_pipelines.lib.backups.base import BackupServiceBase
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.infra.progress import Progress
 from memory_pipelines.lib.memories import crypto, ordering
+from memory_pipelines.lib.results import RestoreReport
 from memory_pipelines.lib.stores import bytescan
 
 __all__ = [
@@ -34,7 +34,7 @@ __all__ = [
 class RestoreLoading(BackupServiceBase):
     """Loads a backup into a tenant within the restore's transaction."""
 
-    def _fetch_and_open(self, manifest: dict[str, Any], scratch: Path) -> dict[str, pa.Table]:
+    def _fetch_and_open(self, manifest: SealedManifest, scratch: Path) -> dict[str, pa.Table]:
         archive = self._fetch_archive(manifest, scratch)
         folder = scratch / "snapshot"
         with tarfile.open(archive) as tar:
@@ -50,7 +50,7 @@ class RestoreLoading(BackupServiceBase):
                 opened[name] = pq.read_table(file)
         return opened
 
-    def _fetch_archive(self, manifest: dict[str, Any], scratch: Path) -> Path:
+    def _fetch_archive(self, manifest: SealedManifest, scratch: Path) -> Path:
         """Download and decrypt the backup object into `scratch`; fails before anything is loaded."""
         tenant_id, backup_id = manifest["tenant_id"], manifest["backup_id"]
         with self.store.transaction() as conn:
@@ -82,9 +82,9 @@ class RestoreLoading(BackupServiceBase):
         self,
         conn: psycopg.Connection,
         tenant_id: str,
-        manifest: dict[str, Any],
+        manifest: SealedManifest,
         tables: dict[str, pa.Table],
-        report: dict[str, Any],
+        report: RestoreReport,
         owed: restore_replay.Owed,
         progress: Progress,
     ) -> None:

@@ -17,12 +17,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from memory_pipelines.lib.backups import tables as backup_tables
-from memory_pipelines.lib.backups.archive import FORMAT, _object_aad, _public, _sha256, _wrap_aad
+from memory_pipelines.lib.backups.archive import (
+    FORMAT,
+    SealedManifest,
+    _object_aad,
+    _public_manifest,
+    _sha256,
+    _wrap_aad,
+)
 from memory_pipelines.lib.backups.base import BackupServiceBase
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.memories import consent, crypto
+from memory_pipelines.lib.results import BackupTaken
 
 __all__ = [
     "BATCH_ROWS",
@@ -44,7 +52,7 @@ def _select(table: str, columns: list[tuple[str, pa.DataType]]) -> psycopg.sql.C
 class BackupTaking(BackupServiceBase):
     """Backs tenants up to the storage."""
 
-    def backup(self, *, tenant_id: str, progress: Progress = no_progress) -> dict[str, Any]:
+    def backup(self, *, tenant_id: str, progress: Progress = no_progress) -> BackupTaken:
         """Snapshot, encrypt and store one tenant; returns the manifest (ids and counts only).
         `progress` hears of each chunk of rows dumped ("backup rows") and each table ("backup tables")."""
         validation.check_id("tenant", tenant_id)
@@ -63,7 +71,7 @@ class BackupTaking(BackupServiceBase):
                 "UPDATE control.backups SET state = 'DONE', manifest = %s, snapshot_at = %s WHERE backup_id = %s",
                 (json.dumps(manifest), manifest["snapshot_at"], backup_id),
             )
-        return {**_public(manifest), "seconds": round(time.perf_counter() - started, 3)}
+        return {**_public_manifest(manifest), "seconds": round(time.perf_counter() - started, 3)}
 
     def _register(self, tenant_id: str, backup_id: str) -> datetime:
         """Record the backup as IN_FLIGHT before its snapshot: from now on a proof counts it, and
@@ -106,7 +114,7 @@ class BackupTaking(BackupServiceBase):
                 (backup_id,),
             )
 
-    def _take(self, tenant_id: str, backup_id: str, created: datetime, progress: Progress) -> dict[str, Any]:
+    def _take(self, tenant_id: str, backup_id: str, created: datetime, progress: Progress) -> SealedManifest:
         """Snapshot, seal and upload; returns the manifest."""
         with self._scratch() as scratch:
             snapshot = scratch / "snapshot"
@@ -146,7 +154,7 @@ class BackupTaking(BackupServiceBase):
             with archive.open("rb") as src, sealed.open("wb") as dst:
                 size = crypto.encrypt_stream(object_key, src, dst, _object_aad(tenant_id, backup_id))
             digest = _sha256(sealed)
-            manifest = {
+            manifest: SealedManifest = {
                 "format": FORMAT,
                 "backup_id": backup_id,
                 "tenant_id": tenant_id,

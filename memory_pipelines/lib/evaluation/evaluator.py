@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -32,6 +32,7 @@ from memory_pipelines.lib.infra.owner_only import private_dir, private_file
 from memory_pipelines.lib.infra.paths import ASSETS_DIR
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import TrendMonth
 from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.recall_cache.recall import MODES
 
@@ -414,7 +415,7 @@ def check_mode(mode: object) -> str:
     return str(mode)
 
 
-def trend(store: MemoryStore, *, tenant_id: str, mode: str = "hybrid") -> list[dict[str, Any]]:
+def trend(store: MemoryStore, *, tenant_id: str, mode: str = "hybrid") -> list[TrendMonth]:
     """Month by month: precision and recall (of `mode`) and drift, oldest first."""
     check_mode(mode)
     with store.transaction() as conn:
@@ -427,7 +428,7 @@ def trend(store: MemoryStore, *, tenant_id: str, mode: str = "hybrid") -> list[d
     return [{"month": m.strftime("%Y-%m"), "precision": p, "recall": r, "drift": d} for m, p, r, d in rows]
 
 
-def trend_markdown(rows: list[dict[str, Any]]) -> str:
+def trend_markdown(rows: list[TrendMonth]) -> str:
     """The dashboard table: month | precision | recall | drift, with the threshold states."""
 
     def cell(value: float | None, metric: str | None = None) -> str:
@@ -445,7 +446,7 @@ def trend_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def trend_chart(rows: list[dict[str, Any]], path: Path) -> Path:
+def trend_chart(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """A PNG of the trend with both thresholds drawn; returns `path`."""
     import matplotlib
 
@@ -478,7 +479,7 @@ INLINE_MARKDOWN = 1000
 _SERIES = (("precision", "blue"), ("recall", "darkorange"), ("drift", "green"))
 
 
-def trend_svg_markdown(rows: list[dict[str, Any]]) -> str:
+def trend_svg_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """The trend as a Markdown image of an inline SVG (under 1,000 characters): precision, recall and
     drift of the last CHART_MONTHS months (fewer if need be), the precision target and drift limit dashed."""
     rows = rows[-CHART_MONTHS:]
@@ -489,7 +490,7 @@ def trend_svg_markdown(rows: list[dict[str, Any]]) -> str:
         rows = rows[1:]
 
 
-def _svg_markdown(rows: list[dict[str, Any]]) -> str:
+def _svg_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     step = 200 / max(len(rows) - 1, 1)
 
     def point(i: int, v: float) -> str:

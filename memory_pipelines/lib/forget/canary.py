@@ -7,7 +7,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 
@@ -15,6 +15,7 @@ from memory_pipelines.lib.backups.service import BackupService
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import CanaryDrill, CanaryRestore
 from memory_pipelines.lib.stores.derived import DerivedStores
 
 __all__ = [
@@ -68,9 +69,13 @@ def files_containing(root: Path, needles: list[bytes]) -> dict[bytes, list[str]]
     return hits
 
 
-def run_canary_drill(
-    derived: DerivedStores, *, home: Path | None, backups: BackupService | None = None
-) -> dict[str, Any]:
+class _Restored(TypedDict, total=False):
+    """The drill's `after_restore`, when it restored the canary tenant."""
+
+    after_restore: CanaryRestore
+
+
+def run_canary_drill(derived: DerivedStores, *, home: Path | None, backups: BackupService | None = None) -> CanaryDrill:
     """Run the drill; `passed` is true only when every count of leftovers is zero.
 
     With `backups`, the canary tenant is backed up before the forget and restored from that backup
@@ -98,7 +103,7 @@ def run_canary_drill(
     leftovers["erasure_scan_hits"] = int(erasure.get("byteScan", {}).get("hits", 0)) + int(
         not str(status.get("targets", {}).get("physical", "")).startswith("ERASED:")
     )
-    result: dict[str, Any] = {}
+    result: _Restored = {}
     if backups is not None and backup is not None:
         report = backups.restore(tenant_id=tenant, backup_id=backup["backup_id"])
         derived.sync_all(tenant_id=tenant)  # the backfill the restore sensor launches

@@ -24,6 +24,7 @@ from memory_pipelines.lib.forget.targets import Probes
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.results import DeletionJob
 from memory_pipelines.lib.stores import lineage, registry
 from memory_pipelines.lib.stores.adapter import Context, Source
 from memory_pipelines.lib.stores.derived import DerivedStores
@@ -78,7 +79,7 @@ class Batch:
     """
 
     tenant_id: str
-    jobs: list[dict[str, Any]]
+    jobs: list[DeletionJob]
     lock_conn: psycopg.Connection | None = None
     lock_key: str = ""
     fixed: dict[str, set[Source]] = field(default_factory=dict)
@@ -125,7 +126,7 @@ class DeletionCascade:
         self.gate = gate.Gate(derived.store)
         self.drain_timeout = drain_timeout
 
-    def _hook(self, step: str, jobs: list[dict[str, Any]]) -> None:
+    def _hook(self, step: str, jobs: list[DeletionJob]) -> None:
         if step in self.hooks:
             self.hooks[step](step, [job["job_id"] for job in jobs])
 

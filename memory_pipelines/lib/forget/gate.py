@@ -31,6 +31,7 @@ from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, ServiceError, ValidationError
 from memory_pipelines.lib.memories import ordering
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import LeaseRevoked
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
@@ -235,7 +236,7 @@ class Gate:
         except psycopg.errors.LockNotAvailable as exc:
             raise ServiceError("gate", f"the gate of tenant {tenant_id!r} stayed locked: {exc}") from exc
 
-    def revoke(self, *, lease_id: str) -> dict[str, Any]:
+    def revoke(self, *, lease_id: str) -> LeaseRevoked:
         """Operator action for a crashed worker: cancel the lease's in-flight permits and close it.
 
         Cancelled permits count as drained (expiry alone does not), so a deletion waiting on them

@@ -23,6 +23,7 @@ from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import DeletionJob, DeletionProof, DeletionRequest, KeysShredded
 from memory_pipelines.lib.stores import registry
 from memory_pipelines.lib.stores.adapter import Source
 from memory_pipelines.lib.stores.derived import DerivedStores
@@ -71,13 +72,13 @@ class DeletionLedger:
         self.store = store
 
     @staticmethod
-    def job_row(conn: psycopg.Connection, job_id: str) -> dict[str, Any]:
+    def job_row(conn: psycopg.Connection, job_id: str) -> DeletionJob:
         validation.check_id("job_id", job_id)
         with conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute("SELECT * FROM control.deletion_jobs WHERE job_id = %s", (job_id,)).fetchone()
         if row is None:
             raise NotFoundError("job_id", f"no deletion job {job_id!r}")
-        return {
+        job: DeletionJob = {
             "job_id": row["job_id"],
             "tenant_id": row["tenant_id"],
             "state": row["state"],
@@ -95,22 +96,26 @@ class DeletionLedger:
             "attempts": row["attempts"],
             "created_at": row["created_at"].isoformat(),
             "completed_at": None if row["completed_at"] is None else row["completed_at"].isoformat(),
-            **({"sweep_date": row["sweep_date"].isoformat(), **row["detail"]} if row["scope"] == "RETENTION" else {}),
         }
+        if row["scope"] == "RETENTION":
+            job["sweep_date"] = row["sweep_date"].isoformat()
+            job.update(row["detail"])  # categories, retentionPolicyVersion
+        return job
 
-    def status(self, *, job_id: str) -> dict[str, Any]:
+    def status(self, *, job_id: str) -> DeletionJob:
         with self.store.transaction() as conn:
             return self.job_row(conn, job_id)
 
-    def proof(self, *, job_id: str) -> dict[str, Any]:
+    def proof(self, *, job_id: str) -> DeletionProof:
         with self.store.transaction() as conn:
             job = self.job_row(conn, job_id)
             row = conn.execute("SELECT proof FROM control.deletion_jobs WHERE job_id = %s", (job_id,)).fetchone()
         if row is None or row[0] is None:
             raise NotFoundError("job_id", f"job {job_id} is {job['state']}; a proof exists once it is COMPLETE")
-        return dict(row[0])
+        stored: DeletionProof = row[0]  # the jsonb column, decoded: a dict
+        return stored.copy()
 
-    def list_jobs(self, *, state: str | None = None, tenant_id: str | None = None) -> list[dict[str, Any]]:
+    def list_jobs(self, *, state: str | None = None, tenant_id: str | None = None) -> list[DeletionJob]:
         if state is not None and state not in (*OPEN_STATES, "COMPLETE"):
             raise ValidationError("state", f"must be one of {', '.join((*OPEN_STATES, 'COMPLETE'))}")
         validation.check_optional_id("tenant", tenant_id)
@@ -191,7 +196,7 @@ class DeletionLedger:
             (job_id, tenant_id, event, state, json.dumps(detail)),
         )
 
-    def set_state(self, jobs: list[dict[str, Any]], state: str, **detail: Any) -> None:
+    def set_state(self, jobs: list[DeletionJob], state: str, **detail: Any) -> None:
         """Move `jobs` to `state` (and audit it); the dicts follow once recorded."""
         with self.store.transaction() as conn:
             for job in jobs:
@@ -202,7 +207,7 @@ class DeletionLedger:
                 self.audit(conn, job["job_id"], job["tenant_id"], "state", state, detail)
                 job["state"] = state
 
-    def block(self, jobs: list[dict[str, Any]], step: str, code: str) -> None:
+    def block(self, jobs: list[DeletionJob], step: str, code: str) -> None:
         """Record `jobs` BLOCKED at `step` with an error code (best effort: the control plane may be down)."""
         try:
             with self.store.transaction() as conn:
@@ -220,7 +225,7 @@ class DeletionLedger:
         except MemoryPipelinesError:
             pass  # the control plane itself is unreachable: the job stays in its last recorded state
 
-    def record_targets(self, jobs: list[dict[str, Any]], store_name: str, counts: dict[str, int]) -> None:
+    def record_targets(self, jobs: list[DeletionJob], store_name: str, counts: dict[str, int]) -> None:
         """Record `store_name` DONE for each job, with the records it reached (`counts` by job id)."""
         with self.store.transaction() as conn:
             for job in jobs:
@@ -235,7 +240,7 @@ class DeletionLedger:
     def record_complete(
         self,
         tenant_id: str,
-        jobs: list[dict[str, Any]],
+        jobs: list[DeletionJob],
         targets: dict[str, set[Source]],
         verification: dict[str, Any],
         found: Mapping[str, Mapping[str, Any]] | None = None,
@@ -326,7 +331,7 @@ class DeletionRequests(DeletionLedger):
         basis: str = "user-request",
         requested_by: str | None = None,
         request_key: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> DeletionRequest:
         """Accept a request, resolved to a stable scope, and hide that scope from every read at once.
 
         `request_key` makes the request idempotent for its caller whatever happened since (e.g. a
@@ -409,7 +414,7 @@ class DeletionRequests(DeletionLedger):
         )
         return job_id
 
-    def _keyed_job(self, conn: psycopg.Connection, tenant_id: str, request_key: str | None) -> dict[str, Any] | None:
+    def _keyed_job(self, conn: psycopg.Connection, tenant_id: str, request_key: str | None) -> DeletionJob | None:
         """The job a request with this key was answered with before, if any."""
         if request_key is None:
             return None
@@ -437,7 +442,7 @@ class DeletionRequests(DeletionLedger):
             is not None
         )
 
-    def shred_keys(self, *, tenant_id: str, subject: str | None = None, confirm: str | None = None) -> dict[str, Any]:
+    def shred_keys(self, *, tenant_id: str, subject: str | None = None, confirm: str | None = None) -> KeysShredded:
         """Crypto-shred now: destroy the subject's key (or every key of the tenant) and journal it.
 
         The data sealed under those keys becomes unreadable at once, in the store and in every
@@ -469,7 +474,7 @@ class DeletionRequests(DeletionLedger):
             pass  # the keys are gone already; the tenant's physical erasure compacts them again
         return {"tenant_id": tenant_id, "subject": subject, "destroyed_keys": destroyed, "forget_job": job}
 
-    def _scope(self, conn: psycopg.Connection, tenant_id: str, parts: list[str]) -> tuple[bytes, dict[str, Any] | None]:
+    def _scope(self, conn: psycopg.Connection, tenant_id: str, parts: list[str]) -> tuple[bytes, DeletionJob | None]:
         """The scope's HMAC under the control-plane key, and the job already open for it, if any."""
         scope_hash = crypto.mac(self.store.keys.control_key(conn), json.dumps(parts).encode())
         row = conn.execute(

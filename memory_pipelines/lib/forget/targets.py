@@ -16,6 +16,7 @@ import psycopg
 
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import DeletionJob, DeletionScope
 from memory_pipelines.lib.stores import bytescan, registry
 from memory_pipelines.lib.stores.adapter import Context, Source, ever_restored
 from memory_pipelines.lib.stores.derived import DerivedStores
@@ -74,7 +75,7 @@ def probes(derived: DerivedStores, tenant_id: str, sources: set[Source]) -> Prob
     return Probes(texts=list(texts.values()), vectors=vectors, stored=stored, targets=len(sources))
 
 
-def resolve_targets(store: MemoryStore, tenant_id: str, jobs: list[dict[str, Any]]) -> dict[str, set[Source]]:
+def resolve_targets(store: MemoryStore, tenant_id: str, jobs: list[DeletionJob]) -> dict[str, set[Source]]:
     """job_id -> exact (memory_id, version) set, fixed at the first run and reused on resume."""
     out: dict[str, set[Source]] = {}
     with store.transaction() as conn:
@@ -119,7 +120,7 @@ def resolve_targets(store: MemoryStore, tenant_id: str, jobs: list[dict[str, Any
 
 
 def with_orphans(
-    store: MemoryStore, tenant_id: str, jobs: list[dict[str, Any]], fixed: dict[str, set[Source]]
+    store: MemoryStore, tenant_id: str, jobs: list[DeletionJob], fixed: dict[str, set[Source]]
 ) -> dict[str, set[Source]]:
     """job_id -> its fixed targets and the orphans its scope covers (looked up at every run)."""
     with store.transaction() as conn:
@@ -152,7 +153,7 @@ def orphans(conn: psycopg.Connection, tenant_id: str) -> list[tuple[str, int, st
     return [(str(m), int(v), user) for m, v, user in rows]
 
 
-def covered(orphans: list[tuple[str, int, str | None]], scope: dict[str, Any], memory_ids: set[str]) -> set[Source]:
+def covered(orphans: list[tuple[str, int, str | None]], scope: DeletionScope, memory_ids: set[str]) -> set[Source]:
     """The orphans a scope covers: a subject's (or the tenant's) forget takes those whose memory is
     theirs or gone with an unknown author; a memory's or a sweep's, those of its memories."""
     subject = scope["subject"] if scope["type"] == "SUBJECT" else None
@@ -164,7 +165,7 @@ def covered(orphans: list[tuple[str, int, str | None]], scope: dict[str, Any], m
 
 
 def found(
-    derived: DerivedStores, tenant_id: str, jobs: list[dict[str, Any]], targets: dict[str, set[Source]]
+    derived: DerivedStores, tenant_id: str, jobs: list[DeletionJob], targets: dict[str, set[Source]]
 ) -> dict[str, dict[str, int]]:
     """job_id -> store -> records that existed at the job's first freeze (kept across retries)."""
     out: dict[str, dict[str, int]] = {}
@@ -186,7 +187,7 @@ def found(
 def fingerprint(
     derived: DerivedStores,
     tenant_id: str,
-    jobs: list[dict[str, Any]],
+    jobs: list[DeletionJob],
     targets: dict[str, set[Source]],
     vectors: dict[str, Any],
 ) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from memory_pipelines.lib.results import MemoryWrite
 
 __all__ = [
     "ConflictError",
@@ -60,7 +60,7 @@ class PartialWriteError(MemoryPipelinesError):
     """A bulk write stopped part way: `written` (results as dicts, in item order) was committed, the
     items after it were not. Writing the same items again is safe: stored ones come back unchanged."""
 
-    def __init__(self, cause: MemoryPipelinesError, *, written: list[dict[str, Any]], total: int) -> None:
+    def __init__(self, cause: MemoryPipelinesError, *, written: list[MemoryWrite], total: int) -> None:
         super().__init__(
             cause.field,
             f"{cause.message} (the first {len(written)} of {total} items were written before this; the rest"

@@ -18,6 +18,7 @@ from memory_pipelines.lib.memories.records import _iso
 from memory_pipelines.lib.memories.sealing import SealingMixin, _key_of, _query_aad, _text_aad
 from memory_pipelines.lib.memories.tenants import TenantsMixin
 from memory_pipelines.lib.memories.visibility import _NOT_HIDDEN, _SELECT_MEMORY
+from memory_pipelines.lib.results import ExportedVersion
 
 __all__ = [
     "EXPORT_BATCH",
@@ -38,7 +39,7 @@ _SELECT_EXPORT = (
 class ExportMixin(TenantsMixin, SealingMixin):
     """A subject's export, as rows or as a JSON document."""
 
-    def iter_export(self, *, tenant_id: str, subject: str) -> Iterator[dict[str, Any]]:
+    def iter_export(self, *, tenant_id: str, subject: str) -> Iterator[ExportedVersion]:
         """Every version of every memory the subject wrote, personal and team, streamed in batches."""
         validation.check_id("tenant", tenant_id)
         validation.check_id("subject", subject)
@@ -56,7 +57,7 @@ class ExportMixin(TenantsMixin, SealingMixin):
                         keys = self.keys.keys_by_id(key_conn, tenant_id, [row["key_id"] for row in batch])
                     yield from (self._export_row(row, keys) for row in batch)
 
-    def _export_row(self, row: dict[str, Any], keys: dict[str, bytes]) -> dict[str, Any]:
+    def _export_row(self, row: dict[str, Any], keys: dict[str, bytes]) -> ExportedVersion:
         key = _key_of(row, keys)
         ids = (row["tenant_id"], row["memory_id"], row["version"])
         query_ct = row["original_query_ct"]

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+
+from memory_pipelines.lib.results import MemoryWrite
 
 __all__ = [
     "CurrentVersion",
@@ -24,7 +25,7 @@ class WriteResult:
     team_id: str | None
     changed: bool
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> MemoryWrite:
         return {
             "tenant_id": self.tenant_id,
             "memory_id": self.memory_id,

@@ -4,14 +4,13 @@ the membership checks that team writes and team views rely on.
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import NotFoundError, PermissionDeniedError
 from memory_pipelines.lib.memories import consent
 from memory_pipelines.lib.memories.tenants import TenantsMixin
+from memory_pipelines.lib.results import TeamMemberAdded, TeamMemberRemoved
 
 __all__ = [
     "TeamsMixin",
@@ -21,7 +20,7 @@ __all__ = [
 class TeamsMixin(TenantsMixin):
     """Team membership: add, remove, list, and require."""
 
-    def add_team_member(self, *, tenant_id: str, team_id: str, user_id: str) -> dict[str, Any]:
+    def add_team_member(self, *, tenant_id: str, team_id: str, user_id: str) -> TeamMemberAdded:
         """Add a user to a team, creating tenant and team if needed (idempotent)."""
         validation.check_id("tenant", tenant_id)
         validation.check_id("team", team_id)
@@ -50,7 +49,7 @@ class TeamsMixin(TenantsMixin):
             "members": members,
         }
 
-    def remove_team_member(self, *, tenant_id: str, team_id: str, user_id: str) -> dict[str, Any]:
+    def remove_team_member(self, *, tenant_id: str, team_id: str, user_id: str) -> TeamMemberRemoved:
         """Remove a user from a team; the memories they wrote for it stay with the team."""
         validation.check_id("tenant", tenant_id)
         validation.check_id("team", team_id)

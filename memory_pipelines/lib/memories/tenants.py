@@ -5,8 +5,6 @@ deleted, is not behind the restore gate; a subject is not being forgotten).
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 
 from memory_pipelines.lib.infra import validation
@@ -14,6 +12,7 @@ from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError
 from memory_pipelines.lib.memories import consent
 from memory_pipelines.lib.memories.connections import ConnectionsMixin
 from memory_pipelines.lib.memories.records import _iso
+from memory_pipelines.lib.results import TenantInfo, TenantMode
 
 __all__ = [
     "TenantsMixin",
@@ -68,7 +67,7 @@ class TenantsMixin(ConnectionsMixin):
             )
         return str(row[0])
 
-    def create_tenant(self, *, tenant_id: str, sharing_mode: str = "strict") -> dict[str, Any]:
+    def create_tenant(self, *, tenant_id: str, sharing_mode: str = "strict") -> TenantMode:
         """Create a tenant (idempotent); an existing tenant keeps its data and gets `sharing_mode`."""
         validation.check_id("tenant", tenant_id)
         validation.check_sharing_mode(sharing_mode)
@@ -78,7 +77,7 @@ class TenantsMixin(ConnectionsMixin):
             self._bump(conn, tenant_id)
         return {"tenant_id": tenant_id, "sharing_mode": sharing_mode}
 
-    def set_sharing_mode(self, *, tenant_id: str, sharing_mode: str) -> dict[str, Any]:
+    def set_sharing_mode(self, *, tenant_id: str, sharing_mode: str) -> TenantMode:
         validation.check_id("tenant", tenant_id)
         validation.check_sharing_mode(sharing_mode)
         with self.transaction() as conn:
@@ -100,7 +99,7 @@ class TenantsMixin(ConnectionsMixin):
         if row is not None and row[0] != sharing_mode:
             consent.record(conn, tenant_id, "SHARING_MODE", mode=sharing_mode)
 
-    def tenants(self) -> list[dict[str, Any]]:
+    def tenants(self) -> list[TenantInfo]:
         """Every tenant with its sharing mode and counts (no text)."""
         with self.transaction() as conn:
             rows = conn.execute(

@@ -16,6 +16,7 @@ from memory_pipelines.lib.memories import crypto, ordering
 from memory_pipelines.lib.memories.records import _iso
 from memory_pipelines.lib.memories.sealing import SealingMixin, _text_aad
 from memory_pipelines.lib.memories.tenants import TenantsMixin
+from memory_pipelines.lib.results import MemoryVersion, RollBack
 
 __all__ = [
     "VersionsMixin",
@@ -130,7 +131,7 @@ class VersionsMixin(TenantsMixin, SealingMixin):
             ),
         )
 
-    def rollback(self, *, tenant_id: str, memory_id: str, user_id: str) -> dict[str, Any]:
+    def rollback(self, *, tenant_id: str, memory_id: str, user_id: str) -> RollBack:
         """Make the previous version current again, as a new version (history is kept).
 
         The previous version is the newest one before the current that still exists and is not being
@@ -182,14 +183,16 @@ class VersionsMixin(TenantsMixin, SealingMixin):
                 restored_from=back_to,
             )
             self._bump(conn, tenant_id)
-        return {
+        rolled: RollBack = {
             "tenant_id": tenant_id,
             "memory_id": memory_id,
             "version": version,
             "text": text,
             "restored_from": back_to,
-            **({"skipped": skipped} if skipped else {}),
         }
+        if skipped:
+            rolled["skipped"] = skipped
+        return rolled
 
     @staticmethod
     def _nothing_to_roll_back(
@@ -256,7 +259,7 @@ class VersionsMixin(TenantsMixin, SealingMixin):
             raise NotFoundError("version", f"memory {memory_id} has no version {version}")
         return row
 
-    def history(self, *, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:
+    def history(self, *, tenant_id: str, memory_id: str) -> list[MemoryVersion]:
         """Every version of a memory, oldest first, decrypted."""
         validation.check_id("tenant", tenant_id)
         validation.check_memory_id("memory_id", memory_id)

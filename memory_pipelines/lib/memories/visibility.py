@@ -14,6 +14,7 @@ from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.memories.records import _iso
 from memory_pipelines.lib.memories.sealing import SealingMixin
 from memory_pipelines.lib.memories.teams import TeamsMixin
+from memory_pipelines.lib.results import VisibleMemory
 
 __all__ = [
     "VisibilityMixin",
@@ -126,7 +127,7 @@ _CONFIRM_VISIBLE = {
 class VisibilityMixin(TeamsMixin, SealingMixin):
     """The memories a user may see now, and recall's checks of a scope and of candidates."""
 
-    def list_visible(self, *, tenant_id: str, user_id: str, team_id: str | None = None) -> list[dict[str, Any]]:
+    def list_visible(self, *, tenant_id: str, user_id: str, team_id: str | None = None) -> list[VisibleMemory]:
         """Current memories a user sees: their personal view, or a team view by the tenant's sharing mode.
 
         strict: the user's own memories in the team (team_id + user_id).
@@ -235,7 +236,7 @@ class VisibilityMixin(TeamsMixin, SealingMixin):
                 rows = cur.execute(_CONFIRM_VISIBLE[(scope, in_scope)], params).fetchall()
         return {(r["memory_id"], r["version"]): r for r in rows}
 
-    def _current_view(self, conn: psycopg.Connection, row: dict[str, Any]) -> dict[str, Any]:
+    def _current_view(self, conn: psycopg.Connection, row: dict[str, Any]) -> VisibleMemory:
         return {
             "memory_id": row["memory_id"],
             "version": row["version"],

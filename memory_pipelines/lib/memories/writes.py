@@ -17,6 +17,7 @@ from memory_pipelines.lib.memories.records import WriteResult
 from memory_pipelines.lib.memories.teams import TeamsMixin
 from memory_pipelines.lib.memories.versions import VersionsMixin
 from memory_pipelines.lib.memories.visibility import _NOT_TOMBSTONED
+from memory_pipelines.lib.results import DoNotSell
 
 if TYPE_CHECKING:
     from memory_pipelines.lib.memories.store import MemoryStore
@@ -296,7 +297,7 @@ class WritesMixin(VersionsMixin, TeamsMixin):
         value: bool = True,
         memory_id: str | None = None,
         subject: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> DoNotSell:
         """CCPA opt-out for one memory or for every memory of a subject (present and future).
 
         `user_id` is the acting user: a memory's author flags it, a subject flags themselves.
@@ -322,7 +323,7 @@ class WritesMixin(VersionsMixin, TeamsMixin):
                     (value, tenant_id, memory_id),
                 )
                 consent.record(conn, tenant_id, "MEMORY_DO_NOT_SELL", memory_id=memory_id, flag=value)
-                result: dict[str, Any] = {"tenant_id": tenant_id, "memory_id": memory_id, "do_not_sell": value}
+                result: DoNotSell = {"tenant_id": tenant_id, "memory_id": memory_id, "do_not_sell": value}
             else:
                 assert subject is not None
                 self._ensure_subject(conn, tenant_id, subject)

@@ -20,6 +20,7 @@ from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.infra.paths import ASSETS_DIR
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import RetentionJob, RetentionPreview, RetentionSweep
 
 __all__ = [
     "FIRST_DAY",
@@ -197,7 +198,7 @@ def immediate(store: MemoryStore, *, policies: Policies, tenant_id: str | None =
     return out
 
 
-def preview(store: MemoryStore, *, day: Any, policies: Policies | None = None) -> dict[str, Any]:
+def preview(store: MemoryStore, *, day: Any, policies: Policies | None = None) -> RetentionPreview:
     """What a sweep of `day` would remove: counts per tenant and category, nothing else.
 
     Any day is allowed, a future one too ("what will the sweep of 2027-01-01 take?"): a preview
@@ -222,7 +223,7 @@ def sweep(
     policies: Policies | None = None,
     tenant_id: str | None = None,
     run: bool = True,
-) -> dict[str, Any]:
+) -> RetentionSweep:
     """Request (and with `run`, carry out) the removal of what day `day`'s retention ended.
 
     One RETENTION job per tenant with expired memories (`tenant_id`: that tenant only); `immediate`
@@ -233,7 +234,7 @@ def sweep(
     the_day = check_sweep_day(day)
     policies = policies or load_policies()
     found = expired(service.store, day=the_day, policies=policies, tenant_id=tenant_id)
-    jobs: dict[str, dict[str, Any]] = {}
+    requested: dict[str, tuple[str, dict[str, int]]] = {}  # tenant -> its job id and categories
     for tenant, categories in sorted(found.items()):
         job = service.request_retention(
             tenant_id=tenant,
@@ -243,7 +244,7 @@ def sweep(
             policy_version=policies.version,
         )
         assert job is not None
-        jobs[tenant] = {"job_id": job["job_id"], "categories": job["categories"]}
+        requested[tenant] = (job["job_id"], job["categories"])
     forgets: dict[str, list[str]] = {}
     for tenant, memory_ids in sorted(immediate(service.store, policies=policies, tenant_id=tenant_id).items()):
         forgets[tenant] = [
@@ -251,11 +252,13 @@ def sweep(
         ]
     stores: dict[str, dict[str, int]] = {}
     if run:
-        for tenant in sorted(set(jobs) | set(forgets)):
-            batch = ([jobs[tenant]["job_id"]] if tenant in jobs else []) + forgets.get(tenant, [])
+        for tenant in sorted(set(requested) | set(forgets)):
+            batch = ([requested[tenant][0]] if tenant in requested else []) + forgets.get(tenant, [])
             stores[tenant] = service.run_batch(tenant_id=tenant, job_ids=batch)["stores"]
-    for entry in jobs.values():
-        entry["state"] = service.status(job_id=entry["job_id"])["state"]
+    jobs: dict[str, RetentionJob] = {
+        tenant: {"job_id": job_id, "categories": categories, "state": service.status(job_id=job_id)["state"]}
+        for tenant, (job_id, categories) in requested.items()
+    }
     return {
         "date": the_day.isoformat(),
         "policy_version": policies.version,

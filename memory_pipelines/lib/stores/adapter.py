@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import psycopg
 
+from memory_pipelines.lib.results import DeletionJob, DeletionScope
 from memory_pipelines.lib.stores import lineage
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class Context:
 
     derived: DerivedStores
     tenant_id: str
-    jobs: list[dict[str, Any]]
+    jobs: list[DeletionJob]
     everything: set[Source]
     records: set[str] = field(default_factory=set)
     # Vectors the run already read from the index (its paraphrase probes), by record id: not read twice.
@@ -60,8 +61,16 @@ class Context:
     def tenant_scope(self) -> bool:
         return any(job["scope"]["type"] == "TENANT" for job in self.jobs)
 
-    def scopes(self, kind: str) -> list[dict[str, Any]]:
+    def scopes(self, kind: str) -> list[DeletionScope]:
         return [job["scope"] for job in self.jobs if job["scope"]["type"] == kind]
+
+    def subjects(self) -> list[str]:
+        """The subjects of the SUBJECT scopes, in job order."""
+        subjects: list[str] = []
+        for scope in self.scopes("SUBJECT"):
+            assert scope["subject"] is not None  # a SUBJECT scope always names its subject
+            subjects.append(scope["subject"])
+        return subjects
 
     @property
     def ids(self) -> list[str]:

@@ -14,6 +14,7 @@ from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.infra.services import Endpoints, chroma_heartbeat, ensure_chroma
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import LineageRecord, RecordSources
 from memory_pipelines.lib.stores import lineage, registry
 from memory_pipelines.lib.stores.analytics.store import AnalyticsStore, QueryLimits
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
@@ -132,14 +133,14 @@ class DerivedStores:
             if spec.asset and spec.sync is not None
         }
 
-    def lineage_of_memory(self, *, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:
+    def lineage_of_memory(self, *, tenant_id: str, memory_id: str) -> list[LineageRecord]:
         """Every derived record of every version of a memory (store, record_id, version)."""
         validation.check_memory_id("memory_id", memory_id)
         self.store.history(tenant_id=tenant_id, memory_id=memory_id)  # tenant and memory must exist
         with self.store.transaction() as conn:
             return lineage.derived_of_memory(conn, tenant_id=tenant_id, memory_id=memory_id)
 
-    def sources_of_record(self, *, tenant_id: str, record: str) -> dict[str, Any]:
+    def sources_of_record(self, *, tenant_id: str, record: str) -> RecordSources:
         """The memory versions a derived record `STORE:ID` was made from."""
         if not isinstance(record, str):
             raise ValidationError("record", f"must be a string STORE:ID, got {type(record).__name__}")

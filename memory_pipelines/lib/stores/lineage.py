@@ -8,10 +8,10 @@ store is PostgreSQL, and idempotently (upsert, then reconcile) for Chroma and Pa
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import psycopg
 
+from memory_pipelines.lib.results import LineageRecord, RecordSource
 from memory_pipelines.lib.stores.registry import require_registered
 
 __all__ = [
@@ -96,7 +96,7 @@ def records_of_store(conn: psycopg.Connection, *, tenant_id: str, store: str) ->
     return out
 
 
-def derived_of_memory(conn: psycopg.Connection, *, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:
+def derived_of_memory(conn: psycopg.Connection, *, tenant_id: str, memory_id: str) -> list[LineageRecord]:
     """Every derived record of every version of a memory."""
     return [
         {"store": store, "record_id": record_id, "memory_id": memory_id, "version": version}
@@ -108,7 +108,7 @@ def derived_of_memory(conn: psycopg.Connection, *, tenant_id: str, memory_id: st
     ]
 
 
-def sources_of_record(conn: psycopg.Connection, *, tenant_id: str, store: str, record_id: str) -> list[dict[str, Any]]:
+def sources_of_record(conn: psycopg.Connection, *, tenant_id: str, store: str, record_id: str) -> list[RecordSource]:
     return [
         {"memory_id": memory_id, "version": version}
         for memory_id, version in conn.execute(

@@ -45,7 +45,7 @@ class AnalyticsAdapter:
         """The buckets that can hold the targets: the subjects' own, when every job is a subject's
         and no restore ever orphaned versions of unknown author in the tenant; else None (all).
         One bucket is read instead of the tenant's 64 (0.08 s at 100,000 memories)."""
-        subjects = {scope["subject"] for scope in ctx.scopes("SUBJECT")}
+        subjects = set(ctx.subjects())
         if len(ctx.scopes("SUBJECT")) != len(ctx.jobs):
             return None
         with ctx.store.transaction() as conn:

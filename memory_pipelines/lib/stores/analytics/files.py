@@ -170,6 +170,22 @@ class PartitionFiles:
                 found[int(number)] = path
         return dict(sorted(found.items()))
 
+    def open_buckets(
+        self, tenant_id: str, buckets: Iterable[int] | None = None
+    ) -> Iterator[tuple[int, pq.ParquetFile]]:
+        """Each of the tenant's bucket files (of `buckets` only, when given), open while the caller reads
+        it; a file a concurrent rewrite removed since the listing is skipped (it held no rows)."""
+        chosen = None if buckets is None else set(buckets)
+        for bucket, path in self.bucket_files(tenant_id).items():
+            if chosen is not None and bucket not in chosen:
+                continue
+            try:
+                fh = open(path, "rb")
+            except FileNotFoundError:
+                continue
+            with fh:
+                yield bucket, pq.ParquetFile(fh)
+
     def _old_partition_dir(self, tenant_id: str) -> Path:
         """Where an install from before the hashed names kept the tenant (read and converted only)."""
         return self.old_data_dir / f"{OLD_TENANT_KEY}={tenant_id}"

@@ -8,12 +8,10 @@ tenant's rows only, without the rows accepted deletions hide, within the limits 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import NotFoundError, ValidationError
@@ -24,6 +22,7 @@ from memory_pipelines.lib.infra.settings import (
     Settings,
 )
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import AnalyticsAnswer
 from memory_pipelines.lib.stores.analytics import sandbox as sql_sandbox
 from memory_pipelines.lib.stores.analytics.files import SCHEMA, _buckets
 from memory_pipelines.lib.stores.analytics.hidden import Hidden, hidden_now
@@ -63,7 +62,7 @@ class AnalyticsReads(LegacyLayout):
 
     def query(
         self, sql: str, *, tenant_id: str, max_rows: int = MAX_QUERY_ROWS, store: MemoryStore | None = None
-    ) -> dict[str, Any]:
+    ) -> AnalyticsAnswer:
         """Run one SELECT over one tenant's rows, exposed as the table `memories`.
 
         The user's SQL never sees a file: the tenant's partition is read here (pyarrow) and
@@ -124,15 +123,8 @@ class AnalyticsReads(LegacyLayout):
         wanted = None if columns is None else [*columns, *(["tenant_id"] if "tenant_id" not in columns else [])]
         empty = SCHEMA.empty_table()
         tables = [empty.select(wanted) if wanted else empty]
-        for bucket, path in self.bucket_files(tenant_id).items():
-            if buckets is not None and bucket not in buckets:
-                continue
-            try:
-                fh = open(path, "rb")
-            except FileNotFoundError:
-                continue
-            with fh:
-                tables.append(pq.ParquetFile(fh).read(columns=wanted))
+        for _, parquet in self.open_buckets(tenant_id, buckets):
+            tables.append(parquet.read(columns=wanted))
         table = pa.concat_tables(tables)
         table = table.filter(pc.equal(table["tenant_id"], tenant_id))  # a null is no match: dropped
         return table.select(columns) if columns is not None else table

@@ -56,7 +56,6 @@ from pathlib import Path
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from memory_pipelines.lib.infra.errors import NotFoundError
 from memory_pipelines.lib.memories import ordering
@@ -242,23 +241,15 @@ class AnalyticsStore(AnalyticsReads):
             wanted = self._buckets_holding(conn, store, tenant_id, sources)
             tables: dict[int, pa.Table] = {}
             empty: list[int] = []
-            for bucket, path in self.bucket_files(tenant_id).items():
-                if wanted is not None and bucket not in wanted:
+            for bucket, parquet in self.open_buckets(tenant_id, wanted):
+                if parquet.metadata.num_rows == 0:
+                    empty.append(bucket)
                     continue
-                try:
-                    fh = open(path, "rb")
-                except FileNotFoundError:
-                    continue
-                with fh:
-                    parquet = pq.ParquetFile(fh)
-                    if parquet.metadata.num_rows == 0:
-                        empty.append(bucket)
-                        continue
-                    drop = pc.is_in(_record_ids(parquet.read(columns=["memory_id", "version"])), value_set=gone)
-                    removed = pc.sum(drop).as_py() or 0
-                    if removed:
-                        tables[bucket] = parquet.read().filter(pc.invert(drop))
-                        report.rows += removed
+                drop = pc.is_in(_record_ids(parquet.read(columns=["memory_id", "version"])), value_set=gone)
+                removed = pc.sum(drop).as_py() or 0
+                if removed:
+                    tables[bucket] = parquet.read().filter(pc.invert(drop))
+                    report.rows += removed
             if tables or empty:
                 with self.writer_lock():
                     self._install_locked(tenant_id, tables, report)

@@ -34,7 +34,7 @@ class KeyStoreAdapter:
     def _keys(self, conn: psycopg.Connection, ctx: Context) -> list[tuple[str, bytes | None]]:
         if ctx.tenant_scope:
             return [(str(k), w) for k, w in conn.execute(_TENANT_KEYS, (ctx.tenant_id,) * 4)]
-        subjects = sorted({scope["subject"] for scope in ctx.scopes("SUBJECT")})
+        subjects = sorted(set(ctx.subjects()))
         return [
             (str(k), w)
             for k, w in conn.execute(
@@ -53,6 +53,7 @@ class KeyStoreAdapter:
                 scope = job["scope"]
                 destroyed: list[str] = []
                 if scope["type"] == "SUBJECT":
+                    assert scope["subject"] is not None  # a SUBJECT scope always names its subject
                     key_id = keys.destroy_subject_key(conn, ctx.tenant_id, scope["subject"])
                     destroyed = [] if key_id is None else [key_id]
                 elif scope["type"] == "TENANT":

@@ -47,7 +47,7 @@ class KeywordIndexAdapter:
 
     def verify(self, ctx: Context, probes: Any) -> int:
         # An author-only version's postings are MACed under its author's key: probed with it while it lives.
-        subjects = [scope["subject"] for scope in ctx.scopes("SUBJECT")]
+        subjects = ctx.subjects()
         return ctx.derived.keywords.probe_hits(
             tenant_id=ctx.tenant_id, texts=probes.texts, sources=ctx.everything, subjects=subjects
         )

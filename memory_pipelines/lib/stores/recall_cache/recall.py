@@ -20,6 +20,7 @@ from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import NotFoundError
 from memory_pipelines.lib.memories import crypto, ordering
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import RecallHit
 from memory_pipelines.lib.stores import lineage
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
 from memory_pipelines.lib.stores.vectors.index import VectorStore
@@ -90,7 +91,7 @@ class Recaller:
         mode: str = "hybrid",
         lease_id: str | None = None,
         use_cache: bool = True,
-    ) -> list[dict[str, Any]]:
+    ) -> list[RecallHit]:
         """Top-k visible current memories for `query`: memory_id, version, text, score, and scope.
 
         Inside an agent run (`lease_id`), every recalled version is fenced on the lease with its

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import defaultdict
-from typing import Any, Protocol
+from typing import Protocol
 
 import httpx
 import psycopg
@@ -19,6 +19,7 @@ from memory_pipelines.lib.infra.errors import MemoryPipelinesError, NotFoundErro
 from memory_pipelines.lib.memories import crypto, ordering
 from memory_pipelines.lib.memories.keys import BUILD_KEY_PREFIX
 from memory_pipelines.lib.memories.store import CurrentVersion, MemoryStore
+from memory_pipelines.lib.results import Summary, SummaryMode
 from memory_pipelines.lib.stores import lineage
 
 __all__ = [
@@ -159,7 +160,7 @@ class SummaryStore:
         self.store = store
         self.summarizer = summarizer
 
-    def set_mode(self, *, tenant_id: str, subject: str, mode: str) -> dict[str, Any]:
+    def set_mode(self, *, tenant_id: str, subject: str, mode: str) -> SummaryMode:
         validation.check_id("subject", subject)
         if mode not in MODES:
             raise ValidationError("mode", f"must be one of {', '.join(MODES)}")
@@ -289,7 +290,7 @@ class SummaryStore:
                 conn, tenant_id=tenant_id, store=store_name, record_ids=[f"{scope}:{g}" for g in gone]
             )
 
-    def read(self, *, tenant_id: str, scope: str, scope_id: str) -> dict[str, Any]:
+    def read(self, *, tenant_id: str, scope: str, scope_id: str) -> Summary:
         """The decrypted summary of one subject or team, with its sources."""
         validation.check_id("subject" if scope == "subject" else "team", scope_id)
         self.store.require_tenant(tenant_id=tenant_id)
