@@ -29,6 +29,7 @@ from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
+from tests.support import durations
 
 ROW_COUNT_TABLES = (
     "memory.tenants",
@@ -101,6 +102,19 @@ def outlived(procs: Sequence[tuple[processes.Proc, str]], grace: float) -> list[
     """The processes still running after `grace` seconds."""
     left = {proc.pid for proc in processes.wait_for_exit([proc for proc, _ in procs], grace)}
     return [(proc, why) for proc, why in procs if proc.pid in left]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest modules first (`tests/support/durations.py` says why), each in its file order."""
+    recorded = durations.load()
+
+    slow = {durations.module_of(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    unrecorded = {True: durations.UNRECORDED_SLOW_SECONDS, False: 0.0}
+    weight = {
+        module: recorded.get(module, unrecorded[module in slow])
+        for module in {durations.module_of(item.nodeid) for item in items}
+    }
+    items.sort(key=lambda item: -weight[durations.module_of(item.nodeid)])  # stable: file order within
 
 
 @pytest.hookimpl(trylast=True)  # after xdist's own hook has ended the workers

@@ -180,17 +180,19 @@ def test_daemon_runs_the_lifecycle_without_overlap(deployment):
     # `forget --wait` with the daemon running: the CLI's own run completes the job, and the sensor never
     # launches another for it (it leaves a new request to its requester for a while, and then sees
     # the CLI's run naming the job); the latest `memory_deletions` materialization is that forget's.
+    waited = []
     for subject in ("carol", "dave"):
         cli(deployment, "write", "--tenant", TENANT, "--user", subject, f"{subject} keeps bees on the roof")
-        waited = cli(deployment, "forget", "--tenant", TENANT, "--subject", subject, "--wait")
-        assert waited["state"] == "COMPLETE", waited
-        time.sleep(50)  # past the sensor's settle time: three ticks at least
-        named = [r for r in runs(port) if r["jobName"] == "forget" and waited["job_id"] in json.dumps(r["tags"])]
+        waited.append(cli(deployment, "forget", "--tenant", TENANT, "--subject", subject, "--wait"))
+        assert waited[-1]["state"] == "COMPLETE", waited[-1]
+    time.sleep(50)  # past the sensor's settle time for both requests: three ticks at least
+    for done in waited:
+        named = [r for r in runs(port) if r["jobName"] == "forget" and done["job_id"] in json.dumps(r["tags"])]
         assert named == [], [(r["runId"], r["tags"]) for r in named]  # the sensor tags the ids it launches
-        ours = [r for r in runs(port) if r["runId"] == waited["run_id"]]
+        ours = [r for r in runs(port) if r["runId"] == done["run_id"]]
         assert ours and ours[0]["status"] == "SUCCESS" and "dagster/sensor_name" not in ours[0]["tags"]
-        latest = graphql(port, LATEST_DELETIONS % TENANT)["data"]["assetOrError"]["assetMaterializations"]
-        assert latest and latest[0]["runId"] == waited["run_id"], latest
+    latest = graphql(port, LATEST_DELETIONS % TENANT)["data"]["assetOrError"]["assetMaterializations"]
+    assert latest and latest[0]["runId"] == waited[-1]["run_id"], latest
     unplanned = [r for r in runs(port) if r["jobName"] == "forget"]
     assert len(unplanned) == 3, [(r["runId"], r["tags"]) for r in unplanned]  # the sensor's one, the CLI's two
 
