@@ -2172,9 +2172,24 @@ class Oracle(Worker):
         if not ok:
             self.tally.notes[f"final sync_all skipped: {_reason(res)}"] += 1
 
+    def final_opt_out(self, tenant: str) -> None:
+        """One memory opted out of sale before the final rebuild, so the analytics check has a row to
+        look for whatever the race left (its flags may all be off, or their memories forgotten)."""
+        ok, current = self.attempt("list_current", lambda: self.store.current_versions(tenant_id=tenant))
+        if not ok or not current:
+            return
+        cv = self.rng.choice(current)
+        t0 = time.time()
+        flag = partial(self.store.set_do_not_sell, tenant_id=tenant, user_id=cv.user_id, memory_id=cv.memory_id)
+        done, _ = self.attempt("consent_final_opt_out", partial(flag, value=True))
+        if done:
+            log_consent(self.log, tenant, "memory_dns", cv.memory_id, True, t0)
+
     def final_pass(self) -> None:
         """Everyone else has stopped: rebuild every derived store from what is left, then check every
         COMPLETE job again, every summary, snapshot and primary row, and every file."""
+        for tenant in REGULAR:
+            self.step("final_opt_out", partial(self.final_opt_out, tenant))
         self.step("ingest", self.ingest)
         for tenant in [*REGULAR, *self.cfg.doomed]:
             self.final_sync(tenant)
