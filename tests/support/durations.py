@@ -1,4 +1,4 @@
-"""How long each test took in a recorded run, so the longest start first on the xdist workers.
+"""How long each test module took in a recorded run, so the longest start first on the xdist workers.
 
 Two workers that take tests in file order finish minutes apart: the daemon test alone is six
 minutes, and it used to start late. `tests/conftest.py` orders the modules by their recorded total

@@ -406,6 +406,14 @@ class Worker:
     def run(self) -> None:
         raise NotImplementedError
 
+    def flag_memory(self, kind: str, tenant: str, cv: Any, value: bool) -> None:
+        """Set one memory's do-not-sell flag (counted as `kind`) and log the change once it committed."""
+        t0 = time.time()
+        flag = partial(self.store.set_do_not_sell, tenant_id=tenant, user_id=cv.user_id, memory_id=cv.memory_id)
+        done, _ = self.attempt(kind, partial(flag, value=value))
+        if done:
+            log_consent(self.log, tenant, "memory_dns", cv.memory_id, value, t0)
+
     def attempt(self, kind: str, fn: Callable[[], Any]) -> tuple[bool, Any]:
         """Run one operation; documented refusals are counted, anything else is a violation."""
         try:
@@ -1099,12 +1107,7 @@ class Deleter(Worker):
         restore of an older backup: none of them may be undone by it."""
         ok, current = self.attempt("list_current", lambda: self.store.current_versions(tenant_id=tenant))
         for cv in self.rng.sample(current, min(2, len(current))) if ok else []:
-            value = self.rng.random() < 0.6
-            t0 = time.time()
-            flag = partial(self.store.set_do_not_sell, tenant_id=tenant, user_id=cv.user_id, memory_id=cv.memory_id)
-            done, _ = self.attempt("consent_memory", partial(flag, value=value))
-            if done:
-                log_consent(self.log, tenant, "memory_dns", cv.memory_id, value, t0)
+            self.flag_memory("consent_memory", tenant, cv, self.rng.random() < 0.6)
         user, value = self.rng.choice(subjects_of(tenant)), self.rng.random() < 0.5
         t0 = time.time()
         done, _ = self.attempt(
@@ -2178,12 +2181,7 @@ class Oracle(Worker):
         ok, current = self.attempt("list_current", lambda: self.store.current_versions(tenant_id=tenant))
         if not ok or not current:
             return
-        cv = self.rng.choice(current)
-        t0 = time.time()
-        flag = partial(self.store.set_do_not_sell, tenant_id=tenant, user_id=cv.user_id, memory_id=cv.memory_id)
-        done, _ = self.attempt("consent_final_opt_out", partial(flag, value=True))
-        if done:
-            log_consent(self.log, tenant, "memory_dns", cv.memory_id, True, t0)
+        self.flag_memory("consent_final_opt_out", tenant, self.rng.choice(current), True)
 
     def final_pass(self) -> None:
         """Everyone else has stopped: rebuild every derived store from what is left, then check every
