@@ -107,11 +107,9 @@ def outlived(procs: Sequence[tuple[processes.Proc, str]], grace: float) -> list[
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Longest modules first (`tests/support/durations.py` says why), each in its file order."""
     recorded = durations.load()
-
     slow = {durations.module_of(item.nodeid) for item in items if item.get_closest_marker("slow")}
-    unrecorded = {True: durations.UNRECORDED_SLOW_SECONDS, False: 0.0}
     weight = {
-        module: recorded.get(module, unrecorded[module in slow])
+        module: recorded.get(module, durations.UNRECORDED_SLOW_SECONDS if module in slow else 0.0)
         for module in {durations.module_of(item.nodeid) for item in items}
     }
     items.sort(key=lambda item: -weight[durations.module_of(item.nodeid)])  # stable: file order within
