@@ -31,7 +31,11 @@ def resources() -> dg.Definitions:
                 kms_key_id=_env_or(env.ENV_KMS_KEY_ID, None),
                 key_vault=_env_or(env.ENV_KEY_VAULT, None),
             ),
-            "chroma": ChromaResource(home=home, url=_env_or(env.ENV_CHROMA_URL, None)),  # type: ignore[arg-type]
+            "chroma": ChromaResource(
+                home=home,  # type: ignore[arg-type]
+                url=_env_or(env.ENV_CHROMA_URL, None),
+                embedding_model=_env_or(env.ENV_EMBEDDING_MODEL, env.EMBEDDING_MODELS[0]),  # type: ignore[arg-type]
+            ),
             "summarizer": SummarizerResource(
                 base_url=_env_or(env.ENV_SUMMARIZER_URL, None),
                 model=_env_or(env.ENV_SUMMARIZER_MODEL, None),

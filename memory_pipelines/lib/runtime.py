@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from memory_pipelines.lib.backups.service import BackupService, backup_service
+from typing import TYPE_CHECKING
+
 from memory_pipelines.lib.infra.services import Endpoints, ensure_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.keys import KeyStore
 from memory_pipelines.lib.memories.store import MemoryStore
+
+if TYPE_CHECKING:  # backups load pyarrow: imported only by what takes or restores one
+    from memory_pipelines.lib.backups.service import BackupService
 
 __all__ = [
     "master_key",
@@ -31,6 +35,8 @@ def open_store(settings: Settings, endpoints: Endpoints | None = None) -> Memory
 
 
 def open_backups(settings: Settings, store: MemoryStore) -> BackupService:
+    from memory_pipelines.lib.backups.service import backup_service
+
     return backup_service(
         store,
         home=settings.home,

@@ -9,6 +9,7 @@ from typing import ClassVar
 import dagster as dg
 
 from memory_pipelines.lib.infra.settings import DEFAULT_HOME, Settings
+from memory_pipelines.lib.infra.settings import EMBEDDING_MODELS as MODELS
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
 from memory_pipelines.lib.stores.derived import DerivedStores, chroma_url_for
@@ -22,7 +23,7 @@ from memory_pipelines.lib.stores.vectors.embedding import Embedder, HashingEmbed
 from memory_pipelines.lib.stores.vectors.index import VectorStore
 from memory_pipelines.resources.memory_store import MemoryStoreResource
 
-EMBEDDING_MODELS = ("all-MiniLM-L6-v2", "hashing-test-only")
+EMBEDDING_MODELS = (*MODELS, "hashing-test-only")
 
 
 class ChromaResource(dg.ConfigurableResource):
@@ -31,16 +32,16 @@ class ChromaResource(dg.ConfigurableResource):
 
     home: str = DEFAULT_HOME
     url: str | None = None
-    embedding_model: str = "all-MiniLM-L6-v2"
+    embedding_model: str = MODELS[0]
 
     _stores: ClassVar[dict[tuple[str, str, str], VectorStore]] = {}
     _lock: ClassVar[threading.Lock] = threading.Lock()
 
     def _embedder(self) -> Embedder:
-        if self.embedding_model == "all-MiniLM-L6-v2":
+        if self.embedding_model in MODELS:
             from memory_pipelines.lib.stores.derived import default_embedder
 
-            return default_embedder()
+            return default_embedder(self.embedding_model)
         if self.embedding_model == "hashing-test-only":
             return HashingEmbedder()
         raise dg.Failure(f"embedding_model must be one of {', '.join(EMBEDDING_MODELS)}")

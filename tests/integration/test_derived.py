@@ -10,6 +10,7 @@ from memory_pipelines.defs.memories.assets import memories
 from memory_pipelines.defs.stores import assets as derived_assets
 from memory_pipelines.defs.stores import checks as derived_checks
 from memory_pipelines.lib.infra.errors import NotFoundError, PermissionDeniedError, ValidationError
+from memory_pipelines.lib.stores import lineage
 from memory_pipelines.lib.stores.derived import sync_embeddings, sync_keywords
 from memory_pipelines.lib.stores.keyword import index as keyword_module
 from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
@@ -249,3 +250,83 @@ def test_sync_helpers_drop_cached_recalls_when_an_index_changes(derived, store, 
     store.write(tenant_id=tenant, user_id="alice", text="Drinks soy milk too")
     assert sync_keywords(store, tenant_id=tenant)["recall_cache_dropped"] == 1
     assert "recall_cache_dropped" in sync_embeddings(store, derived.vectors, tenant_id=tenant)
+
+
+def test_a_sync_of_many_chunks_writes_each_once_and_a_forget_accepted_mid_sync_wins(derived, store, tenant):
+    """Chunk writes overlap the next chunk's embedding on a server: every version lands once with its
+    lineage, progress only grows, and a subject forgotten while chunks are still in flight ends with
+    no vector once the cascade has run."""
+    from memory_pipelines.lib.forget.deletion import DeletionService
+    from memory_pipelines.lib.stores.vectors.sync import EMBED_CHUNK
+
+    assert derived.vectors.url is not None  # the overlapped path is the server's
+    count = 3 * EMBED_CHUNK + 100
+    items = [{"user_id": f"user{i % 7}", "text": f"Note {i}: trains to Porto on day {i % 30}."} for i in range(count)]
+    store.write_many(tenant_id=tenant, items=items)
+    service = DeletionService(derived)
+    seen: list[tuple[int, int]] = []
+    jobs: list[str] = []
+
+    def progress(done: int, total: int, unit: str) -> None:
+        seen.append((done, total))
+        if len(seen) == 1:  # the first chunk is written; later ones are being embedded or written
+            jobs.append(service.request(tenant_id=tenant, subject="user3")["job_id"])
+
+    counts = sync_embeddings(store, derived.vectors, tenant_id=tenant, progress=progress)
+    assert counts["embedded"] == count
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen) and seen[-1] == (count, count)
+    assert len(seen) == 4 and jobs
+    assert derived.vectors.check(store=store, tenant_id=tenant) == {
+        "records": len(derived.vectors.ids(tenant)),
+        "documents": 0,
+        "without_lineage": 0,
+        "not_current": 0,
+    }
+    others = {i for i in range(count) if i % 7 != 3}
+    assert len(derived.vectors.ids(tenant)) >= len(others)
+
+    service.run_batch(tenant_id=tenant, job_ids=jobs)
+    assert service.status(job_id=jobs[0])["state"] == "COMPLETE"
+    left = {cv.record_id for cv in store.current_versions(tenant_id=tenant)}
+    assert len(left) == len(others)
+    assert derived.vectors.ids(tenant) == left  # user3's vectors are gone, every other one is there
+
+
+def test_a_model_change_rebuilds_the_collection_and_never_mixes_vectors(
+    derived, store, tenant, session_settings, endpoints
+):
+    from memory_pipelines.lib.stores.derived import open_derived
+    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder, MiniLMEmbedder
+
+    written = [
+        store.write(tenant_id=tenant, user_id="alice", text=f"Alice visits Porto in month {i}.") for i in range(5)
+    ]
+    full = open_derived(session_settings, store, embedder=MiniLMEmbedder(quantized=False), endpoints=endpoints)
+    assert sync_embeddings(store, full.vectors, tenant_id=tenant)["embedded"] == 5
+    sync_keywords(store, tenant_id=tenant)
+    assert derived.vectors.existing(tenant).metadata["embedding_model"] == "all-MiniLM-L6-v2"
+
+    # Before the rebuild: int8 queries may search float32 vectors of the same network ...
+    hits = derived.recaller.recall(tenant_id=tenant, user_id="alice", query="Porto trip", k=2, mode="semantic")
+    assert len(hits) == 2
+    # ... but another network's queries get no semantic answer from them, and hybrid still answers by keyword.
+    other = open_derived(session_settings, store, embedder=HashingEmbedder(), endpoints=endpoints)
+    assert other.vectors.nearest(tenant_id=tenant, vector=HashingEmbedder().embed(["Porto"])[0], limit=3) == []
+    hybrid = other.recaller.recall(
+        tenant_id=tenant, user_id="alice", query="Porto", k=2, mode="hybrid", use_cache=False
+    )
+    assert len(hybrid) == 2
+
+    counts = sync_embeddings(store, derived.vectors, tenant_id=tenant)  # the int8 model's sync
+    assert counts["embedded"] == 5
+    col = derived.vectors.existing(tenant)
+    assert col.metadata["embedding_model"] == "all-MiniLM-L6-v2-int8"
+    stored = derived.vectors.vectors_of(tenant, sorted(derived.vectors.ids(tenant)))
+    expected = derived.vectors.embedder.embed([f"Alice visits Porto in month {i}." for i in range(5)])
+    for n, memory in enumerate(written):
+        # Every stored vector is the int8 model's (batch-mates move int8 vectors a little: cosine, not equality).
+        assert float(stored[f"{memory.memory_id}:1"] @ expected[n]) > 0.999
+    assert derived.vectors.check(store=store, tenant_id=tenant)["without_lineage"] == 0
+    with store.transaction() as conn:
+        edges = lineage.records_of_store(conn, tenant_id=tenant, store="chroma")
+    assert sorted(edges) == sorted(f"{m.memory_id}:1" for m in written)

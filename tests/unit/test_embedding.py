@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from memory_pipelines.lib.stores.vectors.embedding import (
     HashingEmbedder,
     MiniLMEmbedder,
     _reference_forward,
+    comparable_models,
     load_bert_weights,
     pad_batch,
 )
@@ -25,6 +29,12 @@ LONG_TEXT = " ".join(f"Remember that appointment number {i} is on a different we
 
 @pytest.fixture(scope="module")
 def embedder() -> MiniLMEmbedder:
+    """The float32 model, checked against the reference forward pass and sentence-transformers' values."""
+    return MiniLMEmbedder(quantized=False)
+
+
+@pytest.fixture(scope="module")
+def int8() -> MiniLMEmbedder:
     return MiniLMEmbedder()
 
 
@@ -82,7 +92,7 @@ def test_rows_are_unit_norm_float32_in_input_order_and_padding_free(embedder):
         "Call Mum.",
         LONG_TEXT,
     ]
-    small = MiniLMEmbedder(batch_size=4)  # several batches with different padded widths
+    small = MiniLMEmbedder(batch_size=4, quantized=False)  # several batches with different padded widths
     batched = small.embed(texts)
     assert batched.dtype == np.float32
     assert batched.shape == (len(texts), 384)
@@ -146,9 +156,9 @@ def test_module_imports_no_heavy_or_dagster_modules():
 
 def test_session_is_built_once_per_process(embedder):
     embedder.embed(["warm"])
-    other = MiniLMEmbedder(batch_size=3)
+    other = MiniLMEmbedder(batch_size=3, quantized=False)
     other.embed(["also warm"])
-    assert len([k for k in embedding._SESSIONS if k[1] == embedder.threads]) == 1
+    assert len([k for k in embedding._SESSIONS if k[1] == embedder.threads and not k[2]]) == 1
 
 
 def test_hashing_embedder_is_deterministic_and_unit_norm():
@@ -166,3 +176,94 @@ def test_hashing_embedder_is_deterministic_and_unit_norm():
     assert small.dimension == 16
     assert isinstance(small, Embedder)
     assert "never a default" in (HashingEmbedder.__doc__ or "")
+
+
+def _corpus_texts() -> list[str]:
+    root = Path(__file__).resolve().parents[2] / "assets"
+    eval_set = json.loads((root / "eval" / "memory_eval_set.json").read_text())
+    demo = json.loads((root / "demo" / "corpus.json").read_text())
+    texts = [m["text"] for m in eval_set["memories"]] + [q["query"] for q in eval_set["queries"]]
+    return texts + [m["text"] for m in demo["memories"]]
+
+
+def test_int8_is_the_default_and_stays_close_to_float32(embedder, int8):
+    texts = _corpus_texts()
+    assert len(texts) > 250
+    full, quantized = embedder.embed(texts), int8.embed(texts)
+    cosines = np.sum(full * quantized, axis=1)
+    assert cosines.mean() >= 0.99, cosines.mean()
+    assert cosines.min() >= 0.95, cosines.min()
+    # Not the same vectors: the quantised graph really runs (identical rows would mean float32 twice).
+    assert np.abs(full - quantized).max() > 1e-3
+    np.testing.assert_allclose(np.linalg.norm(quantized, axis=1), 1.0, atol=1e-5)
+    assert (int8.name, embedder.name) == ("all-MiniLM-L6-v2-int8", "all-MiniLM-L6-v2")
+    # The nearest neighbours of paraphrases are the same under both.
+    queries = ["I can't eat peanuts, they make me sick.", "The meeting was moved to Thursday."]
+    candidates = ["I have a peanut allergy.", "The meeting has been rescheduled for Thursday.", "New shoes."]
+    assert (int8.embed(queries) @ int8.embed(candidates).T).argmax(axis=1).tolist() == [0, 1]
+
+
+def test_model_names_compare_by_network_not_precision():
+    assert comparable_models("all-MiniLM-L6-v2", "all-MiniLM-L6-v2-int8")
+    assert comparable_models("all-MiniLM-L6-v2-int8", "all-MiniLM-L6-v2-int8")
+    assert not comparable_models("hashing-test-only", "all-MiniLM-L6-v2-int8")
+
+
+_LOAD_WITHOUT_ONNX = """
+import sys
+sys.modules["onnx"] = None  # building a model needs onnx: only a cached model can load now
+from pathlib import Path
+from memory_pipelines.lib.stores.vectors.embedding import MiniLMEmbedder
+vector = MiniLMEmbedder(cache_dir=Path(sys.argv[1])).embed(["I am allergic to penicillin."])[0]
+print(repr(float(vector[0])))
+"""
+
+
+def test_built_model_is_cached_privately_and_reused_by_the_next_process(tmp_path, int8):
+    cache = tmp_path / "models"
+    environ = {**os.environ, "MEMORY_PIPELINES_MODEL_CACHE": str(tmp_path / "unused")}
+    empty = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_ONNX, str(cache)], capture_output=True, text=True)
+    assert empty.returncode != 0  # nothing cached yet, and the build cannot run without onnx
+
+    expected = float(int8.embed(["I am allergic to penicillin."])[0][0])
+    building = MiniLMEmbedder(cache_dir=cache, threads=1)  # another session key, so it loads or builds anew
+    assert abs(float(building.embed(["I am allergic to penicillin."])[0][0]) - expected) < 1e-6
+    files = list(cache.iterdir())
+    assert [f.name.split("-")[4] for f in files] == ["int8"], files
+    assert files[0].stat().st_mode & 0o777 == 0o600 and cache.stat().st_mode & 0o777 == 0o700
+    assert files[0].stat().st_size > 10_000_000
+
+    loaded = subprocess.run(
+        [sys.executable, "-c", _LOAD_WITHOUT_ONNX, str(cache)], capture_output=True, text=True, env=environ
+    )
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert abs(float(loaded.stdout) - expected) < 1e-6
+    assert loaded.stderr == ""  # no quantiser advice, no warning in a CLI's stderr
+
+    # A damaged cache file is rebuilt, not trusted; a cache others may write to is not used at all.
+    files[0].write_bytes(b"not a model")
+    with_onnx = _LOAD_WITHOUT_ONNX.replace('sys.modules["onnx"] = None', "")
+    repaired = subprocess.run([sys.executable, "-c", with_onnx, str(cache)], capture_output=True, text=True)
+    assert repaired.returncode == 0, repaired.stderr[-2000:]
+    assert abs(float(repaired.stdout) - expected) < 1e-6
+    assert files[0].stat().st_size > 10_000_000
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    MiniLMEmbedder(cache_dir=shared, threads=3).embed(["x"])
+    assert list(shared.iterdir()) == []
+
+
+def test_the_model_setting_is_checked_and_names_its_variable():
+    from memory_pipelines.lib.infra.errors import ValidationError
+    from memory_pipelines.lib.infra.settings import Settings
+    from memory_pipelines.lib.stores.derived import default_embedder
+
+    assert Settings.from_env({}).embedding_model == "all-MiniLM-L6-v2-int8"
+    chosen = Settings.from_env({"MEMORY_PIPELINES_EMBEDDING_MODEL": "all-MiniLM-L6-v2"})
+    assert default_embedder(chosen.embedding_model).name == "all-MiniLM-L6-v2"
+    for bad in ("gpt-4", "all-MiniLM-L6-v2-INT8", "../model"):
+        with pytest.raises(ValidationError, match="MEMORY_PIPELINES_EMBEDDING_MODEL"):
+            Settings.from_env({"MEMORY_PIPELINES_EMBEDDING_MODEL": bad})
+        with pytest.raises(ValidationError, match="MEMORY_PIPELINES_EMBEDDING_MODEL"):
+            default_embedder(bad)

@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_ERASURE_BATCH_MINUTES",
     "DEFAULT_ERASURE_HOURS",
     "DEFAULT_HOME",
+    "EMBEDDING_MODELS",
     "ENV_ANALYTICS_MEMORY_MB",
     "ENV_ANALYTICS_THREADS",
     "ENV_ANALYTICS_TIMEOUT",
@@ -27,6 +28,7 @@ __all__ = [
     "ENV_CHROMA_URL",
     "ENV_DAGSTER_PG_URL",
     "ENV_DAGSTER_PG_URL_EXPORTED",
+    "ENV_EMBEDDING_MODEL",
     "ENV_ERASURE_BATCH_MINUTES",
     "ENV_ERASURE_HOURS",
     "ENV_HOME",
@@ -59,6 +61,7 @@ ENV_KEY_VAULT = "MEMORY_PIPELINES_KEY_VAULT"
 ENV_CHROMA_URL = "MEMORY_PIPELINES_CHROMA_URL"
 ENV_CHROMA_TOKEN = "MEMORY_PIPELINES_CHROMA_TOKEN"
 ENV_CHROMA_ISOLATION = "MEMORY_PIPELINES_CHROMA_ISOLATION"
+ENV_EMBEDDING_MODEL = "MEMORY_PIPELINES_EMBEDDING_MODEL"
 ENV_SUMMARIZER_URL = "MEMORY_PIPELINES_SUMMARIZER_URL"
 ENV_SUMMARIZER_MODEL = "MEMORY_PIPELINES_SUMMARIZER_MODEL"
 ENV_SUMMARIZER_API_KEY = "MEMORY_PIPELINES_SUMMARIZER_API_KEY"
@@ -94,6 +97,9 @@ DEFAULT_ANALYTICS_TIMEOUT = 30
 # The embedded Chroma server runs in a network namespace of its own ("netns"), reachable only through
 # its token-checking proxy; "none" is the opt-out for a system that cannot make one (lib/chroma_proxy.py).
 CHROMA_ISOLATIONS = ("auto", "netns", "none")
+# The sentence embedding models (lib/stores/vectors/embedding.py); the first is the default. Changing
+# it rebuilds each tenant's collection at its next memory_embeddings sync.
+EMBEDDING_MODELS = ("all-MiniLM-L6-v2-int8", "all-MiniLM-L6-v2")
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,7 @@ class Settings:
     chroma_url: str | None = None
     chroma_token: str | None = field(default=None, repr=False)
     chroma_isolation: str = "auto"
+    embedding_model: str = EMBEDDING_MODELS[0]
     summarizer_url: str | None = None
     summarizer_model: str | None = None
     summarizer_api_key: str | None = field(default=None, repr=False)
@@ -134,6 +141,7 @@ class Settings:
             chroma_url=env.get(ENV_CHROMA_URL) or None,
             chroma_token=env.get(ENV_CHROMA_TOKEN) or None,
             chroma_isolation=_choice(ENV_CHROMA_ISOLATION, env.get(ENV_CHROMA_ISOLATION), CHROMA_ISOLATIONS),
+            embedding_model=_choice(ENV_EMBEDDING_MODEL, env.get(ENV_EMBEDDING_MODEL), EMBEDDING_MODELS),
             summarizer_url=env.get(ENV_SUMMARIZER_URL) or None,
             summarizer_model=env.get(ENV_SUMMARIZER_MODEL) or None,
             summarizer_api_key=env.get(ENV_SUMMARIZER_API_KEY) or None,

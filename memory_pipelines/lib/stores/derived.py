@@ -6,27 +6,24 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.infra.services import Endpoints, chroma_heartbeat, ensure_chroma
-from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.infra.settings import EMBEDDING_MODELS, ENV_EMBEDDING_MODEL, Settings
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.results import LineageRecord, RecordSources
 from memory_pipelines.lib.stores import lineage, registry
-from memory_pipelines.lib.stores.analytics.store import AnalyticsStore, QueryLimits
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
 from memory_pipelines.lib.stores.recall_cache.recall import Recaller, drop_cache
-from memory_pipelines.lib.stores.summaries.store import (
-    ExtractiveSummarizer,
-    OpenAICompatibleSummarizer,
-    Summarizer,
-    SummaryStore,
-)
 from memory_pipelines.lib.stores.vectors.embedding import Embedder, MiniLMEmbedder
 from memory_pipelines.lib.stores.vectors.index import VectorStore
+
+if TYPE_CHECKING:  # imported where made: a recall or a write needs neither pyarrow nor the summarizers
+    from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
+    from memory_pipelines.lib.stores.summaries.store import Summarizer, SummaryStore
 
 __all__ = [
     "DerivedStores",
@@ -39,22 +36,26 @@ __all__ = [
     "vector_store_for",
 ]
 
-_embedder: MiniLMEmbedder | None = None
+_embedders: dict[str, MiniLMEmbedder] = {}
 _lazy_lock = threading.Lock()
 _embedder_lock = threading.Lock()
 
 
-def default_embedder() -> MiniLMEmbedder:
-    """The process-wide all-MiniLM-L6-v2 embedder (its ONNX graph is built once, lazily)."""
-    global _embedder
+def default_embedder(model: str = EMBEDDING_MODELS[0]) -> MiniLMEmbedder:
+    """The process-wide all-MiniLM-L6-v2 embedder of `model` (one of EMBEDDING_MODELS: int8 by default);
+    its ONNX session is loaded once, lazily."""
+    if model not in EMBEDDING_MODELS:
+        raise ValidationError(ENV_EMBEDDING_MODEL, f"must be one of {', '.join(EMBEDDING_MODELS)}, got {model!r}")
     with _embedder_lock:
-        if _embedder is None:
-            _embedder = MiniLMEmbedder()
-        return _embedder
+        if model not in _embedders:
+            _embedders[model] = MiniLMEmbedder(quantized=model.endswith("-int8"))
+        return _embedders[model]
 
 
 def summarizer_from(settings: Settings) -> Summarizer:
     """The OpenAI-compatible summarizer when its URL is configured, else the extractive default."""
+    from memory_pipelines.lib.stores.summaries.store import ExtractiveSummarizer, OpenAICompatibleSummarizer
+
     if settings.summarizer_url:
         if not settings.summarizer_model:
             raise ValidationError("MEMORY_PIPELINES_SUMMARIZER_MODEL", "is required with a summarizer URL")
@@ -161,15 +162,20 @@ def open_derived(
     endpoints: Endpoints | None = None,
 ) -> DerivedStores:
     """Every derived store; vectors on the Chroma server of `endpoints` (ensure_services' when not given)."""
-    embedder = embedder or default_embedder()
+    embedder = embedder or default_embedder(settings.embedding_model)
     vectors = vector_store_for(settings, embedder=embedder, endpoints=endpoints)
-    return DerivedStores(
-        store=store,
-        vectors=vectors,
-        keywords=KeywordIndex(store),
-        summaries=SummaryStore(store, summarizer_from(settings)),
-        analytics=AnalyticsStore(settings.analytics_root, store=store, limits=QueryLimits.of(settings)),
-    )
+
+    def summaries() -> SummaryStore:
+        from memory_pipelines.lib.stores.summaries.store import SummaryStore
+
+        return SummaryStore(store, summarizer_from(settings))
+
+    def analytics() -> AnalyticsStore:
+        from memory_pipelines.lib.stores.analytics.store import AnalyticsStore, QueryLimits
+
+        return AnalyticsStore(settings.analytics_root, store=store, limits=QueryLimits.of(settings))
+
+    return DerivedStores.lazy(store=store, vectors=lambda: vectors, summaries=summaries, analytics=analytics)
 
 
 def vector_store_for(settings: Settings, *, embedder: Embedder, endpoints: Endpoints | None = None) -> VectorStore:

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError, ServiceError
 from memory_pipelines.lib.stores.vectors.embedding import Embedder
 from memory_pipelines.lib.stores.vectors.locks import CollectionLocks, collection_name
+from memory_pipelines.lib.stores.vectors.rest import ChromaRest
 
 __all__ = [
     "ERASURES",
@@ -129,6 +130,7 @@ class ChromaCollections(CollectionLocks):
         self.path = path
         self.url = url
         self._client: Any = None
+        self._rest: ChromaRest | None = None
         self._lock = threading.Lock()
 
     @property
@@ -182,6 +184,16 @@ class ChromaCollections(CollectionLocks):
                     ),
                 )
             return self._client
+
+    def rest(self) -> ChromaRest:
+        """The server's REST reader (recall's queries: no chromadb import); only with a `url`."""
+        assert self.url is not None
+        with self._lock:
+            if self._rest is None:
+                from memory_pipelines.lib.infra.services import chroma_headers
+
+                self._rest = ChromaRest(self.url, headers=chroma_headers(self.url))
+            return self._rest
 
     @_serialized
     def collection(self, tenant_id: str) -> Any:

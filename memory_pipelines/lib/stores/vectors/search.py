@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from memory_pipelines.lib.stores.vectors.client import ChromaCollections, _serialized, _source
+from memory_pipelines.lib.stores.vectors.embedding import comparable_models
+from memory_pipelines.lib.stores.vectors.locks import collection_name
 
 __all__ = [
     "VectorSearch",
@@ -20,15 +22,25 @@ _QUERY_BATCH = 256  # query vectors in one Chroma call (a server refuses ~10,000
 class VectorSearch(ChromaCollections):
     """Queries of the tenant collections."""
 
+    def _searchable(self, tenant_id: str) -> Any | None:
+        """The tenant's collection, when its vectors are of a model our queries can be compared with: one of
+        another model (the embedder was changed, the rebuild has not run yet) answers nothing rather than
+        nonsense, and hybrid recall falls back to its keyword part."""
+        col = self.existing(tenant_id)
+        if col is None:
+            return None
+        stored = (col.metadata or {}).get("embedding_model", self.embedder.name)
+        return col if comparable_models(str(stored), self.embedder.name) else None
+
     def query(
         self, *, tenant_id: str, text: str, limit: int, where: dict[str, Any] | None
     ) -> list[tuple[tuple[str, int], float]]:
         """(memory_id, version) and cosine similarity of the nearest vectors, best first."""
-        if self.existing(tenant_id) is None:
+        if self._searchable(tenant_id) is None:
             return []
         vector = self.embedder.embed([text])
         with self._tenant_lock(tenant_id, exclusive=False):
-            col = self.existing(tenant_id)
+            col = self._searchable(tenant_id)
             if col is None:
                 return []
             count = self._call("counting", col.count)
@@ -55,9 +67,12 @@ class VectorSearch(ChromaCollections):
     ) -> list[tuple[tuple[str, int], float]]:
         """Like `query`, for a query vector embedded already (recall may ask twice: it embeds once);
         ids and distances only, every hit is confirmed by the memory store anyway. No count first:
-        Chroma 1.x answers a limit above it with what there is, and counting 100,000 took 18 ms."""
+        Chroma 1.x answers a limit above it with what there is, and counting 100,000 took 18 ms.
+        On a server, over its REST API (no chromadb import: see rest.py)."""
+        if self.url is not None:
+            return self._nearest_rest(tenant_id, vector, limit, where)
         with self._tenant_lock(tenant_id, exclusive=False):
-            col = self.existing(tenant_id)
+            col = self._searchable(tenant_id)
             if col is None:
                 return []
             result = self._call(
@@ -66,10 +81,24 @@ class VectorSearch(ChromaCollections):
             )
         return [(_source(i), 1.0 - float(d)) for i, d in zip(result["ids"][0], result["distances"][0], strict=True)]
 
+    def _nearest_rest(
+        self, tenant_id: str, vector: Any, limit: int, where: dict[str, Any] | None
+    ) -> list[tuple[tuple[str, int], float]]:
+        rest = self.rest()
+        with self._tenant_lock(tenant_id, exclusive=False):
+            found = rest.collection(collection_name(tenant_id))
+            if found is None:
+                return []
+            stored = str(found["metadata"].get("embedding_model", self.embedder.name))
+            if not comparable_models(stored, self.embedder.name):
+                return []
+            hits = rest.nearest(found["id"], [float(x) for x in vector], limit=limit, where=where)
+        return [(_source(record_id), 1.0 - float(distance)) for record_id, distance in hits]
+
     @_serialized
     def query_many(self, *, tenant_id: str, texts: list[str], limit: int) -> list[list[tuple[str, int]]]:
         """Nearest (memory_id, version) for many texts: one embedding batch, one Chroma call."""
-        if not texts or self.existing(tenant_id) is None:
+        if not texts or self._searchable(tenant_id) is None:
             return [[] for _ in texts]
         return self.query_vectors(tenant_id=tenant_id, vectors=list(self.embedder.embed(texts)), limit=limit)
 
@@ -77,6 +106,7 @@ class VectorSearch(ChromaCollections):
     def query_vectors(self, *, tenant_id: str, vectors: list[Any], limit: int) -> list[list[tuple[str, int]]]:
         """Nearest (memory_id, version) for query vectors already computed, a few hundred a Chroma call."""
         with self._tenant_lock(tenant_id, exclusive=False):
+            # Vectors given (a forget's probes are the collection's own), so any model's collection is searched.
             col = self.existing(tenant_id)
             if col is None or not vectors:
                 return [[] for _ in vectors]
