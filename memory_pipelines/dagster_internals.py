@@ -23,6 +23,9 @@ Private, and why no public API does the job:
   a sensor's request that the sensor daemon turns into an asset backfill. Dagster keeps that
   constructor private on purpose ("AssetGraphSubset is not part of the public API") and has no
   public backfill request.
+- `dagster._grpc.client.DagsterGrpcClient`: the heartbeat that keeps the CLI's warm code server
+  (code_server.py) alive between commands, and the runs whose processes it still tracks; no public
+  client of a code server exists.
 - `dagster._core.definitions.asset_checks.asset_check_evaluation.AssetCheckEvaluationTargetMaterializationData`:
   the `target_materialization_data` of the public `dg.AssetCheckEvaluation`. An evaluation reported
   outside the check's own step shows in the UI only when it targets the partition's latest
@@ -64,6 +67,28 @@ QUEUED_RUN_DAEMON = "QUEUED_RUN_COORDINATOR"
 
 
 # -- runs launched through the workspace (materialize.py) --------------------------------------
+
+
+def grpc_heartbeat(socket: Path, timeout: int = 5) -> None:
+    """Send a code server on a Unix socket the heartbeat that keeps it alive (code_server.py);
+    raises when it does not answer within `timeout` seconds. `DagsterGrpcClient` is private; the
+    public API has no client of a code server."""
+    from dagster._grpc.__generated__ import dagster_api_pb2
+    from dagster._grpc.client import DagsterGrpcClient
+
+    DagsterGrpcClient(socket=str(socket))._query("Heartbeat", dagster_api_pb2.PingRequest, timeout=timeout, echo="")
+
+
+def grpc_current_runs(socket: Path, timeout: int = 5) -> set[str]:
+    """The runs whose processes a code server on a Unix socket still tracks (it forgets one once its
+    process has exited)."""
+    from dagster._grpc.__generated__ import dagster_api_pb2
+    from dagster._grpc.client import DagsterGrpcClient
+    from dagster._grpc.types import GetCurrentRunsResult
+    from dagster_shared.serdes import deserialize_value
+
+    reply = DagsterGrpcClient(socket=str(socket))._query("GetCurrentRuns", dagster_api_pb2.Empty, timeout=timeout)
+    return set(deserialize_value(reply.serialized_current_runs, GetCurrentRunsResult).current_runs)
 
 
 class CodeLocationLoadError(Exception):

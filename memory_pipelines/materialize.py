@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +40,7 @@ from memory_pipelines.lib.stores import registry
 if TYPE_CHECKING:
     from dagster import DagsterInstance
 
+    from memory_pipelines.code_server import WarmServer
     from memory_pipelines.dagster_internals import WorkspaceProcessContext
     from memory_pipelines.lib.infra.processes import Proc
 
@@ -55,6 +56,8 @@ IN_PROCESS: dict[str, Any] = {"execution": {"config": {"in_process": {}}}}
 # A daemon heartbeats every 30 s; older than this and nobody else will dequeue our run.
 DAEMON_FRESH_SECONDS = 60.0
 POLL_SECONDS = 0.25
+# Well inside the warm code server's idle time (code_server.py), so it never ends under a waiting command.
+HEARTBEAT_SECONDS = 10.0
 # A closed workspace's code server ends within a second or two of its last run's process.
 CODE_SERVER_EXIT_SECONDS = 30.0
 # Any constant: it only has to be the same in every CLI process dequeuing runs of this database.
@@ -148,16 +151,26 @@ def _children_output(settings: Settings) -> Iterator[TextIO | None]:
         os.close(saved_err)
 
 
-@contextmanager
-def _workspace(
-    settings: Settings,
-) -> Iterator[tuple[DagsterInstance, WorkspaceProcessContext, str, TextIO | None]]:
-    """The instance, the project's code location loaded from workspace.yaml (a code server), the
-    store's conninfo, and the terminal to draw progress on (None: draw nothing).
+@dataclass
+class _Workspace:
+    instance: DagsterInstance
+    context: WorkspaceProcessContext
+    conninfo: str
+    terminal: TextIO | None  # where progress is drawn (None: nowhere)
+    server: WarmServer | None  # None: a code server of this command's own
 
-    Returns only once the code server it started has ended, and the run workers with it."""
+
+@contextmanager
+def _workspace(settings: Settings) -> Iterator[_Workspace]:
+    """The instance, the project's code location (in the HOME's warm code server, code_server.py), the
+    store's conninfo and the terminal to draw progress on.
+
+    With --verbose, or where no warm server can be had, the code location gets a code server of its
+    own, whose output is this command's; then this returns only once that server has ended, and the
+    run workers with it."""
     import dagster as dg
 
+    from memory_pipelines.code_server import warm_server
     from memory_pipelines.dagster_internals import open_workspace
     from memory_pipelines.lib.infra.services import ensure_services
 
@@ -166,6 +179,11 @@ def _workspace(
     os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
     os.environ[ENV_HOME] = str(settings.home)
     with _children_output(settings) as terminal, dg.DagsterInstance.get() as instance:
+        warm = None if verbose() else warm_server(settings, log=settings.home / RUN_LOG)
+        if warm is not None:
+            with open_workspace(instance, warm.workspace_file, code_server_log_level="WARNING") as context:
+                yield _Workspace(instance, context, endpoints.store_conninfo, terminal, warm)
+            return
         before = {proc.pid for proc in _code_servers()}
         owned: list[Proc] = []
         try:
@@ -174,7 +192,7 @@ def _workspace(
             with workspace as context:
                 owned = [proc for proc in _code_servers() if proc.pid not in before]
                 try:
-                    yield instance, context, endpoints.store_conninfo, terminal
+                    yield _Workspace(instance, context, endpoints.store_conninfo, terminal, None)
                 finally:
                     owned = _with_descendants(owned)  # the run workers, while they are still the server's children
         finally:
@@ -374,7 +392,11 @@ class _RunBars:
 
 
 def _wait(
-    instance: DagsterInstance, dequeuer: _Dequeuer, run_ids: Sequence[str], terminal: TextIO | None = None
+    instance: DagsterInstance,
+    dequeuer: _Dequeuer,
+    run_ids: Sequence[str],
+    terminal: TextIO | None = None,
+    heartbeat: Callable[[], None] = lambda: None,
 ) -> None:
     """Until every run has finished; the runs' subprocesses outlive nothing they depend on. With a
     terminal, a progress bar per run is drawn on it meanwhile."""
@@ -382,8 +404,12 @@ def _wait(
 
     pending = set(run_ids)
     bars = _RunBars(instance, run_ids, terminal) if terminal is not None else None
+    beaten = 0.0
     try:
         while pending:
+            if time.monotonic() - beaten > HEARTBEAT_SECONDS:
+                heartbeat()
+                beaten = time.monotonic()
             if bars is not None:
                 bars.update()
             queued = False
@@ -480,16 +506,19 @@ def read_run(instance: DagsterInstance, run_id: str, leave_out: Sequence[str] = 
 
 def launch_and_wait(settings: Settings, launches: Sequence[Launch], leave_out: Sequence[str] = ()) -> list[RunOutcome]:
     """Submit every run, wait for all of them, read their results; one workspace for the lot."""
-    with _workspace(settings) as (instance, context, conninfo, terminal):
+    with _workspace(settings) as ws:
+        instance, context = ws.instance, ws.context
         for launch in launches:
             if launch.job_name in _TENANT_JOBS and not instance.has_dynamic_partition("tenants", launch.partition):
                 instance.add_dynamic_partitions("tenants", [launch.partition])
         run_ids = [_create_run(instance, context, launch) for launch in launches]
-        dequeuer = _Dequeuer(context, conninfo)
+        dequeuer = _Dequeuer(context, ws.conninfo)
         try:
-            _wait(instance, dequeuer, run_ids, terminal)
+            _wait(instance, dequeuer, run_ids, ws.terminal, ws.server.heartbeat if ws.server else lambda: None)
         finally:
             dequeuer.close()
+            if ws.server is not None:
+                ws.server.await_runs(set(run_ids))
         return [read_run(instance, run_id, leave_out) for run_id in run_ids]
 
 

@@ -245,7 +245,7 @@ def tenant() -> str:
 @pytest.fixture(scope="module")
 def cli_env(
     endpoints: Endpoints, session_settings: Settings, store: MemoryStore, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Any]:
+) -> Iterator[dict[str, Any]]:
     """The CLI against the session server through MEMORY_PIPELINES_PG_URL: no second server to start.
 
     It shares the session's master key and key vault, as every process sharing one database must; a
@@ -259,7 +259,9 @@ def cli_env(
         "MEMORY_PIPELINES_CHROMA_URL": endpoints.chroma_url,
         "MEMORY_PIPELINES_KEY_VAULT": str(session_settings.key_vault_path),
     }
-    return {"home": home, "env": env}
+    yield {"home": home, "env": env}
+    # The module's CLI commands left the HOME's warm code server running; the servers are external.
+    stop_services(Settings.from_env({"MEMORY_PIPELINES_HOME": str(home), **env}))
 
 
 def row_counts(conninfo: str) -> dict[str, int]:

@@ -1,5 +1,6 @@
-"""No process outlives its owner: a CLI command returns only once the code server and run workers it
-started have ended, and `stop` ends everything of its HOME (Dagster processes first, then Chroma and
+"""No process outlives its owner: a CLI command returns only once the run workers of its runs have
+ended, leaving only the HOME's warm code server (a service, like PostgreSQL and Chroma, that ends by
+itself when idle), and `stop` ends everything of its HOME (Dagster processes first, then Chroma and
 PostgreSQL) and nothing of another HOME."""
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def test_a_cli_session_then_stop_leaves_no_process_of_its_home(tmp_path):
         memory = cli("write", "--tenant", "acme", "--user", "alice", "alice works on project kappa")["memory_id"]
         cli("write", "--tenant", "acme", "--user", "alice", "--memory-id", memory, "alice works on project lambda")
         cli("write", "--tenant", "acme", "--user", "bob", "bob prefers coffee")
+        servers: set[int] = set()
         for command in (
             ("materialize", "--tenant", "acme"),
             ("analytics", "--tenant", "acme", "--sql", "SELECT count(*) FROM memories"),
@@ -55,14 +57,20 @@ def test_a_cli_session_then_stop_leaves_no_process_of_its_home(tmp_path):
             ("forget", "--tenant", "acme", "--subject", "bob", "--wait"),
         ):
             cli(*command)
-            # The command waited for its code server and run workers: a `stop` now cannot strand them.
-            assert processes.home_processes(home) == [], command
+            # The command waited for its run workers; what is left is the one warm code server.
+            left = {proc.pid: " ".join(proc.args) for proc in processes.home_processes(home)}
+            warm = {pid for pid, args in left.items() if " api grpc " in args}
+            # Besides the server, only its multiprocessing resource tracker (made with its first run worker).
+            assert all("resource_tracker" in args for pid, args in left.items() if pid not in warm), (command, left)
+            servers |= warm
+        assert len(servers) == 1, "every command reused the first command's code server"
         cli("rollback", "--tenant", "acme", "--user", "alice", "--memory-id", memory)
         cli("summary", "--tenant", "acme", "--subject", "alice")
         assert of_home(home), "the embedded servers run until `stop`"
 
         stopped = cli("stop")
         assert stopped["postgres"]["stopped"] and stopped["chroma"]["stopped"], stopped
+        assert servers <= {entry["pid"] for entry in stopped["dagster"]["processes"]}, stopped
         # Nothing waits for a grace period: `stop` returns once everything of HOME has ended.
         assert of_home(home) == []
     finally:

@@ -355,3 +355,18 @@ def test_check_target_is_what_a_check_evaluation_takes() -> None:
         accepts(dg.AssetCheckEvaluation, asset_key=dg.AssetKey("a"), check_name="c", passed=True, partition="t"),
         "AssetCheckEvaluation(partition=)",
     )
+
+
+def test_the_code_server_client_calls_the_warm_server_makes() -> None:
+    from dagster._grpc.__generated__ import dagster_api_pb2
+    from dagster._grpc.client import DagsterGrpcClient
+    from dagster._grpc.types import GetCurrentRunsResult
+
+    pinned(accepts(DagsterGrpcClient, socket="/tmp/x.sock"), "DagsterGrpcClient(socket=)")
+    query = DagsterGrpcClient._query
+    pinned(accepts(query, None, "Heartbeat", dagster_api_pb2.PingRequest, timeout=5, echo=""), "_query's keywords")
+    pinned(hasattr(dagster_api_pb2, "Empty") and hasattr(dagster_api_pb2, "PingRequest"), "the request types")
+    pinned(GetCurrentRunsResult(current_runs=["r"], serializable_error_info=None).current_runs == ["r"], "runs result")
+    # A server that is not there raises, as the warm server's liveness check expects.
+    with pytest.raises(Exception):  # noqa: B017 - grpc's own error types
+        internals.grpc_heartbeat(Path("/nonexistent/mp-test.sock"), timeout=1)

@@ -1,0 +1,125 @@
+"""How long a CLI command takes on a HOME whose services run, against the same work in process.
+
+    .venv/bin/python -m benchmarks.cli_latency [--repeat 5] [--home DIR]
+
+On a 100-memory tenant, each round writes one memory and then times:
+- `memory-pipelines materialize --tenant T` (a run through the instance: queue, the HOME's warm code
+  server, run worker), and the same with a code server of its own started and awaited (`--verbose`
+  does that, as every run did before the warm server);
+- the baseline: a new Python process that runs the same job (`tenant_refresh`, in process) on the same
+  instance with `execute_in_process`, from its start to its exit (what a script of yours pays);
+- commands that run no job: `recall` (a new query each round, so never a cached answer), `recall
+  --mode semantic`, `list`, `write`, `tenants` (target: each within 1.5 s).
+Prints medians and ranges, and materialize / in process (target: within 2x). The first `materialize`
+(which starts the HOME's warm code server) is reported on its own line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from memory_pipelines.lib.infra.services import stop_services
+from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.platform import MemoryPlatform
+
+TENANT = "latency"
+CLI = [sys.executable, "-m", "memory_pipelines.cli"]
+IN_PROCESS = """
+import sys
+import dagster as dg
+from memory_pipelines.definitions import defs
+with dg.DagsterInstance.get() as instance:
+    job = defs().resolve_job_def("tenant_refresh")
+    tags = {"memory_pipelines/tenant": sys.argv[1]}
+    result = job.execute_in_process(partition_key=sys.argv[1], instance=instance, tags=tags)
+    assert result.success
+"""
+
+
+def timed(command: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[2:])} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return seconds
+
+
+def line(label: str, values: list[float]) -> float:
+    median = statistics.median(values)
+    print(f"  {label:34} {median:6.2f} s  ({min(values):.2f}-{max(values):.2f}, n={len(values)})")
+    return median
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--home", type=Path, help="data folder (default: a new temporary folder)")
+    args = parser.parse_args()
+    home = args.home or Path(tempfile.mkdtemp(prefix="mp-bench-cli-"))
+    env = {**os.environ, "MEMORY_PIPELINES_HOME": str(home)}
+    settings = Settings.from_env(env)
+    os.environ["MEMORY_PIPELINES_HOME"] = str(home)
+    with MemoryPlatform.from_env() as platform:
+        if TENANT not in {t["tenant_id"] for t in platform.tenants()}:
+            platform.create_tenant(tenant_id=TENANT, sharing_mode="shared_pool")
+            texts = [f"Note {i}: user {i % 10} flies to city {i % 17} on day {i % 28}." for i in range(100)]
+            platform.write_many(
+                tenant_id=TENANT, items=[{"user_id": f"u{i % 10}", "text": t} for i, t in enumerate(texts)]
+            )
+    dagster_env = dict(env)
+    exported = subprocess.run([*CLI, "env"], env=env, capture_output=True, text=True, check=True).stdout
+    for part in exported.split("\n"):
+        if part.startswith("export "):
+            name, _, value = part.removeprefix("export ").partition("=")
+            dagster_env[name] = value.strip("'\"")
+
+    def write(n: int) -> list[str]:
+        return [*CLI, "write", "--tenant", TENANT, "--user", "u1", f"Round {n}: u1 booked a train to Porto."]
+
+    timed(write(0), env)
+    first = timed([*CLI, "materialize", "--tenant", TENANT], env)
+    figures: dict[str, list[float]] = {}
+    for n in range(1, args.repeat + 1):
+        timed(write(n), env)
+        figures.setdefault("materialize (CLI)", []).append(timed([*CLI, "materialize", "--tenant", TENANT], env))
+        timed(write(n + 3000), env)
+        # --verbose runs its own code server (the event log goes to its stderr): how every run went before.
+        own = [*CLI, "--verbose", "materialize", "--tenant", TENANT]
+        figures.setdefault("materialize (CLI, own code server)", []).append(timed(own, env))
+        timed(write(n + 1000), env)
+        baseline = [sys.executable, "-c", IN_PROCESS, TENANT]
+        figures.setdefault("materialize (in process)", []).append(timed(baseline, dagster_env))
+        recall = [*CLI, "recall", "--tenant", TENANT, "--user", "u1"]
+        figures.setdefault("recall (hybrid, uncached)", []).append(timed([*recall, f"train to city {n}"], env))
+        semantic = [*recall, "--mode", "semantic", f"flights on day {n}"]
+        figures.setdefault("recall --mode semantic", []).append(timed(semantic, env))
+        figures.setdefault("list", []).append(timed([*CLI, "list", "--tenant", TENANT, "--user", "u1"], env))
+        figures.setdefault("write", []).append(timed(write(n + 2000), env))
+        figures.setdefault("tenants", []).append(timed([*CLI, "tenants"], env))
+
+    print(f"HOME {home}, tenant of about {100 + 3 * args.repeat} memories, services running")
+    print(f"  {'first materialize (starts the code server)':34} {first:6.2f} s")
+    medians = {label: line(label, values) for label, values in figures.items()}
+    ratio = medians["materialize (CLI)"] / medians["materialize (in process)"]
+    print(f"materialize CLI / in process: {ratio:.2f}x (target within 2x: {'met' if ratio <= 2 else 'MISSED'})")
+    slow = [
+        label
+        for label in ("recall (hybrid, uncached)", "recall --mode semantic", "list", "write", "tenants")
+        if medians[label] > 1.5
+    ]
+    print(f"commands without a job within 1.5 s: {'met' if not slow else 'MISSED: ' + ', '.join(slow)}")
+    if args.home is None:
+        subprocess.run([*CLI, "stop"], env=env, capture_output=True)
+        stop_services(settings)
+
+
+if __name__ == "__main__":
+    main()

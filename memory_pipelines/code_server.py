@@ -1,0 +1,210 @@
+"""A warm code server per HOME, shared by the CLI's commands that launch runs.
+
+Starting the project's code server (`dagster api grpc`: import Dagster, load the definitions) took
+about 2 s of every `materialize`, `forget --wait`, `backup` or `restore --wait`, and waiting for it to
+exit after the run 2 s more (benchmarks/cli_latency.py). The first such command of a HOME now
+starts one in a session of its own and leaves it running; the next commands reuse it. It ends by
+itself once no command has sent it a heartbeat for MEMORY_PIPELINES_CODE_SERVER_IDLE_SECONDS (after
+its runs finish), and `memory-pipelines stop` ends it with the HOME's other Dagster processes.
+
+A server serves the code and environment it was started with, and a run worker inherits its
+environment: a server is reused only by commands with the same code (every file's size and mtime),
+interpreter and settings (every MEMORY_PIPELINES_*, DAGSTER_*, AWS_* and PYTHON* variable); others
+start their own. It listens on a Unix socket in a directory only its user can enter (a TCP port on
+127.0.0.1 would let any local user launch runs), named by a hash of HOME and that identity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from memory_pipelines.lib.infra.errors import ServiceError
+from memory_pipelines.lib.infra.paths import PROJECT_ROOT
+from memory_pipelines.lib.infra.settings import Settings, positive_int
+
+__all__ = [
+    "ENV_IDLE_SECONDS",
+    "WarmServer",
+    "warm_server",
+]
+
+ENV_IDLE_SECONDS = "MEMORY_PIPELINES_CODE_SERVER_IDLE_SECONDS"
+DEFAULT_IDLE_SECONDS = 300
+START_SECONDS = 120.0
+LOCATION = "memory_pipelines"
+_ENV_PREFIXES = ("MEMORY_PIPELINES_", "DAGSTER_", "AWS_", "PYTHON")
+_ENV_NAMES = ("PATH", "HOME", "TZ", "LANG", "LC_ALL", "VIRTUAL_ENV")
+
+
+@dataclass(frozen=True)
+class WarmServer:
+    """A running code server: its socket, pid, and the workspace file that names it."""
+
+    socket: Path
+    pid: int
+    workspace_file: Path
+
+    def heartbeat(self) -> None:
+        """Tell the server a command still uses it (it ends once none has for the idle time)."""
+        from memory_pipelines.dagster_internals import grpc_heartbeat
+
+        with contextlib.suppress(Exception):  # a missed heartbeat only shortens its life
+            grpc_heartbeat(self.socket)
+
+    def await_runs(self, run_ids: set[str], timeout: float = 30.0) -> None:
+        """Until the processes of these runs have exited (a run is finished in the event log a moment
+        before its process ends): a command returns with no run worker of its own left behind."""
+        from memory_pipelines.dagster_internals import grpc_current_runs
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if not run_ids & grpc_current_runs(self.socket):
+                    return
+            except Exception:  # grpc's own types: a server that is gone has no run processes left
+                return
+            time.sleep(0.1)
+
+
+def _runtime_dir() -> Path | None:
+    """/tmp/mp-code-<uid>, 0700 and ours, or None when it is not (then no warm server)."""
+    path = Path(tempfile.gettempdir()) / f"mp-code-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat()
+    if not path.is_dir() or path.is_symlink() or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        return None
+    return path
+
+
+def _identity(settings: Settings) -> str:
+    """A hash of HOME, the interpreter, the code and the environment a server would serve."""
+    digest = hashlib.sha256()
+    digest.update(f"{settings.home}\0{sys.executable}\0".encode())
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)
+    digest.update(json.dumps(env).encode())
+    for root in (PROJECT_ROOT / "memory_pipelines", PROJECT_ROOT / "assets"):
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                info = path.stat()
+                digest.update(f"{path.relative_to(PROJECT_ROOT)}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+    return digest.hexdigest()[:20]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _alive(socket: Path, pid: int) -> bool:
+    from memory_pipelines.dagster_internals import grpc_heartbeat
+
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        grpc_heartbeat(socket)
+    except Exception:  # grpc raises its own types: a server that does not answer is not warm
+        return False
+    return True
+
+
+def warm_server(settings: Settings, *, log: Path) -> WarmServer | None:
+    """The HOME's warm code server for this code and environment, started when none answers; None
+    when no private runtime directory can be had (the caller then starts a server of its own)."""
+    runtime = _runtime_dir()
+    if runtime is None:
+        return None
+    idle = positive_int(ENV_IDLE_SECONDS, os.environ.get(ENV_IDLE_SECONDS), DEFAULT_IDLE_SECONDS, unit="seconds")
+    name = _identity(settings)
+    socket, record = runtime / f"{name}.sock", runtime / f"{name}.json"
+    workspace = runtime / f"{name}.yaml"
+    with _locked(runtime / f"{name}.lock"):
+        if record.exists():
+            with contextlib.suppress(ValueError, OSError, KeyError):
+                pid = int(json.loads(record.read_text())["pid"])
+                if _alive(socket, pid):
+                    return WarmServer(socket=socket, pid=pid, workspace_file=workspace)
+        for stale in (socket, record):
+            stale.unlink(missing_ok=True)
+        _sweep(runtime, keep=record)
+        pid = _start(socket, idle, log)
+        record.write_text(json.dumps({"pid": pid, "home": str(settings.home), "started": time.time()}))
+        workspace.write_text(
+            f"load_from:\n  - grpc_server:\n      socket: {json.dumps(str(socket))}\n      location_name: {LOCATION}\n"
+        )
+        return WarmServer(socket=socket, pid=pid, workspace_file=workspace)
+
+
+def _sweep(runtime: Path, keep: Path) -> None:
+    """Remove the files of servers that have ended (idle, stopped, or of a HOME deleted since), each
+    under its own lock, skipping any another command holds; lock files stay (one may be waited on)."""
+    for record in runtime.glob("*.json"):
+        if record == keep:
+            continue
+        fd = os.open(record.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.kill(int(json.loads(record.read_text())["pid"]), 0)
+        except ProcessLookupError:
+            for suffix in (".sock", ".yaml", ".json"):
+                record.with_suffix(suffix).unlink(missing_ok=True)
+        except (BlockingIOError, ValueError, OSError, KeyError):
+            pass  # busy, unreadable or alive: not ours to remove
+        finally:
+            os.close(fd)
+
+
+def _start(socket: Path, idle: int, log: Path) -> int:
+    command = [
+        sys.executable,
+        "-m",
+        "dagster",
+        "api",
+        "grpc",
+        "--socket",
+        str(socket),
+        "--module-name",
+        "memory_pipelines.definitions",
+        "--location-name",
+        LOCATION,
+        "--heartbeat",
+        "--heartbeat-timeout",
+        str(idle),
+        "--log-level",
+        "warning",
+    ]
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        # A session of its own: the terminal's Ctrl-C ends the command, not the server other commands share.
+        proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True, cwd=PROJECT_ROOT
+        )
+    finally:
+        os.close(fd)
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServiceError("code_server", f"exited with {proc.returncode} while starting (see {log})")
+        if socket.exists() and _alive(socket, proc.pid):
+            return proc.pid
+        time.sleep(0.1)
+    proc.kill()
+    raise ServiceError("code_server", f"did not answer on {socket} within {START_SECONDS:.0f}s (see {log})")

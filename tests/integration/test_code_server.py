@@ -1,0 +1,90 @@
+"""The HOME's warm code server (memory_pipelines/code_server.py): commands started together share one,
+another environment gets its own, a dead one is replaced, an idle one ends by itself, and where no
+private runtime directory can be had a command runs its own server and leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from memory_pipelines.lib.infra import processes, services
+from tests.conftest import CLI, run_cli, settings_for
+
+IDLE = {"MEMORY_PIPELINES_CODE_SERVER_IDLE_SECONDS": "15"}
+
+
+def code_servers(home: Path) -> list[int]:
+    return sorted(proc.pid for proc in processes.home_processes(home) if " api grpc " in " ".join(proc.args))
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> dict:
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.5)
+    return condition()
+
+
+@pytest.mark.slow
+def test_commands_share_one_warm_server_per_environment_and_an_idle_one_ends(tmp_path):
+    home = tmp_path / "home"
+    try:
+        ok(run_cli("tenant", "create", "--tenant", "acme", home=home))
+        ok(run_cli("write", "--tenant", "acme", "--user", "alice", "alice likes green tea", home=home))
+        env = {**os.environ, "MEMORY_PIPELINES_HOME": str(home), **IDLE}
+        together = [
+            subprocess.Popen([str(CLI), "materialize", "--tenant", "acme"], env=env, stdout=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
+        for proc in together:
+            out, _ = proc.communicate(timeout=300)
+            assert proc.returncode == 0 and json.loads(out)["success"]
+        first = code_servers(home)
+        assert len(first) == 1, "two commands starting at once started one server"
+
+        # Another environment is served by a server of its own (a run worker inherits the server's).
+        other = ok(run_cli("materialize", "--tenant", "acme", home=home, env={**IDLE, "TZ": "UTC"}))
+        assert other["success"]
+        both = code_servers(home)
+        assert len(both) == 2 and first[0] in both
+
+        # A server that died is replaced by the next command.
+        os.kill(first[0], 9)
+        assert wait_for(lambda: first[0] not in code_servers(home), 10)
+        assert ok(run_cli("materialize", "--tenant", "acme", home=home, env=IDLE))["success"]
+        assert len(code_servers(home)) == 2 and first[0] not in code_servers(home)
+
+        # Nobody sends heartbeats any more: each ends by itself within about twice its idle time.
+        assert wait_for(lambda: code_servers(home) == [], 45), code_servers(home)
+    finally:
+        services.stop_services(settings_for(home))
+
+
+@pytest.mark.slow
+def test_without_a_private_runtime_directory_a_command_runs_its_own_server(tmp_path):
+    home = tmp_path / "home"
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    runtime = shared / f"mp-code-{os.geteuid()}"
+    runtime.mkdir()
+    runtime.chmod(0o777)  # others could plant a socket here: not used
+    try:
+        ok(run_cli("tenant", "create", "--tenant", "acme", home=home))
+        ok(run_cli("write", "--tenant", "acme", "--user", "alice", "alice likes green tea", home=home))
+        result = ok(run_cli("materialize", "--tenant", "acme", home=home, env={"TMPDIR": str(shared)}))
+        assert result["success"] and result["assets"]["memory_embeddings"]["embedded"] == 1
+        assert list(runtime.iterdir()) == []
+        assert processes.home_processes(home) == []  # its own server ended before it returned
+    finally:
+        services.stop_services(settings_for(home))
