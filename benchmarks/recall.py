@@ -40,6 +40,7 @@ from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.results import RecallHit
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import default_embedder, open_derived, sync_embeddings, sync_keywords
+from memory_pipelines.lib.stores.recall_cache import fusion
 from memory_pipelines.lib.stores.recall_cache.recall import MODES, Recaller, chroma_where
 from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
 
@@ -108,11 +109,8 @@ def old_recall(
     elif mode == "keyword":
         hits = keyword[:k]
     else:
-        fused: dict[tuple[str, int], float] = {}
-        for ranked in (semantic, keyword):
-            for rank, (source, _) in enumerate(ranked):
-                fused[source] = fused.get(source, 0.0) + 1.0 / (60 + rank + 1)
-        hits = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:k]
+        # Today's fusion (issue 23 replaced reciprocal rank fusion): what is compared is the candidates.
+        hits = fusion.fuse(semantic, keyword, k)
     recaller._cache(tenant_id, user_id, cache_key, change_seq, hits)
     texts = store.open_texts(tenant_id=tenant_id, sources=[source for source, _ in hits], visible_only=True)
     return [

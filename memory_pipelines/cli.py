@@ -442,6 +442,10 @@ def cmd_eval(args: argparse.Namespace) -> None:
         raise NotFoundError("eval", "no evaluation yet: run `eval run --month YYYY-MM` first")
     print(f"memory quality of tenant {trend['tenant']!r}, recall mode {args.mode}, K={trend['k']}")
     print(trend["markdown"])
+    if trend["at_k"]:  # none from a month evaluated before per-K figures were kept
+        at = trend["at_k"][0]
+        print(f"\nevery recall mode per K, evaluated for {at['month']} ({at['queries']} queries, {at['judge']} judge)")
+        print(trend["at_k_markdown"])
 
 
 def _month(value: str) -> str:
@@ -808,7 +812,9 @@ def _operator_commands(add: Adder) -> None:
     ev_sub = ev.add_subparsers(dest="eval_command", required=True, metavar="ACTION")
     ev_run = ev_sub.add_parser("run", help="materialize memory_eval and memory_drift for one month")
     ev_run.add_argument("--month", required=True, help="YYYY-MM, a month that has ended")
-    report = ev_sub.add_parser("report", help="the trend table: month, precision, recall, drift")
+    report = ev_sub.add_parser(
+        "report", help="the trend table (month, precision, recall, drift), then every mode at K = 1, 5, 10"
+    )
     report.add_argument("--mode", default="hybrid", help="semantic, keyword or hybrid (default)")
 
     add("canary", cmd_canary, "end-to-end deletion drill in an isolated tenant; fails if anything is left")

@@ -716,18 +716,22 @@ class _Checks(_Parts):
 
     def evaluation_trend(self, *, mode: str = "hybrid") -> EvaluationTrend:
         """Month by month precision, recall (of recall `mode`) and drift of the evaluation tenant,
-        with the Markdown table; `months` is empty before any `eval run`."""
+        with the Markdown table; `months` is empty before any `eval run`. `at_k`: every mode's
+        precision and recall at K = 1, 5 and 10 in the evaluation computed last (empty before one)."""
         from memory_pipelines.lib.evaluation import evaluator
 
         evaluator.check_mode(mode)
         eval_set = evaluator.load_eval_set()
         rows = evaluator.trend(self.store, tenant_id=eval_set.tenant, mode=mode)
+        at_k = evaluator.latest_at_k(self.store, tenant_id=eval_set.tenant)
         return {
             "tenant": eval_set.tenant,
             "mode": mode,
             "k": eval_set.k,
             "months": rows,
             "markdown": evaluator.trend_markdown(rows),
+            "at_k": at_k,
+            "at_k_markdown": evaluator.at_k_markdown(at_k) if at_k else "",
         }
 
     def canary_drill(self) -> CanaryDrill:

@@ -15,6 +15,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 __all__ = [
     "AnalyticsAnswer",
+    "AtK",
     "BackupListing",
     "BackupManifest",
     "BackupStub",
@@ -519,14 +520,29 @@ class TrendMonth(TypedDict):
     drift: float | None
 
 
+class AtK(TypedDict):
+    """One mode's figures at one K of an evaluation (`evaluator.latest_at_k`)."""
+
+    month: str
+    mode: str
+    k: int
+    precision: float
+    recall: float
+    queries: int
+    judge: str
+
+
 class EvaluationTrend(TypedDict):
-    """The evaluation's month-by-month trend for one recall mode, with its Markdown table."""
+    """The evaluation's month-by-month trend for one recall mode, with its Markdown table; and the
+    per-K figures of every mode in the evaluation computed last, with theirs."""
 
     tenant: str
     mode: str
     k: int
     months: list[TrendMonth]
     markdown: str
+    at_k: list[AtK]
+    at_k_markdown: str
 
 
 class CanaryErasure(TypedDict):

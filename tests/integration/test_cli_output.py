@@ -79,6 +79,7 @@ def test_eval_report_before_any_evaluation_is_not_found(monkeypatch, capsys, tmp
 
     monkeypatch.setattr(cli, "_store", lambda args: _Store())
     monkeypatch.setattr(evaluation, "trend", lambda store, *, tenant_id, mode: [])
+    monkeypatch.setattr(evaluation, "latest_at_k", lambda store, *, tenant_id: [])
     assert cli.main(["--home", str(tmp_path), "eval", "report"]) == 3
     err = capsys.readouterr().err
     assert "memory-pipelines: error: eval: no evaluation yet: run `eval run --month YYYY-MM` first" in err

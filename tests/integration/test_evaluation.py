@@ -9,6 +9,7 @@ from datetime import date
 
 import pytest
 
+from benchmarks.recall_quality import demo_corpus
 from memory_pipelines.lib.evaluation import evaluator as ev
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.infra.errors import ServiceError
@@ -42,6 +43,29 @@ def test_real_figures_then_a_broken_index_drives_them_down(derived, seeded):
     assert ev.severity("precision", broken["precision"]) == "ERROR"
     drift_after = ev.measure_drift(derived, eval_set.tenant, month=date(2026, 10, 1), k=eval_set.k, mode="semantic")
     assert drift_after["drift"] == 1.0 and ev.severity("drift", drift_after["drift"]) == "ERROR"
+
+
+def test_hybrid_is_at_least_its_better_part_at_every_k(derived, store, seeded):
+    """Issue 23, on the evaluation set and the demo corpus's labelled queries: hybrid recall@K at
+    K = 1, 5 and 10, and precision@1, are at least the better of semantic and keyword alone (the
+    figures are deterministic on one build; no margin is given). The per-K figures are kept."""
+    eval_set, ids = seeded
+    demo = demo_corpus(store, derived, tenant="demo-" + uuid.uuid4().hex[:8])
+    for name, (which, keys) in {"eval": (eval_set, ids), "demo": (demo.eval_set, demo.ids)}.items():
+        results = ev.evaluate(derived, which, keys, ks=ev.REPORT_KS)
+        at = {mode: results[mode]["at_k"] for mode in ("semantic", "keyword", "hybrid")}
+        for k in ev.REPORT_KS:
+            best = max(at["semantic"][k]["recall"], at["keyword"][k]["recall"])
+            assert at["hybrid"][k]["recall"] >= best, (name, k, at)
+        assert at["hybrid"][1]["precision"] >= max(at["semantic"][1]["precision"], at["keyword"][1]["precision"])
+        assert at["hybrid"][1]["recall"] > 0.85, (name, at)  # not a vacuous comparison
+        if name == "eval":
+            assert results["hybrid"]["recall"] == at["hybrid"][1]["recall"]  # the set's own K is 1
+            ev.save_results(store, tenant_id=which.tenant, month=date(2026, 9, 1), metric="quality", rows=results)
+            kept = ev.latest_at_k(store, tenant_id=which.tenant)
+            expected = ev.at_k_rows(results, date(2026, 9, 1))
+            assert kept == sorted(expected, key=lambda r: (r["k"], r["mode"]))
+            assert {(r["mode"], r["k"]) for r in kept} == {(m, k) for m in at for k in ev.REPORT_KS}
 
 
 def test_forgotten_memories_never_count_as_recalled(derived, seeded):
@@ -107,4 +131,10 @@ def test_monthly_assets_backfill_and_dashboard(session_settings, store):
     assert "| 2026-08 |" in trend_md and "| 2026-09 |" in trend_md and "data:image/png;base64," in trend_md
     rows = ev.trend(store, tenant_id="eval")
     assert [r["month"] for r in rows][-2:] == ["2026-08", "2026-09"]
+    # Every mode at K = 1, 5, 10: the asset's table, and the rows `eval report` prints (the month run last).
+    assert "| 10 |" in runs[-1]["assets"]["memory_eval"]["at_k"]
+    at_k = ev.latest_at_k(store, tenant_id="eval")
+    assert {(r["month"], r["mode"], r["k"]) for r in at_k} == {
+        ("2026-09", mode, k) for mode in ("semantic", "keyword", "hybrid") for k in ev.REPORT_KS
+    }
     assert (session_settings.home / "eval" / "memory_quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

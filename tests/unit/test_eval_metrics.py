@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import date
+
 import pytest
 
 from memory_pipelines.lib.evaluation import evaluator as ev
@@ -73,3 +75,24 @@ def test_the_shipped_evaluation_set_is_large_and_covers_the_boundaries():
     assert len(eval_set.queries) >= 100
     assert {"direct", "paraphrase", "topic", "superseded", "team"} <= kinds
     assert any(m.get("supersedes") for m in eval_set.memories)
+
+
+def test_per_k_table_has_a_line_per_k_and_every_mode_side_by_side():
+    results = {
+        mode: {
+            "queries": 3,
+            "judge": "label",
+            "at_k": {1: {"precision": p, "recall": r}, 5: {"precision": p / 4, "recall": 1.0}},
+        }
+        for mode, p, r in (("semantic", 0.9, 0.8), ("keyword", 0.5, 0.4), ("hybrid", 0.96, 0.85))
+    }
+    rows = ev.at_k_rows(results, date(2026, 9, 1))
+    assert {(r["mode"], r["k"]) for r in rows} == {(m, k) for m in results for k in (1, 5)}
+    assert all(r["month"] == "2026-09" and r["queries"] == 3 and r["judge"] == "label" for r in rows)
+    assert ev.at_k_markdown(rows).splitlines() == [
+        "| K | precision semantic | recall semantic | precision keyword | recall keyword | precision hybrid"
+        " | recall hybrid |",
+        "|---|---|---|---|---|---|---|",
+        "| 1 | 0.900 | 0.800 | 0.500 | 0.400 | 0.960 | 0.850 |",
+        "| 5 | 0.225 | 1.000 | 0.125 | 1.000 | 0.240 | 1.000 |",
+    ]

@@ -135,13 +135,17 @@ def memory_eval(
     derived = derived_stores(memory_store, chroma, summarizer, analytics)
     eval_set, ids = _ready(derived)
     month = date.fromisoformat(context.partition_key)
-    results = evaluation.evaluate(derived, eval_set, ids, judge=judge.judge(), progress=throttled(context.log.info))
+    results = evaluation.evaluate(
+        derived, eval_set, ids, judge=judge.judge(), ks=evaluation.REPORT_KS, progress=throttled(context.log.info)
+    )
     evaluation.save_results(derived.store, tenant_id=eval_set.tenant, month=month, metric="quality", rows=results)
     metadata: dict[str, dg.MetadataValue] = {"queries": dg.MetadataValue.int(results["hybrid"]["queries"])}
     for mode, r in results.items():
         metadata[f"precision_{mode}"] = dg.MetadataValue.float(r["precision"])
         metadata[f"recall_{mode}"] = dg.MetadataValue.float(r["recall"])
     metadata["k"] = dg.MetadataValue.int(eval_set.k)
+    # Every mode at K = 1, 5 and 10 (figures only): hybrid should match or beat the better of its parts.
+    metadata["at_k"] = dg.MetadataValue.md(evaluation.at_k_markdown(evaluation.at_k_rows(results, month)))
     metadata["judge"] = dg.MetadataValue.text(results["hybrid"]["judge"])
     metadata.update(_dashboard(derived, eval_set.tenant, memory_store.home))
     return dg.MaterializeResult(

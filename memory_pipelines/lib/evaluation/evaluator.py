@@ -32,7 +32,7 @@ from memory_pipelines.lib.infra.owner_only import private_dir, private_file
 from memory_pipelines.lib.infra.paths import ASSETS_DIR
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.memories.store import MemoryStore
-from memory_pipelines.lib.results import TrendMonth
+from memory_pipelines.lib.results import AtK, TrendMonth
 from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.recall_cache.recall import MODES
 
@@ -43,13 +43,17 @@ __all__ = [
     "EVAL_SET",
     "INLINE_MARKDOWN",
     "PRECISION_TARGET",
+    "REPORT_KS",
     "EvalSet",
     "Judge",
     "LLMJudge",
     "LabelJudge",
+    "at_k_markdown",
+    "at_k_rows",
     "check_mode",
     "drift",
     "evaluate",
+    "latest_at_k",
     "load_eval_set",
     "measure_drift",
     "precision_at_k",
@@ -66,6 +70,9 @@ __all__ = [
 
 EVAL_SET = ASSETS_DIR / "eval" / "memory_eval_set.json"
 PRECISION_TARGET = 0.8
+# The depths each evaluation reports beside the set's own K (`eval report`): the memory put first,
+# a short prompt's worth, a long one's.
+REPORT_KS = (1, 5, 10)
 DRIFT_TARGET = 0.10
 DRIFT_SAMPLE = 100
 
@@ -268,59 +275,86 @@ def evaluate(
     judge: Judge | None = None,
     modes: tuple[str, ...] = MODES,
     k: int | None = None,
+    ks: tuple[int, ...] = (),
     progress: Progress = no_progress,
 ) -> dict[str, dict[str, Any]]:
-    """mode -> precision, recall (means over queries), query count; per-kind means too. `progress`
-    hears of each query asked ("evaluation queries", over every mode)."""
+    """mode -> precision, recall (means over queries), query count; per-kind means too; `at_k`: the
+    precision and recall of each K of `ks` (each a recall of the top K, as a user would ask it).
+    `progress` hears of each query asked ("evaluation queries", over every mode)."""
     judge = judge or LabelJudge()
     k = k or eval_set.k
+    depths = sorted({k, *ks})
+    # The judge is asked once per query and memory, whatever the mode and K that recalled it.
+    verdicts: dict[tuple[int, str], bool] = {}
     out: dict[str, dict[str, Any]] = {}
     total, asked = len(modes) * len(eval_set.queries), 0
     for mode in modes:
-        precisions: list[float] = []
-        recalls: list[float] = []
-        kinds: dict[str, list[tuple[float, float]]] = {}
-        for query in eval_set.queries:
+        scored: dict[int, list[tuple[str, float, float]]] = {depth: [] for depth in depths}  # (kind, p, r)
+        for number, query in enumerate(eval_set.queries):
             asked += 1
             progress(asked, total, "evaluation queries")
             # A forgotten memory has no id any more, so it can be neither useful nor recalled.
             useful = {ids[key][0] for key in query["useful"] if key in ids}
             if not useful:
                 continue
-            hits = derived.recaller.recall(
-                tenant_id=eval_set.tenant,
-                user_id=query["user"],
-                team_id=query.get("team"),
-                query=query["query"],
-                k=k,
-                mode=mode,
-                use_cache=False,
-            )
-            retrieved = [h["memory_id"] for h in hits]
-            judged = {
-                hit["memory_id"]
-                for hit in hits
-                if judge.useful(
-                    query=query["query"], memory_text=hit["text"], labelled_useful=hit["memory_id"] in useful
-                )
-            }
-            p = precision_at_k(retrieved, judged, k)
-            r = recall_at_k(retrieved, useful, k)
-            precisions.append(p)
-            recalls.append(r)
-            kinds.setdefault(query["kind"], []).append((p, r))
+            for depth in depths:
+                p, r = _score(derived, eval_set.tenant, query, useful, depth, mode, judge, verdicts, number)
+                scored[depth].append((query["kind"], p, r))
+        at = scored[k]
+        kinds: dict[str, list[tuple[float, float]]] = {}
+        for kind, p, r in at:
+            kinds.setdefault(kind, []).append((p, r))
         out[mode] = {
-            "precision": _mean(precisions),
-            "recall": _mean(recalls),
-            "queries": len(precisions),
+            "precision": _mean([p for _, p, _ in at]),
+            "recall": _mean([r for _, _, r in at]),
+            "queries": len(at),
             "k": k,
             "judge": judge.name,
             "by_kind": {
                 kind: {"precision": _mean([p for p, _ in v]), "recall": _mean([r for _, r in v]), "queries": len(v)}
                 for kind, v in sorted(kinds.items())
             },
+            "at_k": {
+                depth: {
+                    "precision": _mean([p for _, p, _ in scored[depth]]),
+                    "recall": _mean([r for _, _, r in scored[depth]]),
+                }
+                for depth in sorted(set(ks))
+            },
         }
     return out
+
+
+def _score(
+    derived: DerivedStores,
+    tenant: str,
+    query: dict[str, Any],
+    useful: set[str],
+    k: int,
+    mode: str,
+    judge: Judge,
+    verdicts: dict[tuple[int, str], bool],
+    number: int,
+) -> tuple[float, float]:
+    """Precision@k (judged) and recall@k (labelled) of query `number`'s recall in `mode`; `verdicts`
+    keeps the judge's answers by (query number, memory id)."""
+    hits = derived.recaller.recall(
+        tenant_id=tenant,
+        user_id=query["user"],
+        team_id=query.get("team"),
+        query=query["query"],
+        k=k,
+        mode=mode,
+        use_cache=False,
+    )
+    retrieved = [h["memory_id"] for h in hits]
+    for hit in hits:
+        if (number, hit["memory_id"]) not in verdicts:
+            verdicts[(number, hit["memory_id"])] = judge.useful(
+                query=query["query"], memory_text=hit["text"], labelled_useful=hit["memory_id"] in useful
+            )
+    judged = {memory for memory in retrieved if verdicts[(number, memory)]}
+    return precision_at_k(retrieved, judged, k), recall_at_k(retrieved, useful, k)
 
 
 def measure_drift(
@@ -383,7 +417,8 @@ def severity(metric: str, value: float | None) -> str:
 def save_results(
     store: MemoryStore, *, tenant_id: str, month: date, metric: str, rows: dict[str, dict[str, Any]]
 ) -> None:
-    """Keep a month's figures (one row per mode), replacing an earlier run of the same month."""
+    """Keep a month's figures (one row per mode, and per K of its `at_k`), replacing an earlier run of the
+    same month."""
     with store.transaction() as conn:
         for mode, r in rows.items():
             conn.execute(
@@ -405,6 +440,68 @@ def save_results(
                     r["judge"],
                 ),
             )
+        if metric == "quality":
+            _save_at_k(conn, tenant_id, month, rows)
+
+
+def _save_at_k(conn: psycopg.Connection, tenant_id: str, month: date, rows: dict[str, dict[str, Any]]) -> None:
+    """The month's per-K figures (`at_k` of each mode), replacing those of an earlier run."""
+    conn.execute("DELETE FROM control.eval_results_at_k WHERE tenant_id = %s AND month = %s", (tenant_id, month))
+    for mode, r in rows.items():
+        for k, figures in r.get("at_k", {}).items():
+            conn.execute(
+                "INSERT INTO control.eval_results_at_k (tenant_id, month, mode, k, precision, recall, queries, judge)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (tenant_id, month, mode, k, figures["precision"], figures["recall"], r["queries"], r["judge"]),
+            )
+
+
+def latest_at_k(store: MemoryStore, *, tenant_id: str) -> list[AtK]:
+    """The per-K figures of the evaluation computed last (its month, mode by mode, K by K)."""
+    with store.transaction() as conn:
+        rows = conn.execute(
+            "SELECT month, mode, k, precision, recall, queries, judge FROM control.eval_results_at_k"
+            " WHERE tenant_id = %s AND month = (SELECT month FROM control.eval_results_at_k WHERE tenant_id = %s"
+            " ORDER BY computed_at DESC, month DESC LIMIT 1) ORDER BY k, mode",
+            (tenant_id, tenant_id),
+        ).fetchall()
+    return [
+        {"month": m.strftime("%Y-%m"), "mode": mode, "k": k, "precision": p, "recall": r, "queries": q, "judge": j}
+        for m, mode, k, p, r, q, j in rows
+    ]
+
+
+def at_k_rows(results: dict[str, dict[str, Any]], month: date) -> list[AtK]:
+    """`evaluate`'s per-K figures as `latest_at_k` reads them back."""
+    return [
+        {
+            "month": month.strftime("%Y-%m"),
+            "mode": mode,
+            "k": k,
+            "precision": figures["precision"],
+            "recall": figures["recall"],
+            "queries": r["queries"],
+            "judge": r["judge"],
+        }
+        for mode, r in results.items()
+        for k, figures in sorted(r.get("at_k", {}).items())
+    ]
+
+
+def at_k_markdown(rows: Sequence[AtK]) -> str:
+    """K | semantic, keyword and hybrid precision@K and recall@K: one line per K."""
+    modes = [mode for mode in MODES if any(r["mode"] == mode for r in rows)]
+    figures = {(r["k"], r["mode"]): r for r in rows}
+    head = "| K | " + " | ".join(f"precision {m} | recall {m}" for m in modes) + " |"
+    lines = [head, "|---" * (1 + 2 * len(modes)) + "|"]
+    for k in sorted({r["k"] for r in rows}):
+        cells = [
+            f"{figures[(k, m)][key]:.3f}" if (k, m) in figures else "-"
+            for m in modes
+            for key in ("precision", "recall")
+        ]
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def check_mode(mode: object) -> str:

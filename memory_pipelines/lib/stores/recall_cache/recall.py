@@ -5,6 +5,7 @@ Candidates come from the derived indexes, and the memory store confirms exactly 
 never reads the user's whole visible set. The keyword index's SQL joins the store's rules, so its
 LIMIT counts visible answers; Chroma's nearest vectors are checked in one query (its metadata
 filter, whose cost grows with the vectors on the server, only when the scope is rare among them).
+Hybrid adds each candidate's cosine similarity and keyword share (fusion.py).
 Only the answers are decrypted. Each recall is cached by an HMAC of the query and its scope (ids and
 versions only) with lineage and the asker's id, and reused until the tenant's memories change; a
 SUBJECT forget removes every cached answer to the subject's own queries.
@@ -23,6 +24,7 @@ from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.results import RecallHit
 from memory_pipelines.lib.stores import lineage
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
+from memory_pipelines.lib.stores.recall_cache import fusion
 from memory_pipelines.lib.stores.vectors.index import VectorStore
 
 __all__ = [
@@ -35,8 +37,8 @@ __all__ = [
 
 CACHE_STORE = "recall_cache"
 MODES = validation.RECALL_MODES
-_RRF_K = 60  # reciprocal rank fusion constant (Cormack et al.)
-_KEYWORD_FUSED = 1000  # keyword ranks hybrid fuses (scores change down to rank 1,000)
+# Keyword hits hybrid fuses: a semantic candidate deep in the keyword list still gets its share.
+_KEYWORD_FUSED = 1000
 # Semantic candidates the store rejects (superseded, hidden since) are made up for by asking Chroma
 # again, 4x deeper each round, within this many rounds and candidates in scope.
 _SEMANTIC_ROUNDS = 5
@@ -159,14 +161,44 @@ class Recaller:
         scope: dict[str, Any],
     ) -> tuple[list[tuple[tuple[str, int], float]], dict[tuple[str, int], dict[str, Any]]]:
         """The top k (memory_id, version) and score, and the store's row of each candidate kept."""
-        fetch = min(max(4 * k, k + 20), 400)
         rows: dict[tuple[str, int], dict[str, Any]] = {}
+        semantic, keyword = self._lists(tenant_id, user_id, team_id, query, k, mode, scope, rows)
+        if mode == "semantic":
+            return semantic[:k], rows
+        if mode == "keyword":
+            return keyword[:k], rows
+        return fusion.fuse(semantic, keyword, k), rows
+
+    def ranked_lists(
+        self, *, tenant_id: str, user_id: str, team_id: str | None, query: str, k: int
+    ) -> tuple[list[tuple[tuple[str, int], float]], list[tuple[tuple[str, int], float]]]:
+        """The semantic and keyword lists hybrid recall of the top k fuses, best first, each hit with
+        its own score (for evaluation and benchmarks, which compare fusions on the same lists)."""
+        validation.check_text("query", query)
+        validation.check_recall(k, "hybrid")
+        scope = self.store.recall_scope(tenant_id=tenant_id, user_id=user_id, team_id=team_id)
+        return self._lists(tenant_id, user_id, team_id, query, k, "hybrid", scope, {})
+
+    def _lists(
+        self,
+        tenant_id: str,
+        user_id: str,
+        team_id: str | None,
+        query: str,
+        k: int,
+        mode: str,
+        scope: dict[str, Any],
+        rows: dict[tuple[str, int], dict[str, Any]],
+    ) -> tuple[list[tuple[tuple[str, int], float]], list[tuple[tuple[str, int], float]]]:
+        """The semantic and keyword lists `mode` needs (the other one empty); `rows` gets the store's
+        row of each hit."""
+        fetch = min(max(4 * k, k + 20), 400)
         semantic: list[tuple[tuple[str, int], float]] = []
         keyword: list[tuple[tuple[str, int], float]] = []
         if mode in ("semantic", "hybrid"):
             semantic = self._semantic(tenant_id, user_id, team_id, query, k, fetch, scope, rows)
         if mode in ("keyword", "hybrid"):
-            # Hybrid fuses ranks deep into the list; keyword alone needs only the best k visible.
+            # Hybrid fuses deep into the list (fusion.py); keyword alone needs only the best k visible.
             limit = k if mode == "keyword" else max(fetch, _KEYWORD_FUSED)
             found = self.keywords.search_visible(
                 tenant_id=tenant_id,
@@ -178,15 +210,7 @@ class Recaller:
             )
             keyword = [(source, score) for source, score, _ in found]
             rows.update((source, row) for source, _, row in found)
-        if mode == "semantic":
-            return semantic[:k], rows
-        if mode == "keyword":
-            return keyword[:k], rows
-        fused: dict[tuple[str, int], float] = {}
-        for ranked in (semantic, keyword):
-            for rank, (source, _) in enumerate(ranked):
-                fused[source] = fused.get(source, 0.0) + 1.0 / (_RRF_K + rank + 1)
-        return sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:k], rows
+        return semantic, keyword
 
     def _semantic(
         self,
