@@ -137,6 +137,10 @@ def warm_server(settings: Settings, *, log: Path) -> WarmServer | None:
     socket, record = runtime / f"{name}.sock", runtime / f"{name}.json"
     workspace = runtime / f"{name}.yaml"
     with _locked(runtime / f"{name}.lock"):
+        # Written every time: a sweep may have taken it with a server that died since.
+        workspace.write_text(
+            f"load_from:\n  - grpc_server:\n      socket: {json.dumps(str(socket))}\n      location_name: {LOCATION}\n"
+        )
         if record.exists():
             with contextlib.suppress(ValueError, OSError, KeyError):
                 pid = int(json.loads(record.read_text())["pid"])
@@ -147,9 +151,6 @@ def warm_server(settings: Settings, *, log: Path) -> WarmServer | None:
         _sweep(runtime, keep=record)
         pid = _start(socket, idle, log)
         record.write_text(json.dumps({"pid": pid, "home": str(settings.home), "started": time.time()}))
-        workspace.write_text(
-            f"load_from:\n  - grpc_server:\n      socket: {json.dumps(str(socket))}\n      location_name: {LOCATION}\n"
-        )
         return WarmServer(socket=socket, pid=pid, workspace_file=workspace)
 
 
