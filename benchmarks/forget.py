@@ -19,6 +19,12 @@ subject's memories are team memories of its team (10 teams, shared pool). For ea
 - the physical erasure of the tenant after those deletions (`ErasureService.erase_tenant`: VACUUM
   FULL of the tenant's own partitions, Chroma collection rebuild and SQLite vacuum, byte scan).
 
+Round trips are counted in this process for the naive delete and each one-subject cascade
+(`benchmarks/roundtrips.py`): PostgreSQL statements, the BEGIN/COMMIT/SAVEPOINT of transactions
+(`tx`), new connections, and requests to the Chroma server; printed per step of the cascade (the
+request, freeze, each store, verify, prove) and in the summary table. `--one-only` measures the
+naive delete and one subject alone (no batch, no erasure), so a kept tenant lasts many runs.
+
 Setup goes through the store's API (`write_many`, each derived store's own sync). Vectors are
 synthetic for the setup only (dense, deterministic per text, stored under the real model's name), so
 building does not embed a million texts; the cascade runs with the real all-MiniLM-L6-v2 embedder.
@@ -45,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.ingest import corpus
+from benchmarks.roundtrips import RoundTrips
 from memory_pipelines.lib.forget.deletion import DeletionBlocked, DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureIncomplete, ErasureService
 from memory_pipelines.lib.infra.services import stop_services
@@ -268,7 +275,7 @@ def candidates(copies: Copies, tenant: str, setup: dict[str, float]) -> list[str
 
 def tenant_for(copies: Copies, home: Path, n: int, args: argparse.Namespace) -> tuple[str, dict[str, float]]:
     """An n-memory tenant with enough subjects left to measure: one built earlier under --home, or a new one."""
-    needed = args.repeats + min(args.batch, n // VERSIONS // 2)
+    needed = args.repeats + (0 if args.one_only else min(args.batch, n // VERSIONS // 2))
     for generation in range(100):
         capped = f"-c{args.chroma_max}" if 0 < args.chroma_max < n else ""  # a Chroma-capped tenant is another one
         tenant = f"bench-{n}{capped}" + (f"-{generation}" if generation else "")
@@ -319,21 +326,46 @@ def measure(
     naive: list[float] = []
     cascade: list[float] = []
     steps: list[dict[str, float]] = []
+    naive_trips: list[dict[str, Any]] = []
+    cascade_trips: list[dict[str, Any]] = []
+    trips = RoundTrips()
+    # Round trips of each run, by step: the request (acceptance), then the cascade's own phases.
+    phases: dict[str, Callable[..., str]] = {
+        "begin": lambda **_: "freeze",
+        "delete_stores": lambda batch, names, **_: names[0] if len(names) == 1 else "copies",
+        "_delete_one": lambda batch, name, prepared: name,  # a copy's own thread
+        "verify": lambda batch: "verify",
+        "complete": lambda batch: "prove",
+        "release": lambda batch: "release",
+    }
     for user in order[: args.repeats]:
-        naive.append(naive_forget(copies.naive, tenant, user))
-        started = time.perf_counter()
-        job = service.request(tenant_id=tenant, subject=user)
-        report = service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
-        cascade.append(time.perf_counter() - started)
+        with trips.counting():
+            trips.reset()
+            naive.append(naive_forget(copies.naive, tenant, user))
+            naive_trips.append(trips.snapshot())
+            trips.reset()
+            with trips.label_methods(service.cascade, phases):
+                started = time.perf_counter()
+                with trips.label("request"):
+                    job = service.request(tenant_id=tenant, subject=user)
+                report = service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+                cascade.append(time.perf_counter() - started)
+            cascade_trips.append(trips.snapshot())
         steps.append(report["seconds"])
         if set(report["jobs"].values()) != {"COMPLETE"}:
             raise SystemExit(f"the cascade of {user} ended {report['jobs']}")
     result["naive"] = statistics.median(naive)
     result["one"] = statistics.median(cascade)
     result["naive_all"], result["one_all"] = naive, cascade
-    result["one_steps"] = steps[cascade.index(result["one"])] if args.repeats % 2 else steps[0]
+    median_run = cascade.index(result["one"]) if args.repeats % 2 else 0
+    result["one_steps"] = steps[median_run]
+    result["naive_trips"] = naive_trips[naive.index(result["naive"]) if args.repeats % 2 else 0]
+    result["one_trips"] = cascade_trips[median_run]
+    result["one_trips_all"] = [t["total"] for t in cascade_trips]
     result["one_versions"] = report["stores"]["primary"]
 
+    if args.one_only:
+        return result
     users = order[args.repeats : args.repeats + batch_size]
     hide: list[float] = []
     jobs: list[str] = []
@@ -389,6 +421,22 @@ def steps_line(steps: dict[str, float]) -> str:
     return ", ".join(f"{name} {value:.2f}" for name, value in top if value >= 0.01) or "all < 0.01"
 
 
+def trips_total(t: dict[str, int]) -> str:
+    """PostgreSQL statements (+ BEGIN/COMMIT/SAVEPOINT, + new connections) and Chroma requests."""
+    return f"PG {t['pg']} (+{t['tx']} tx, +{t['connect']} conn), Chroma {t['chroma']}"
+
+
+def pg_trips(t: dict[str, int]) -> str:
+    return f"{t['pg']}+{t['tx']}"
+
+
+def trips_steps(steps: dict[str, dict[str, int]]) -> str:
+    return ", ".join(
+        f"{name or 'other'} {t['pg']}+{t['tx']}tx" + (f"+{t['connect']}c" if t["connect"] else "") + f"/{t['chroma']}"
+        for name, t in steps.items()
+    )
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
@@ -409,6 +457,21 @@ def print_size(r: dict[str, Any], setup: dict[str, float]) -> None:
             f"{ratio:.2f}x naive; runs " + "  ".join(f"{v:.3f}" for v in r["one_all"]),
         ),
         ("  its steps (s)", "", steps_line(r["one_steps"])),
+        ("round trips of the naive delete", trips_total(r["naive_trips"]["total"]), ""),
+        (
+            "round trips of one subject",
+            trips_total(r["one_trips"]["total"]),
+            "runs " + "; ".join(trips_total(t) for t in r["one_trips_all"]),
+        ),
+        ("  by step (PG+tx/Chroma)", "", trips_steps(r["one_trips"]["steps"])),
+    ]
+    if "batch_run" not in r:  # --one-only
+        rows.append(("batch and erasure", "skipped", "(--one-only)"))
+        width = max(len(row[0]) for row in rows)
+        for label, figure, note in rows:
+            print(f"{label:{width}}  {figure:>12}  {note}")
+        return
+    rows += [
         (
             f"batch of {r['batch']} subjects, one run_batch ({r['batch_versions']:,} versions)",
             f"{r['batch_run']:.3f} s",
@@ -470,6 +533,11 @@ def main() -> None:
     parser.add_argument("--retry-size", type=int, default=50, help="jobs per run when retrying a blocked batch")
     parser.add_argument("--home", type=Path, help="keep the tenants here and reuse them (default: a temp dir)")
     parser.add_argument("--build-only", action="store_true", help="build the tenants under --home, measure later")
+    parser.add_argument(
+        "--one-only",
+        action="store_true",
+        help="measure only the naive delete and one subject's cascade (no batch, no erasure): uses --repeats subjects",
+    )
     args = parser.parse_args()
     if args.build_only and args.home is None:
         raise SystemExit("--build-only needs --home")
@@ -513,21 +581,29 @@ def main() -> None:
 
 def summarize(results: list[dict[str, Any]]) -> None:
     by_n = {r["n"]: r for r in results}
-    print("\n| size | naive | one subject | ratio | batch of 100 | erasure | bytes rewritten | hide p50 / p95 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "\n| size | naive | one subject | ratio | round trips naive / one (PG statements + tx, Chroma requests)"
+        " | batch of 100 | erasure | bytes rewritten | hide p50 / p95 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         e = r.get("erasure_report")
-        batch = f"{r['batch_run']:.2f} s" + ("" if r["batch"] == 100 else f" ({r['batch']} subjects)")
-        batch += f" ({r['batch_run'] / r['one']:.1f}x)"
-        if "batch_error" in r:
+        if "batch_run" not in r:
+            batch = "-"
+        elif "batch_error" in r:
             batch = f"BLOCKED after {r['batch_run']:.1f} s (retried in {r['batch_retry']:.1f} s)"
-        erased = f"{r['erasure']:.1f} s" if e else "failed"
+        else:
+            batch = f"{r['batch_run']:.2f} s" + ("" if r["batch"] == 100 else f" ({r['batch']} subjects)")
+            batch += f" ({r['batch_run'] / r['one']:.1f}x)"
+        erased = f"{r['erasure']:.1f} s" if e else ("failed" if "erasure_error" in r else "-")
         rewritten = mb(sum(e["bytesRewritten"].values())) if e else "-"
+        hide = f"{r['hide_p50'] * 1000:.0f} / {r['hide_p95'] * 1000:.0f} ms" if "hide_p50" in r else "-"
         size = f"{r['n']:,}" + (f" (Chroma {r['chroma']:,})" if r["chroma"] < r["n"] else "")
+        naive_trips, one_trips = r["naive_trips"]["total"], r["one_trips"]["total"]
         print(
             f"| {size} | {r['naive']:.2f} s | {r['one']:.2f} s | {r['one'] / r['naive']:.1f}x"
-            f" | {batch} | {erased} | {rewritten}"
-            f" | {r['hide_p50'] * 1000:.0f} / {r['hide_p95'] * 1000:.0f} ms |"
+            f" | {pg_trips(naive_trips)} + {naive_trips['chroma']} / {pg_trips(one_trips)} + {one_trips['chroma']}"
+            f" | {batch} | {erased} | {rewritten} | {hide} |"
         )
     print("\ntargets:")
     if 100_000 in by_n:
@@ -540,12 +616,14 @@ def summarize(results: list[dict[str, Any]]) -> None:
     if 10_000 in by_n and 1_000_000 in by_n:
         print(f"  (one subject at 1,000,000 / 10,000: {by_n[1_000_000]['one'] / by_n[10_000]['one']:.2f}x)")
     for r in results:
+        if "batch_run" not in r:
+            continue
         if "batch_error" in r:
             print(f"  batch of {r['batch']} at {r['n']:,}: FAIL, the run blocked: {r['batch_error']}")
         elif r["batch"] == 100:
             ratio = r["batch_run"] / r["one"]
             print(f"  batch of 100 within 5x one subject at {r['n']:,}: {ratio:.2f}x  {verdict(ratio <= 5)}")
-    if 1_000_000 in by_n:
+    if 1_000_000 in by_n and "hide_p50" in by_n[1_000_000]:
         p50 = by_n[1_000_000]["hide_p50"] * 1000
         print(f"  hide p50 under 50 ms at 1,000,000: {p50:.1f} ms  {verdict(p50 < 50)}")
     for r in results:

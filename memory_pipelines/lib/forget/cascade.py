@@ -6,17 +6,37 @@ counts, probes and fingerprints), one step per registered store in the registry'
 (copies first, the primary and the keys last), verify, prove. `DeletionCascade.run_batch` (the CLI
 and API's in-process path) iterates it, and the forget graph (defs/forget/deletions.py) has one op
 per phase. It is read from the registry at each call, since stores may register at runtime.
+
+What a run costs is mostly waiting: on PostgreSQL commits (each flushes the WAL), on Chroma's
+server, on round trips. So the cascade is set-based and overlapped, and no check is dropped:
+- set-based: every statement covers all the batch's jobs and targets (`= ANY`, `unnest`), the
+  lineage of every target is read once for all stores (`lineage_map`), a ledger write is one
+  statement for all jobs and stores, and the freeze commits three times whatever the batch's size;
+- overlapped: in `run_batch`, the copies' steps (every store ranked before the primary) run at
+  once, each in its own thread and transactions, and are recorded DONE together; verification asks
+  every store at once, the exact-id counts of the stores that give one as SQL (`count_sql`) in
+  one statement; the freeze reads the probes while it finds the stores' records. The threads come
+  from one pool kept for the process (`_submit`). The primary and then the keys still go one by
+  one, after every copy, so an interrupted run can always read what it has to find when it resumes.
+- Lock order, in every thread: the tenant's run lock (taken at `begin`), then PostgreSQL row
+  locks, then a Chroma collection lock; a thread never holds a collection lock while it waits for
+  PostgreSQL, and the threads of a step never wait on each other's rows (only the main thread
+  writes the jobs' rows, after they are done).
 """
 
 from __future__ import annotations
 
-import json
+import contextvars
+import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import psycopg
+from psycopg import sql
 
 from memory_pipelines.lib.forget import gate, targets
 from memory_pipelines.lib.forget.ledger import REBUILT_PREFIX, DeletionBlocked, DeletionLedger, rebuilt_counts
@@ -26,7 +46,7 @@ from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.results import DeletionJob
 from memory_pipelines.lib.stores import lineage, registry
-from memory_pipelines.lib.stores.adapter import Context, Source
+from memory_pipelines.lib.stores.adapter import Context, Lineage, Source, edges_left_sql, lineage_map
 from memory_pipelines.lib.stores.derived import DerivedStores
 
 __all__ = [
@@ -42,6 +62,10 @@ __all__ = [
 ]
 
 Hook = Callable[[str, list[str]], None]
+T = TypeVar("T")
+
+# Threads of one overlapped step (the copies' deletions, verification's questions to the stores).
+MAX_THREADS = 8
 
 # Phase kinds: `freeze` begins a batch, every later phase runs on it.
 FREEZE = "freeze"
@@ -89,6 +113,11 @@ class Batch:
     deleted: dict[str, set[str]] = field(default_factory=dict)  # store -> records this run deleted
     verification: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    # The lineage of every target as the freeze read it (None: not read in this process). The store
+    # steps reuse it: after acceptance and the drain nothing adds an edge to a hidden target (every
+    # derived write checks its sources under the gate lock), so it is still complete; an edge removed
+    # meanwhile only means a record whose deletion finds nothing.
+    lineage: Lineage | None = None
 
     @property
     def job_ids(self) -> list[str]:
@@ -142,8 +171,15 @@ class DeletionCascade:
         batch = self.begin(tenant_id=tenant_id, job_ids=job_ids)
         try:
             if batch.jobs:
-                for phase in later:
-                    self.run_phase(batch, phase)
+                groups = _groups(later)
+                for n, group in enumerate(groups):
+                    if group[0].kind != STORE:
+                        self.run_phase(batch, group[0])
+                        continue
+                    # The store step before verify records VERIFYING with its DONE (one commit less).
+                    verifying = n + 1 < len(groups) and groups[n + 1][0].kind == VERIFY
+                    stores = [phase.store for phase in group if phase.store is not None]
+                    self.delete_stores(batch, stores, next_state="VERIFYING" if verifying else None)
             return self.summary(batch)
         finally:
             self.release(batch)
@@ -188,10 +224,14 @@ class DeletionCascade:
         return batch
 
     def _freeze(self, batch: Batch, job_ids: list[str]) -> None:
-        """Freeze the batch's open jobs, wait for their permits to drain, fix what the run works on."""
+        """Freeze the batch's open jobs, wait for their permits to drain, fix what the run works on.
+
+        Three commits whatever the batch's size: the jobs FROZEN (with their attempt counted); the
+        targets and what each store holds of them (`found`); the fingerprints, with the jobs DELETING.
+        The paraphrase probes are read in another thread while the second transaction runs."""
         tenant_id = batch.tenant_id
         with self.store.transaction() as conn:
-            jobs = [self.ledger.job_row(conn, job_id) for job_id in job_ids]
+            jobs = self.ledger.job_rows(conn, job_ids)
         for job in jobs:
             if job["tenant_id"] != tenant_id:
                 raise ValidationError("job_id", f"job {job['job_id']} belongs to another tenant")
@@ -202,15 +242,15 @@ class DeletionCascade:
         batch.jobs = jobs
         if not jobs:
             return
-        with self.store.transaction() as conn:
-            conn.execute(
-                "UPDATE control.deletion_jobs SET attempts = attempts + 1 WHERE job_id = ANY(%s)",
-                ([j["job_id"] for j in jobs],),
-            )
         step = "freeze"
         try:
             started = time.perf_counter()
-            self.ledger.set_state(jobs, "FROZEN")
+            with self.store.transaction() as conn:
+                conn.execute(
+                    "UPDATE control.deletion_jobs SET attempts = attempts + 1 WHERE job_id = ANY(%s)",
+                    ([j["job_id"] for j in jobs],),
+                )
+                self.ledger.set_state(jobs, "FROZEN", conn=conn)
             step = "gate"
             # Permits issued before the fence closed must be released or cancelled first; an expired
             # lease does not count as drained, and a drain deadline is a block, never completion.
@@ -220,16 +260,31 @@ class DeletionCascade:
             if left:
                 raise DeletionBlocked("gate", "UNDRAINED_PERMITS", f"{left} permit(s) still in flight")
             step = "freeze"
-            batch.fixed = targets.resolve_targets(self.store, tenant_id, jobs)
-            # Copies of versions the scope covers whose primary row a restore dropped go too; they are
-            # looked up at every run, and are not targets of the proof (no row, no key of theirs).
-            batch.targets = targets.with_orphans(self.store, tenant_id, jobs, batch.fixed)
-            batch.found = targets.found(self.derived, tenant_id, jobs, batch.targets)
-            batch.probes = targets.probes(self.derived, tenant_id, set().union(*batch.targets.values()))
-            targets.fingerprint(self.derived, tenant_id, jobs, batch.targets, batch.probes.stored)
+            probing: Future[Probes] | None = None
+            try:
+                with self.store.transaction() as conn:
+                    batch.fixed = targets.resolve_targets(conn, tenant_id, jobs)
+                    # Copies of versions the scope covers whose primary row a restore dropped go too; they
+                    # are looked up at every run, and are not targets of the proof (no row, no key of theirs).
+                    batch.targets = targets.with_orphans(conn, tenant_id, jobs, batch.fixed)
+                    # The probes (texts, the index's vectors) are read in another thread, on its own
+                    # connection, while this one finds what each store holds.
+                    everything = set().union(*batch.targets.values())
+                    probing = _submit(targets.probes, self.derived, tenant_id, everything)
+                    records = targets.Records(conn, self.derived, tenant_id, jobs, batch.targets)
+                    batch.found = targets.found(conn, records, jobs)
+            finally:
+                if probing is not None:
+                    wait([probing])  # never left running, whatever happened here
+            assert probing is not None
+            batch.probes = probing.result()
+            with self.store.transaction() as conn:
+                records.conn = conn  # the lineage read above is kept: nothing adds edges to hidden targets
+                targets.fingerprint(conn, records, jobs, batch.probes)
+                batch.lineage = records.read
+                self.ledger.set_state(jobs, "DELETING", conn=conn)
             batch.timings["freeze"] = time.perf_counter() - started
             self._hook("frozen", jobs)
-            self.ledger.set_state(jobs, "DELETING")
         except Exception as exc:
             self._fail(batch, step, exc)
 
@@ -255,24 +310,67 @@ class DeletionCascade:
 
     def delete_store(self, batch: Batch, store_name: str) -> int:
         """Delete every record of one registered store derived from the batch's targets; returns the count."""
-        if not registry.is_registered(store_name):
-            raise ValidationError("store", f"no registered store {store_name!r}")
+        return self.delete_stores(batch, [store_name])[store_name]
+
+    def delete_stores(
+        self, batch: Batch, store_names: Sequence[str], *, next_state: str | None = None
+    ) -> dict[str, int]:
+        """Delete what each of `store_names` holds of the batch's targets: at once, a thread each, when
+        there are several (they must be independent of each other, as the copies are); then record
+        them DONE together, with the jobs moved to `next_state` if given and every store succeeded,
+        and run their hooks in cascade order. Returns the records reached per store. A store that
+        failed blocks the jobs once the others are recorded (a retry redoes it: adapters are
+        idempotent)."""
+        for name in store_names:
+            if not registry.is_registered(name):
+                raise ValidationError("store", f"no registered store {name!r}")
         if not batch.jobs:
-            return 0
+            return dict.fromkeys(store_names, 0)
+        started = time.perf_counter()
         try:
             self._hold(batch)
-            started = time.perf_counter()
-            self._delete_in(store_name, batch)
-            batch.timings[store_name] = time.perf_counter() - started
-            # DONE:n counts what existed when the job first froze, so a retry after a lost
-            # answer still reports what was deleted (the adapters are idempotent and find 0).
-            self.ledger.record_targets(
-                batch.jobs, store_name, {job_id: f[store_name] for job_id, f in batch.found.items()}
-            )
-            self._hook(f"deleted:{store_name}", batch.jobs)
+            prepared = _prepare(self.derived, batch, store_names)
         except Exception as exc:
-            self._fail(batch, store_name, exc)
-        return sum(f[store_name] for f in batch.found.values())
+            self._fail(batch, store_names[0], exc)
+        outcomes = _overlapped([_bind(self._delete_one, batch, name, prepared[name]) for name in store_names])
+        if len(store_names) > 1:
+            batch.timings["copies"] = time.perf_counter() - started
+        rebuilt: dict[str, dict[str, int]] = {}
+        done: list[str] = []
+        failed: list[tuple[str, Exception]] = []
+        for name, outcome in zip(store_names, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                failed.append((name, outcome))
+                continue
+            seconds, kept = outcome
+            done.append(name)
+            batch.timings[name] = seconds
+            batch.deleted[name] = batch.deleted.get(name, set()) | prepared[name].ctx.records  # verified by this run
+            for job_id, n in kept.items():
+                key = f"{REBUILT_PREFIX}{name}"
+                batch.found.setdefault(job_id, {})[key] = n
+                rebuilt.setdefault(job_id, {})[key] = n
+        try:
+            if done:
+                # DONE:n counts what existed when the job first froze, so a retry after a lost
+                # answer still reports what was deleted (the adapters are idempotent and find 0).
+                self.ledger.record_done(
+                    batch.jobs,
+                    {name: {job_id: f[name] for job_id, f in batch.found.items()} for name in done},
+                    rebuilt,
+                    state=None if failed else next_state,
+                )
+        except Exception as exc:
+            self._fail(batch, (failed[0][0] if failed else done[0]), exc)
+        errors = dict(failed)
+        for name in store_names:
+            try:
+                if name in errors:
+                    raise errors[name]
+                self._hook(f"deleted:{name}", batch.jobs)
+            except Exception as exc:
+                self._fail(batch, name, exc)
+        return {name: sum(f[name] for f in batch.found.values()) for name in store_names}
 
     def verify(self, batch: Batch) -> dict[str, Any]:
         """Exact-id queries on every store and paraphrase probes; drops the probes once used."""
@@ -280,9 +378,10 @@ class DeletionCascade:
             return {}
         try:
             self._hold(batch)
-            self.ledger.set_state(batch.jobs, "VERIFYING")
+            if any(job["state"] != "VERIFYING" for job in batch.jobs):
+                self.ledger.set_state(batch.jobs, "VERIFYING")
             started = time.perf_counter()
-            batch.verification = self._verify(batch)
+            batch.verification = _verify(self.derived, batch)
             batch.timings["verify"] = time.perf_counter() - started
             batch.probes = Probes(texts=[], vectors=[])
             self._hook("verified", batch.jobs)
@@ -347,97 +446,241 @@ class DeletionCascade:
 
     # -- stores, through their adapters -------------------------------------------------------
 
-    def _context(self, batch: Batch, store_name: str | None = None) -> Context:
-        return Context(
-            derived=self.derived,
-            tenant_id=batch.tenant_id,
-            jobs=batch.jobs,
-            everything=set().union(*batch.targets.values()),
-            records=batch.deleted.get(store_name, set()) if store_name else set(),
-        )
-
-    def _delete_in(self, store_name: str, batch: Batch) -> None:
-        """Delete every record of `store_name` derived from the targets (counts come from `targets.found`).
-
-        A record also derived from versions outside the targets (a team summary of other members too)
-        is rebuilt without them, not deleted: how many were is recorded per job (`rebuilt:<store>` in
-        `found`), so the proof's DONE:n (records reached) tells deleted from rebuilt records."""
-        adapter = registry.adapter(store_name)
-        ctx = self._context(batch)
-        with self.store.transaction() as conn:
-            ctx.records = adapter.find(conn, ctx)
-            shared = _shared_records(conn, batch.tenant_id, store_name, ctx.records, ctx.everything)
-            reached = self._reached(conn, batch, store_name, shared)
-        adapter.delete(ctx)
-        batch.deleted[store_name] = batch.deleted.get(store_name, set()) | ctx.records  # verified by this run
-        if shared:
+    def _delete_one(self, batch: Batch, store_name: str, prepared: _Prepared) -> tuple[float, dict[str, int]]:
+        """Delete `prepared` records of one store (in its own thread when overlapped: it writes no row
+        of the jobs). A record also derived from versions outside the targets (a team summary of other
+        members too) is rebuilt without them, not deleted: returns the seconds taken and, per job, how
+        many of the records it reached were rebuilt (`rebuilt:<store>` in `found`), so the proof's
+        DONE:n (records reached) tells deleted from rebuilt records."""
+        started = time.perf_counter()
+        registry.adapter(store_name).delete(prepared.ctx)
+        kept: dict[str, int] = {}
+        if prepared.shared:
             with self.store.transaction() as conn:
-                kept = _records_left(conn, batch.tenant_id, store_name, shared)
-                for job_id, records in reached.items():
-                    key = f"{REBUILT_PREFIX}{store_name}"
-                    batch.found.setdefault(job_id, {})[key] = len(kept & records)
-                    conn.execute(
-                        "UPDATE control.deletion_jobs SET found = coalesce(found, '{}'::jsonb) || %s::jsonb"
-                        " WHERE job_id = %s",
-                        (json.dumps({key: len(kept & records)}), job_id),
-                    )
+                left = _records_left(conn, batch.tenant_id, store_name, prepared.shared)
+            kept = {job_id: len(left & records) for job_id, records in prepared.reached.items()}
+        return time.perf_counter() - started, kept
 
-    def _reached(
-        self, conn: psycopg.Connection, batch: Batch, store_name: str, shared: set[str]
-    ) -> dict[str, set[str]]:
-        """job_id -> those of `shared` the job's own targets reach (one job: all of them)."""
-        if not shared or len(batch.jobs) == 1:
-            return {job["job_id"]: shared for job in batch.jobs}
-        adapter = registry.adapter(store_name)
-        return {
-            job["job_id"]: shared
-            & adapter.find(
-                conn,
-                Context(
-                    derived=self.derived, tenant_id=batch.tenant_id, jobs=[job], everything=batch.targets[job["job_id"]]
-                ),
+
+def _context(derived: DerivedStores, batch: Batch, store_name: str | None = None) -> Context:
+    return Context(
+        derived=derived,
+        tenant_id=batch.tenant_id,
+        jobs=batch.jobs,
+        everything=set().union(*batch.targets.values()),
+        records=batch.deleted.get(store_name, set()) if store_name else set(),
+    )
+
+
+def _prepare(derived: DerivedStores, batch: Batch, store_names: Sequence[str]) -> dict[str, _Prepared]:
+    """What each store's step deletes, read now in one transaction for all of them: each store's
+    records (lineage-found ones from one read of the targets' lineage for every store), those
+    also derived from versions outside the targets (rebuilt, not deleted: one query for all
+    stores), and which jobs reach them."""
+    everything = set().union(*batch.targets.values())
+    with derived.store.transaction() as conn:
+        lineaged = any(registry.spec(name).derived for name in store_names)
+        snapshot = batch.lineage
+        if snapshot is None and lineaged:
+            snapshot = lineage_map(conn, batch.tenant_id, everything)
+        ctxs: dict[str, Context] = {}
+        for name in store_names:
+            ctx = Context(
+                derived=derived,
+                tenant_id=batch.tenant_id,
+                jobs=batch.jobs,
+                everything=everything,
+                lineage=snapshot,
             )
-            for job in batch.jobs
+            ctx.records = registry.adapter(name).find(conn, ctx)
+            ctxs[name] = ctx
+        # Only a derived store's records have lineage of their own (the primary's and the keys' do not).
+        records = {name: ctx.records for name, ctx in ctxs.items()}
+        shared = _shared_records(conn, batch.tenant_id, records, everything) if lineaged else {}
+        return {
+            name: _Prepared(
+                ctx=ctxs[name],
+                shared=shared.get(name, set()),
+                reached=_reached(derived, conn, batch, name, shared.get(name, set()), snapshot),
+            )
+            for name in store_names
         }
 
-    def _verify(self, batch: Batch) -> dict[str, Any]:
-        """Exact-id queries on every store plus paraphrase probes; any hit blocks the job."""
-        probes = batch.probes
-        leftovers: dict[str, int] = {}
-        probe_hits = 0
-        for spec in registry.stores():
-            adapter = registry.adapter(spec.name)
-            ctx = self._context(batch, spec.name)
-            leftovers[spec.name] = adapter.count(ctx)
-            probe_hits += adapter.verify(ctx, probes)
-        ctx = self._context(batch)
-        with self.store.transaction() as conn:
-            row = conn.execute(_LINEAGE_LEFT, (*lineage.pair_arrays(sorted(ctx.everything)), ctx.tenant_id)).fetchone()
-        leftovers["lineage"] = int(row[0]) if row else 0
-        leftovers["paraphrase_probes"] = probe_hits
-        bad = {store: n for store, n in leftovers.items() if n}
-        if bad:
-            store, count = next(iter(bad.items()))
-            raise DeletionBlocked(store, f"VERIFICATION_{store.upper()}", f"{count} record(s) of forgotten data found")
-        return {
-            "exact_id_queries": {store: 0 for store in leftovers if store != "paraphrase_probes"},
-            "paraphrase_probes": {"probes": len(probes.texts), "of": probes.targets, "hits": 0},
-        }
+
+def _reached(
+    derived: DerivedStores,
+    conn: psycopg.Connection,
+    batch: Batch,
+    store_name: str,
+    shared: set[str],
+    snapshot: Lineage | None,
+) -> dict[str, set[str]]:
+    """job_id -> those of `shared` the job's own targets reach (one job: all of them)."""
+    if not shared or len(batch.jobs) == 1:
+        return {job["job_id"]: shared for job in batch.jobs}
+    adapter = registry.adapter(store_name)
+    return {
+        job["job_id"]: shared
+        & adapter.find(
+            conn,
+            Context(
+                derived=derived,
+                tenant_id=batch.tenant_id,
+                jobs=[job],
+                everything=batch.targets[job["job_id"]],
+                lineage=snapshot,
+            ),
+        )
+        for job in batch.jobs
+    }
+
+
+def _verify(derived: DerivedStores, batch: Batch) -> dict[str, Any]:
+    """Exact-id queries on every store plus paraphrase probes; any hit blocks the job.
+
+    Every store is asked at once (a thread each); the exact-id counts of the stores that give
+    one as SQL, and the lineage edges left (of every store), in one statement. Each figure is
+    still read from its store, none is taken from what the run did."""
+    probes = batch.probes
+    adapters = {spec.name: registry.adapter(spec.name) for spec in registry.stores()}
+    ctxs = {name: _context(derived, batch, name) for name in adapters}
+    in_sql = [name for name, adapter in adapters.items() if hasattr(adapter, "count_sql")]
+    everything = set().union(*batch.targets.values())
+
+    def sql_counts() -> dict[str, int]:
+        parts = [adapters[name].count_sql(ctxs[name]) for name in in_sql]
+        parts.append(edges_left_sql(batch.tenant_id, None, everything))
+        query = sql.SQL("SELECT {}").format(sql.SQL(", ").join(sql.SQL(f"({q})") for q, _ in parts))
+        with derived.store.transaction() as conn:
+            row = conn.execute(query, tuple(p for _, params in parts for p in params)).fetchone()
+        assert row is not None
+        return dict(zip([*in_sql, "lineage"], (int(n) for n in row), strict=True))
+
+    def counted(name: str) -> dict[str, int]:
+        return {name: int(adapters[name].count(ctxs[name]))}
+
+    def probed(name: str) -> dict[str, int]:
+        return {f"probes:{name}": int(adapters[name].verify(ctxs[name], probes))}
+
+    # A store's count and its probes are separate tasks (Chroma answers both at once); the
+    # probes first, the longest of them (nearest-vector queries) starting before the rest.
+    figures: dict[str, int] = {}
+    for outcome in _overlapped(
+        [
+            *(_bind(probed, name) for name in adapters),
+            sql_counts,
+            *(_bind(counted, name) for name in adapters if name not in in_sql),
+        ]
+    ):
+        if isinstance(outcome, Exception):
+            raise outcome
+        figures.update(outcome)
+    leftovers = {name: figures[name] for name in adapters}
+    probe_hits = sum(figures[f"probes:{name}"] for name in adapters)
+    leftovers["lineage"] = figures["lineage"]
+    leftovers["paraphrase_probes"] = probe_hits
+    bad = {store: n for store, n in leftovers.items() if n}
+    if bad:
+        store, count = next(iter(bad.items()))
+        raise DeletionBlocked(store, f"VERIFICATION_{store.upper()}", f"{count} record(s) of forgotten data found")
+    return {
+        "exact_id_queries": {store: 0 for store in leftovers if store != "paraphrase_probes"},
+        "paraphrase_probes": {"probes": len(probes.texts), "of": probes.targets, "hits": 0},
+    }
+
+
+@dataclass
+class _Prepared:
+    """One store's step as `_prepare` found it: its context (with the records to delete), those of
+    them also derived from versions outside the targets, and which jobs reach those."""
+
+    ctx: Context
+    shared: set[str]
+    reached: dict[str, set[str]]
+
+
+def _bind(fn: Callable[..., T], *args: Any) -> Callable[[], T]:
+    return lambda: fn(*args)
+
+
+def _overlapped(tasks: Sequence[Callable[[], T]]) -> list[T | Exception]:
+    """Run `tasks` at once (in this thread when there is only one) and return each one's result or
+    exception, in order, once every one has ended: none is left running. Each runs in a copy of the
+    caller's context (its context variables), as it would inline."""
+
+    def run(task: Callable[[], T]) -> T | Exception:
+        try:
+            return task()
+        except Exception as exc:  # handed back: the caller decides what it blocks
+            return exc
+
+    if len(tasks) <= 1:
+        return [run(task) for task in tasks]
+    futures = [_submit(run, task) for task in tasks]
+    return [future.result() for future in futures]
+
+
+def _submit(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """`fn(*args)` in a thread of the process's forget pool, in a copy of the caller's context.
+
+    One pool for the process, its threads kept between steps and runs: a thread started per task
+    waited for the GIL behind the busy ones (up to 5 ms each, measured as most of a 45 ms
+    verification). Tasks never wait for one another, so runs of several tenants share it safely;
+    a forked child starts a pool of its own (the parent's threads are not in it)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=MAX_THREADS, thread_name_prefix="forget")
+        pool = _POOL
+    return pool.submit(contextvars.copy_context().run, fn, *args)
+
+
+def _forget_pool_after_fork() -> None:
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
+def _groups(later: Sequence[Phase]) -> list[list[Phase]]:
+    """`later` phases as run_batch runs them: the copies' steps (stores ranked before the primary)
+    together, every other phase alone, in phase order."""
+    groups: list[list[Phase]] = []
+    for phase in later:
+        copy = phase.kind == STORE and phase.store is not None and registry.spec(phase.store).order < registry.PRIMARY
+        if copy and groups and groups[-1][-1].kind == STORE and groups[-1][-1].store is not None:
+            last = groups[-1][-1].store
+            assert last is not None
+            if registry.spec(last).order < registry.PRIMARY:
+                groups[-1].append(phase)
+                continue
+        groups.append([phase])
+    return groups
 
 
 def _shared_records(
-    conn: psycopg.Connection, tenant_id: str, store: str, records: set[str], sources: set[Source]
-) -> set[str]:
-    """Those of `records` also derived from a version that is not a target: rebuilt, not deleted."""
-    if not records:
-        return set()
-    rows = conn.execute(
-        "SELECT DISTINCT l.record_id FROM derived.lineage l WHERE l.tenant_id = %s AND l.store = %s"
-        " AND l.record_id = ANY(%s) AND NOT EXISTS (SELECT 1 FROM unnest(%s::text[], %s::int[])"
-        " AS w(memory_id, version) WHERE w.memory_id = l.source_memory_id AND w.version = l.source_version)",
-        (tenant_id, store, sorted(records), *lineage.pair_arrays(sorted(sources))),
-    ).fetchall()
-    return {r[0] for r in rows}
+    conn: psycopg.Connection, tenant_id: str, records: dict[str, set[str]], sources: set[Source]
+) -> dict[str, set[str]]:
+    """store -> those of its `records` also derived from a version that is not a target: rebuilt, not
+    deleted. One query for every store."""
+    pairs = sorted((store, record) for store, ids in records.items() for record in ids)
+    if not pairs:
+        return {}
+    out: dict[str, set[str]] = {}
+    # Per record, its edges until the first to a version outside the targets (a team summary's first
+    # edge, usually): a hashed set of the targets, not a join of every edge with every target.
+    for store, record in conn.execute(
+        "SELECT r.store, r.record_id FROM unnest(%s::text[], %s::text[]) AS r(store, record_id)"
+        " WHERE EXISTS (SELECT 1 FROM derived.lineage l WHERE l.tenant_id = %s AND l.store = r.store"
+        "  AND l.record_id = r.record_id AND (l.source_memory_id, l.source_version) NOT IN"
+        "  (SELECT w.memory_id, w.version FROM unnest(%s::text[], %s::int[]) AS w(memory_id, version)))",
+        ([p[0] for p in pairs], [p[1] for p in pairs], tenant_id, *lineage.pair_arrays(sorted(sources))),
+    ):
+        out.setdefault(store, set()).add(record)
+    return out
 
 
 def _records_left(conn: psycopg.Connection, tenant_id: str, store: str, records: set[str]) -> set[str]:
@@ -447,11 +690,3 @@ def _records_left(conn: psycopg.Connection, tenant_id: str, store: str, records:
         (tenant_id, store, sorted(records)),
     ).fetchall()
     return {r[0] for r in rows}
-
-
-# Lineage edges of any store still reaching a target (every adapter drops its own; this checks all).
-_LINEAGE_LEFT = (
-    "SELECT count(*) FROM derived.lineage x JOIN unnest(%s::text[], %s::int[])"
-    " AS w(memory_id, version) ON x.source_memory_id = w.memory_id AND x.source_version = w.version"
-    " WHERE x.tenant_id = %s"
-)

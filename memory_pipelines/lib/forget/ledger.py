@@ -78,29 +78,22 @@ class DeletionLedger:
             row = cur.execute("SELECT * FROM control.deletion_jobs WHERE job_id = %s", (job_id,)).fetchone()
         if row is None:
             raise NotFoundError("job_id", f"no deletion job {job_id!r}")
-        job: DeletionJob = {
-            "job_id": row["job_id"],
-            "tenant_id": row["tenant_id"],
-            "state": row["state"],
-            "scope": {
-                "type": row["scope"],
-                "subject": row["subject_id"],
-                "memory_id": row["memory_id"],
-                "version": row["version"],
-            },
-            "scope_hash": bytes(row["scope_hash"]).hex(),
-            "basis": row["basis"],
-            "deadline": row["deadline"].isoformat(),
-            "targets": row["targets"],
-            "target_versions": row["target_count"],
-            "attempts": row["attempts"],
-            "created_at": row["created_at"].isoformat(),
-            "completed_at": None if row["completed_at"] is None else row["completed_at"].isoformat(),
-        }
-        if row["scope"] == "RETENTION":
-            job["sweep_date"] = row["sweep_date"].isoformat()
-            job.update(row["detail"])  # categories, retentionPolicyVersion
-        return job
+        return _job_of(row)
+
+    @staticmethod
+    def job_rows(conn: psycopg.Connection, job_ids: list[str]) -> list[DeletionJob]:
+        """`job_row` of each of `job_ids`, in their order, from one query."""
+        for job_id in job_ids:
+            validation.check_id("job_id", job_id)
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = {
+                row["job_id"]: row
+                for row in cur.execute("SELECT * FROM control.deletion_jobs WHERE job_id = ANY(%s)", (list(job_ids),))
+            }
+        for job_id in job_ids:
+            if job_id not in rows:
+                raise NotFoundError("job_id", f"no deletion job {job_id!r}")
+        return [_job_of(rows[job_id]) for job_id in job_ids]
 
     def status(self, *, job_id: str) -> DeletionJob:
         with self.store.transaction() as conn:
@@ -196,46 +189,103 @@ class DeletionLedger:
             (job_id, tenant_id, event, state, json.dumps(detail)),
         )
 
-    def set_state(self, jobs: list[DeletionJob], state: str, **detail: Any) -> None:
-        """Move `jobs` to `state` (and audit it); the dicts follow once recorded."""
-        with self.store.transaction() as conn:
-            for job in jobs:
-                conn.execute(
-                    "UPDATE control.deletion_jobs SET state = %s, updated_at = now() WHERE job_id = %s",
-                    (state, job["job_id"]),
-                )
-                self.audit(conn, job["job_id"], job["tenant_id"], "state", state, detail)
-                job["state"] = state
+    @staticmethod
+    def audit_many(
+        conn: psycopg.Connection, jobs: list[DeletionJob], event: str, state: str, details: list[dict[str, Any]]
+    ) -> None:
+        """One audit row per job (ids, states and counts only), in job order, in one statement."""
+        if not jobs:
+            return
+        conn.execute(
+            "INSERT INTO control.audit (job_id, tenant_id, event, state, detail)"
+            " SELECT x.job_id, x.tenant_id, %s, %s, x.detail::jsonb"
+            " FROM unnest(%s::text[], %s::text[], %s::text[]) WITH ORDINALITY AS x(job_id, tenant_id, detail, n)"
+            " ORDER BY x.n",
+            (
+                event,
+                state,
+                [job["job_id"] for job in jobs],
+                [job["tenant_id"] for job in jobs],
+                [json.dumps(detail) for detail in details],
+            ),
+        )
+
+    def set_state(
+        self, jobs: list[DeletionJob], state: str, *, conn: psycopg.Connection | None = None, **detail: Any
+    ) -> None:
+        """Move `jobs` to `state` (and audit it) in one statement each, in `conn`'s transaction when
+        given; the dicts follow once recorded."""
+        if conn is None:
+            with self.store.transaction() as conn:
+                self.set_state(jobs, state, conn=conn, **detail)
+            return
+        conn.execute(
+            "UPDATE control.deletion_jobs SET state = %s, updated_at = now() WHERE job_id = ANY(%s)",
+            (state, [job["job_id"] for job in jobs]),
+        )
+        self.audit_many(conn, jobs, "state", state, [detail] * len(jobs))
+        for job in jobs:
+            job["state"] = state
 
     def block(self, jobs: list[DeletionJob], step: str, code: str) -> None:
         """Record `jobs` BLOCKED at `step` with an error code (best effort: the control plane may be down)."""
         try:
             with self.store.transaction() as conn:
-                for job in jobs:
-                    targets = dict(job["targets"])
-                    targets[step] = f"FAILED:{code}"
-                    conn.execute(
-                        "UPDATE control.deletion_jobs SET state = 'BLOCKED', targets = %s, updated_at = now()"
-                        " WHERE job_id = %s",
-                        (json.dumps(targets), job["job_id"]),
-                    )
-                    self.audit(
-                        conn, job["job_id"], job["tenant_id"], "blocked", "BLOCKED", {"step": step, "code": code}
-                    )
+                conn.execute(
+                    "UPDATE control.deletion_jobs j SET state = 'BLOCKED', targets = x.targets::jsonb,"
+                    " updated_at = now() FROM unnest(%s::text[], %s::text[]) AS x(job_id, targets)"
+                    " WHERE j.job_id = x.job_id",
+                    (
+                        [job["job_id"] for job in jobs],
+                        [json.dumps({**job["targets"], step: f"FAILED:{code}"}) for job in jobs],
+                    ),
+                )
+                self.audit_many(conn, jobs, "blocked", "BLOCKED", [{"step": step, "code": code}] * len(jobs))
         except MemoryPipelinesError:
             pass  # the control plane itself is unreachable: the job stays in its last recorded state
 
     def record_targets(self, jobs: list[DeletionJob], store_name: str, counts: dict[str, int]) -> None:
         """Record `store_name` DONE for each job, with the records it reached (`counts` by job id)."""
-        with self.store.transaction() as conn:
-            for job in jobs:
-                targets = dict(job["targets"])
+        self.record_done(jobs, {store_name: counts})
+
+    def record_done(
+        self,
+        jobs: list[DeletionJob],
+        done: Mapping[str, Mapping[str, int]],
+        found: Mapping[str, Mapping[str, int]] | None = None,
+        *,
+        state: str | None = None,
+        conn: psycopg.Connection | None = None,
+    ) -> None:
+        """Record each store of `done` DONE for each job, with the records it reached (store -> job id
+        -> count), and merge `found` (job id -> counts, e.g. records rebuilt) into the jobs' `found`:
+        one statement for every job and store, in `conn`'s transaction when given. With `state`, the
+        jobs move to it in the same transaction (`set_state`)."""
+        if conn is None:
+            with self.store.transaction() as conn:
+                self.record_done(jobs, done, found, state=state, conn=conn)
+            return
+        updated = []
+        for job in jobs:
+            targets = dict(job["targets"])
+            for store_name, counts in done.items():
                 targets[store_name] = f"DONE:{counts.get(job['job_id'], 0)}"
-                job["targets"] = targets
-                conn.execute(
-                    "UPDATE control.deletion_jobs SET targets = %s, updated_at = now() WHERE job_id = %s",
-                    (json.dumps(targets), job["job_id"]),
-                )
+            updated.append(targets)
+        conn.execute(
+            "UPDATE control.deletion_jobs j SET targets = x.targets::jsonb,"
+            " found = CASE WHEN x.found IS NULL THEN j.found ELSE coalesce(j.found, '{}'::jsonb) || x.found::jsonb END,"
+            " updated_at = now() FROM unnest(%s::text[], %s::text[], %s::text[]) AS x(job_id, targets, found)"
+            " WHERE j.job_id = x.job_id",
+            (
+                [job["job_id"] for job in jobs],
+                [json.dumps(targets) for targets in updated],
+                [json.dumps(dict(found[job["job_id"]])) if found and job["job_id"] in found else None for job in jobs],
+            ),
+        )
+        for job, targets in zip(jobs, updated, strict=True):
+            job["targets"] = targets
+        if state is not None:
+            self.set_state(jobs, state, conn=conn)
 
     def record_complete(
         self,
@@ -247,66 +297,67 @@ class DeletionLedger:
         *,
         erasure_hours: int,
     ) -> list[dict[str, Any]]:
-        """Mark verified jobs COMPLETE with their proofs, in one transaction; returns the proofs."""
+        """Mark verified jobs COMPLETE with their proofs, in one transaction (one statement per kind
+        of row for all the jobs); returns the proofs."""
+        for job in jobs:
+            statuses = [str(job["targets"].get(spec.name, "PENDING")) for spec in registry.stores()]
+            if not all(status.startswith("DONE:") for status in statuses):
+                raise DeletionBlocked("targets", "TARGET_NOT_DONE", "a store has not confirmed its deletion")
         proofs = []
+        job_ids = [job["job_id"] for job in jobs]
+        adapter_versions = {spec.name: spec.adapter_version for spec in registry.stores()}
         with self.store.transaction() as conn:
+            rows = {
+                job_id: (epoch, created)
+                for job_id, epoch, created in conn.execute(
+                    "SELECT job_id, subject_epoch, created_at FROM control.deletion_jobs WHERE job_id = ANY(%s)",
+                    (job_ids,),
+                )
+            }
+            backups = _backups(conn, tenant_id)
+            completed = _now()
+            erase_by = completed + timedelta(hours=erasure_hours)
+            new_targets = []
             for job in jobs:
-                statuses = [str(job["targets"].get(spec.name, "PENDING")) for spec in registry.stores()]
-                if not all(status.startswith("DONE:") for status in statuses):
-                    raise DeletionBlocked("targets", "TARGET_NOT_DONE", "a store has not confirmed its deletion")
-                completed = _now()
-                row = conn.execute(
-                    "SELECT subject_epoch, created_at FROM control.deletion_jobs WHERE job_id = %s", (job["job_id"],)
-                ).fetchone()
-                assert row is not None
-                erase_by = completed + timedelta(hours=erasure_hours)
-                job["targets"] = {
+                epoch, created = rows[job["job_id"]]
+                job_targets = {
                     **job["targets"],
-                    "backups": _backup_status(conn, tenant_id, job["scope"]["type"]),
+                    "backups": _backup_status_of(backups, job["scope"]["type"]),
                     # Its own target: the bytes leave every file in the tenant's erasure run (erasure.py).
                     "physical": f"PENDING:{erase_by.isoformat()}",
                 }
-                proof = {
-                    "jobId": job["job_id"],
-                    "scope": {"type": job["scope"]["type"], "tenant": tenant_id},
-                    "scopeHash": job["scope_hash"],
-                    "subjectEpoch": row[0],
-                    "basis": job["basis"],
-                    "policyVersion": POLICY_VERSION,
-                    "targetVersions": len(targets[job["job_id"]]),
-                    "targets": job["targets"],
-                    # Of DONE:n (records reached), those rebuilt without the scope rather than deleted.
-                    "rebuilt": rebuilt_counts((found or {}).get(job["job_id"], {})),
-                    "adapterVersions": {spec.name: spec.adapter_version for spec in registry.stores()},
-                    "verification": verification,
-                    "requestedAt": row[1].isoformat(),
-                    "completedAt": completed.isoformat(),
-                    "deadline": job["deadline"],
-                    **(
-                        {"sweepDate": job["sweep_date"], "categories": job["categories"]}
-                        if job["scope"]["type"] == "RETENTION"
-                        else {}
-                    ),
-                }
-                conn.execute(
-                    "UPDATE control.deletion_jobs SET state = 'COMPLETE', proof = %s, completed_at = %s,"
-                    " targets = %s, erasure_deadline = %s, updated_at = now() WHERE job_id = %s",
-                    (json.dumps(proof), completed, json.dumps(job["targets"]), erase_by, job["job_id"]),
-                )
-                if job["scope"]["type"] == "SUBJECT":
-                    # Everything of the subject is gone: new writes start afresh under a new key.
-                    conn.execute(
-                        "UPDATE memory.subjects SET forgotten_at = NULL WHERE tenant_id = %s AND user_id = %s",
-                        (tenant_id, job["scope"]["subject"]),
+                new_targets.append(job_targets)
+                proofs.append(
+                    _proof_of(
+                        job,
+                        tenant_id,
+                        epoch,
+                        len(targets[job["job_id"]]),
+                        job_targets,
+                        # Of DONE:n (records reached), those rebuilt without the scope rather than deleted.
+                        rebuilt=rebuilt_counts((found or {}).get(job["job_id"], {})),
+                        adapter_versions=adapter_versions,
+                        verification=verification,
+                        times=(created, completed),
                     )
-                conn.execute(
-                    "INSERT INTO control.outbox (job_id, tenant_id, kind, payload)"
-                    " VALUES (%s, %s, 'deletion.completed', %s)",
-                    (job["job_id"], tenant_id, json.dumps({"jobId": job["job_id"], "scopeHash": job["scope_hash"]})),
                 )
-                self.audit(conn, job["job_id"], tenant_id, "completed", "COMPLETE", {"targets": job["targets"]})
-                proofs.append(proof)
-        for job in jobs:
+            conn.execute(
+                "UPDATE control.deletion_jobs j SET state = 'COMPLETE', proof = x.proof::jsonb, completed_at = %s,"
+                " targets = x.targets::jsonb, erasure_deadline = %s, updated_at = now()"
+                " FROM unnest(%s::text[], %s::text[], %s::text[]) AS x(job_id, proof, targets)"
+                " WHERE j.job_id = x.job_id",
+                (
+                    completed,
+                    erase_by,
+                    job_ids,
+                    [json.dumps(proof) for proof in proofs],
+                    [json.dumps(t) for t in new_targets],
+                ),
+            )
+            _announce_complete(conn, tenant_id, jobs)
+            self.audit_many(conn, jobs, "completed", "COMPLETE", [{"targets": t} for t in new_targets])
+        for job, job_targets in zip(jobs, new_targets, strict=True):
+            job["targets"] = job_targets
             job["state"] = "COMPLETE"  # only once the transaction committed
         return proofs
 
@@ -660,12 +711,111 @@ def _checked_scope(
     return "MEMORY"
 
 
+def _job_of(row: dict[str, Any]) -> DeletionJob:
+    """A job as callers see it, from its control.deletion_jobs row."""
+    job: DeletionJob = {
+        "job_id": row["job_id"],
+        "tenant_id": row["tenant_id"],
+        "state": row["state"],
+        "scope": {
+            "type": row["scope"],
+            "subject": row["subject_id"],
+            "memory_id": row["memory_id"],
+            "version": row["version"],
+        },
+        "scope_hash": bytes(row["scope_hash"]).hex(),
+        "basis": row["basis"],
+        "deadline": row["deadline"].isoformat(),
+        "targets": row["targets"],
+        "target_versions": row["target_count"],
+        "attempts": row["attempts"],
+        "created_at": row["created_at"].isoformat(),
+        "completed_at": None if row["completed_at"] is None else row["completed_at"].isoformat(),
+    }
+    if row["scope"] == "RETENTION":
+        job["sweep_date"] = row["sweep_date"].isoformat()
+        job.update(row["detail"])  # categories, retentionPolicyVersion
+    return job
+
+
+def _announce_complete(conn: psycopg.Connection, tenant_id: str, jobs: list[DeletionJob]) -> None:
+    """With the jobs COMPLETE: their subjects may be written again, and the outbox says so."""
+    # Everything of the subject is gone: new writes start afresh under a new key.
+    subjects = sorted({str(job["scope"]["subject"]) for job in jobs if job["scope"]["type"] == "SUBJECT"})
+    if subjects:
+        conn.execute(
+            "UPDATE memory.subjects SET forgotten_at = NULL WHERE tenant_id = %s AND user_id = ANY(%s)",
+            (tenant_id, subjects),
+        )
+    conn.execute(
+        "INSERT INTO control.outbox (job_id, tenant_id, kind, payload)"
+        " SELECT x.job_id, %s, 'deletion.completed', x.payload::jsonb"
+        " FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS x(job_id, payload, n) ORDER BY x.n",
+        (
+            tenant_id,
+            [job["job_id"] for job in jobs],
+            [json.dumps({"jobId": job["job_id"], "scopeHash": job["scope_hash"]}) for job in jobs],
+        ),
+    )
+
+
+def _proof_of(
+    job: DeletionJob,
+    tenant_id: str,
+    epoch: int | None,
+    versions: int,
+    targets: dict[str, Any],
+    *,
+    rebuilt: dict[str, int],
+    adapter_versions: dict[str, str],
+    verification: dict[str, Any],
+    times: tuple[datetime, datetime],
+) -> dict[str, Any]:
+    """A COMPLETE job's proof: ids, the scope's HMAC, counts and times, never content."""
+    requested, completed = times
+    return {
+        "jobId": job["job_id"],
+        "scope": {"type": job["scope"]["type"], "tenant": tenant_id},
+        "scopeHash": job["scope_hash"],
+        "subjectEpoch": epoch,
+        "basis": job["basis"],
+        "policyVersion": POLICY_VERSION,
+        "targetVersions": versions,
+        "targets": targets,
+        "rebuilt": rebuilt,
+        "adapterVersions": adapter_versions,
+        "verification": verification,
+        "requestedAt": requested.isoformat(),
+        "completedAt": completed.isoformat(),
+        "deadline": job["deadline"],
+        **(
+            {"sweepDate": job["sweep_date"], "categories": job["categories"]}
+            if job["scope"]["type"] == "RETENTION"
+            else {}
+        ),
+    }
+
+
 def rebuilt_counts(found: Mapping[str, Any]) -> dict[str, int]:
     """store -> records rebuilt without the scope, from a job's `found` (none recorded: {})."""
     return {k[len(REBUILT_PREFIX) :]: int(v) for k, v in found.items() if k.startswith(REBUILT_PREFIX) and int(v)}
 
 
+def _backups(conn: psycopg.Connection, tenant_id: str) -> tuple[int, datetime | None]:
+    """The tenant's live backups: how many, and when the last of them expires."""
+    row = conn.execute(
+        "SELECT count(*), max(expires_at) FROM control.backups WHERE tenant_id = %s AND expired_at IS NULL",
+        (tenant_id,),
+    ).fetchone()
+    return (0, None) if row is None else (int(row[0]), row[1])
+
+
 def _backup_status(conn: psycopg.Connection, tenant_id: str, scope: str) -> str:
+    """What the tenant's live backups hold of this scope (see `_backup_status_of`)."""
+    return _backup_status_of(_backups(conn, tenant_id), scope)
+
+
+def _backup_status_of(backups: tuple[int, datetime | None], scope: str) -> str:
     """What the tenant's live backups hold of this scope: shredded with its key, or until they expire.
 
     SUBJECT and TENANT scopes destroy the key their rows are sealed under, so every backup is
@@ -674,13 +824,12 @@ def _backup_status(conn: psycopg.Connection, tenant_id: str, scope: str) -> str:
     the key alive: the rows stay in backups until they expire, and the restore gate's journal
     replay keeps them from coming back.
     """
-    row = conn.execute(
-        "SELECT count(*), max(expires_at) FROM control.backups WHERE tenant_id = %s AND expired_at IS NULL",
-        (tenant_id,),
-    ).fetchone()
-    count, until = (0, None) if row is None else row
+    count, until = backups
     if scope in ("SUBJECT", "TENANT"):
         # SHREDDED only once no readable copy of the destroyed key is left: the physical erasure
         # rewrites the key store's files and scans them, then claims it.
         return f"PENDING_SHRED:{count}"
-    return "DONE:0" if not count else f"PENDING_EXPIRY:{until.date().isoformat()}"
+    if not count:
+        return "DONE:0"
+    assert until is not None  # live backups have an expiry
+    return f"PENDING_EXPIRY:{until.date().isoformat()}"

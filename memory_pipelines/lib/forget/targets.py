@@ -15,15 +15,16 @@ from typing import Any
 import psycopg
 
 from memory_pipelines.lib.infra.errors import ServiceError
-from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.results import DeletionJob, DeletionScope
 from memory_pipelines.lib.stores import bytescan, registry
-from memory_pipelines.lib.stores.adapter import Context, Source, ever_restored
+from memory_pipelines.lib.stores.adapter import Context, Lineage, Source, ever_restored, lineage_map
 from memory_pipelines.lib.stores.derived import DerivedStores
+from memory_pipelines.lib.stores.vectors.adapter import stored_vectors
 
 __all__ = [
     "MAX_PROBES",
     "Probes",
+    "Records",
     "covered",
     "fingerprint",
     "found",
@@ -36,6 +37,8 @@ __all__ = [
 # Paraphrase probes per run: every target up to this many, a random sample above (exact-id checks
 # stay exhaustive). Each probe is a nearest-neighbour query; a batch of 100 subjects has 10,000.
 MAX_PROBES = 2_000
+# Rows one set-based insert carries (arrays bound as three parameters).
+_INSERT_CHUNK = 50_000
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Probes:
     texts: list[str]
     vectors: list[Any]
     stored: dict[str, Any] = field(default_factory=dict)  # the index's own vectors read for them, by record id
+    asked: set[str] = field(default_factory=set)  # record ids the index was asked for (found ones in `stored`)
     targets: int = 0  # versions the probes were drawn from (more than the probes when sampled)
 
 
@@ -52,8 +56,8 @@ def probes(derived: DerivedStores, tenant_id: str, sources: set[Source]) -> Prob
     """Paraphrase probes, built in memory from each target before deletion and discarded after.
 
     The texts feed the keyword probes; the semantic probes reuse each target's stored vector
-    (the embedding of that very text) and embed only targets that have none, such as
-    superseded versions.
+    (the embedding of that very text, read in one call: `stored_vectors`) and embed only targets
+    that have none, such as superseded versions.
     """
     chosen = sorted(sources)
     if len(chosen) > MAX_PROBES:
@@ -61,70 +65,95 @@ def probes(derived: DerivedStores, tenant_id: str, sources: set[Source]) -> Prob
         # are a random sample (the proof says how many, of how many).
         chosen = sorted(random.sample(chosen, MAX_PROBES))
     texts = derived.store.open_texts(tenant_id=tenant_id, sources=chosen, skip_unreadable=True)
+    ids = [f"{m}:{v}" for m, v in sorted(texts)]
     try:
-        if derived.vectors.existing(tenant_id) is None:
-            # No index: nothing a vector could find.
-            return Probes(texts=list(texts.values()), vectors=[], targets=len(sources))
-        stored = derived.vectors.vectors_of(tenant_id, [f"{m}:{v}" for m, v in sorted(texts)])
+        found = stored_vectors(derived.vectors, tenant_id, ids)
     except ServiceError:
-        stored = {}  # Chroma down: embed every probe; the Chroma step itself will block the job
+        # Chroma down: embed every probe; the Chroma step itself will block the job.
+        found, ids = {}, []
+    if found is None:
+        # No index: nothing a vector could find (and nothing stored to fingerprint).
+        return Probes(texts=list(texts.values()), vectors=[], asked=set(ids), targets=len(sources))
+    stored = found
     missing = [source for source in sorted(texts) if f"{source[0]}:{source[1]}" not in stored]
     vectors = list(stored.values())
     if missing:
         vectors += list(derived.vectors.embedder.embed([texts[source] for source in missing]))
-    return Probes(texts=list(texts.values()), vectors=vectors, stored=stored, targets=len(sources))
+    return Probes(texts=list(texts.values()), vectors=vectors, stored=stored, asked=set(ids), targets=len(sources))
 
 
-def resolve_targets(store: MemoryStore, tenant_id: str, jobs: list[DeletionJob]) -> dict[str, set[Source]]:
-    """job_id -> exact (memory_id, version) set, fixed at the first run and reused on resume."""
-    out: dict[str, set[Source]] = {}
-    with store.transaction() as conn:
-        for job in jobs:
-            is_fixed = conn.execute(
-                "SELECT targets_fixed FROM control.deletion_jobs WHERE job_id = %s", (job["job_id"],)
-            ).fetchone()
-            if is_fixed is not None and is_fixed[0]:
-                fixed = conn.execute(
-                    "SELECT memory_id, version FROM control.deletion_targets WHERE job_id = %s", (job["job_id"],)
-                ).fetchall()
-                out[job["job_id"]] = {(m, v) for m, v in fixed}
-                continue
-            scope = job["scope"]
-            if scope["type"] == "SUBJECT":
-                query = (
-                    "SELECT v.memory_id, v.version FROM memory.memory_versions v JOIN memory.memories m"
-                    " ON m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
-                    " WHERE v.tenant_id = %s AND m.user_id = %s"
-                )
-                rows = conn.execute(query, (tenant_id, scope["subject"])).fetchall()
-            elif scope["type"] in ("MEMORY", "RETENTION"):
-                rows = conn.execute(
-                    "SELECT memory_id, version FROM control.tombstones WHERE job_id = %s", (job["job_id"],)
-                ).fetchall()
-            else:
-                rows = conn.execute(
-                    "SELECT memory_id, version FROM memory.memory_versions WHERE tenant_id = %s", (tenant_id,)
-                ).fetchall()
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO control.deletion_targets (job_id, memory_id, version) VALUES (%s, %s, %s)"
-                    " ON CONFLICT DO NOTHING",
-                    [(job["job_id"], m, v) for m, v in rows],
-                )
-            conn.execute(
-                "UPDATE control.deletion_jobs SET target_count = %s, targets_fixed = true WHERE job_id = %s",
-                (len(rows), job["job_id"]),
-            )
-            out[job["job_id"]] = {(m, v) for m, v in rows}
+def resolve_targets(conn: psycopg.Connection, tenant_id: str, jobs: list[DeletionJob]) -> dict[str, set[Source]]:
+    """job_id -> exact (memory_id, version) set, fixed at the first run and reused on resume.
+
+    Set-based: one query per kind of scope for all the batch's jobs, one insert of every new target
+    and one update of the jobs' counts, whatever the batch's size."""
+    out: dict[str, set[Source]] = {job["job_id"]: set() for job in jobs}
+    job_ids = [job["job_id"] for job in jobs]
+    fixed = {
+        job_id
+        for job_id, is_fixed in conn.execute(
+            "SELECT job_id, targets_fixed FROM control.deletion_jobs WHERE job_id = ANY(%s)", (job_ids,)
+        )
+        if is_fixed
+    }
+    if fixed:
+        for job_id, m, v in conn.execute(
+            "SELECT job_id, memory_id, version FROM control.deletion_targets WHERE job_id = ANY(%s)", (sorted(fixed),)
+        ):
+            out[job_id].add((m, v))
+    new = [job for job in jobs if job["job_id"] not in fixed]
+    if not new:
+        return out
+    rows: dict[str, list[Source]] = {job["job_id"]: [] for job in new}
+    subjects: dict[str, list[str]] = {}
+    for job in new:
+        if job["scope"]["type"] == "SUBJECT":
+            subjects.setdefault(str(job["scope"]["subject"]), []).append(job["job_id"])
+    if subjects:
+        for user_id, m, v in conn.execute(
+            "SELECT m.user_id, v.memory_id, v.version FROM memory.memory_versions v JOIN memory.memories m"
+            " ON m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
+            " WHERE v.tenant_id = %s AND m.user_id = ANY(%s)",
+            (tenant_id, sorted(subjects)),
+        ):
+            for job_id in subjects[user_id]:
+                rows[job_id].append((m, v))
+    tombstoned = [job["job_id"] for job in new if job["scope"]["type"] in ("MEMORY", "RETENTION")]
+    if tombstoned:
+        for job_id, m, v in conn.execute(
+            "SELECT job_id, memory_id, version FROM control.tombstones WHERE job_id = ANY(%s)", (tombstoned,)
+        ):
+            rows[job_id].append((m, v))
+    tenant_jobs = [job["job_id"] for job in new if job["scope"]["type"] not in ("SUBJECT", "MEMORY", "RETENTION")]
+    if tenant_jobs:
+        every = conn.execute(
+            "SELECT memory_id, version FROM memory.memory_versions WHERE tenant_id = %s", (tenant_id,)
+        ).fetchall()
+        for job_id in tenant_jobs:
+            rows[job_id] = [(m, v) for m, v in every]
+    flat = [(job_id, m, v) for job_id, targets in rows.items() for m, v in targets]
+    for start in range(0, len(flat), _INSERT_CHUNK):
+        part = flat[start : start + _INSERT_CHUNK]
+        conn.execute(
+            "INSERT INTO control.deletion_targets (job_id, memory_id, version)"
+            " SELECT * FROM unnest(%s::text[], %s::text[], %s::int[]) ON CONFLICT DO NOTHING",
+            ([j for j, _, _ in part], [m for _, m, _ in part], [v for _, _, v in part]),
+        )
+    conn.execute(
+        "UPDATE control.deletion_jobs j SET target_count = x.n, targets_fixed = true"
+        " FROM unnest(%s::text[], %s::int[]) AS x(job_id, n) WHERE j.job_id = x.job_id",
+        (list(rows), [len(targets) for targets in rows.values()]),
+    )
+    for job_id, targets in rows.items():
+        out[job_id] = set(targets)
     return out
 
 
 def with_orphans(
-    store: MemoryStore, tenant_id: str, jobs: list[DeletionJob], fixed: dict[str, set[Source]]
+    conn: psycopg.Connection, tenant_id: str, jobs: list[DeletionJob], fixed: dict[str, set[Source]]
 ) -> dict[str, set[Source]]:
     """job_id -> its fixed targets and the orphans its scope covers (looked up at every run)."""
-    with store.transaction() as conn:
-        left = orphans(conn, tenant_id)
+    left = orphans(conn, tenant_id)
     return {
         job["job_id"]: fixed[job["job_id"]] | covered(left, job["scope"], {m for m, _ in fixed[job["job_id"]]})
         for job in jobs
@@ -164,87 +193,120 @@ def covered(orphans: list[tuple[str, int, str | None]], scope: DeletionScope, me
     }
 
 
-def found(
-    derived: DerivedStores, tenant_id: str, jobs: list[DeletionJob], targets: dict[str, set[Source]]
-) -> dict[str, dict[str, int]]:
+class Records:
+    """job_id -> store -> the store's records derived from the job's targets, found once per batch
+    (each on first use) from one read of the lineage of every target (`lineage_map`): the counts of
+    `found` and the fingerprints of `fingerprint` read the same rows."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection,
+        derived: DerivedStores,
+        tenant_id: str,
+        jobs: list[DeletionJob],
+        targets: dict[str, set[Source]],
+    ) -> None:
+        self.conn = conn
+        self.derived = derived
+        self.tenant_id = tenant_id
+        self.jobs = {job["job_id"]: job for job in jobs}
+        self.targets = targets
+        self._lineage: Lineage | None = None
+        self._found: dict[tuple[str, str], set[str]] = {}
+
+    @property
+    def read(self) -> Lineage | None:
+        """The lineage read so far (None: not read)."""
+        return self._lineage
+
+    @property
+    def lineage(self) -> Lineage:
+        if self._lineage is None:
+            self._lineage = lineage_map(self.conn, self.tenant_id, set().union(*self.targets.values()))
+        return self._lineage
+
+    def context(self, job_id: str, **extra: Any) -> Context:
+        return Context(
+            derived=self.derived,
+            tenant_id=self.tenant_id,
+            jobs=[self.jobs[job_id]],
+            everything=self.targets[job_id],
+            lineage=self.lineage,
+            **extra,
+        )
+
+    def of(self, job_id: str, store: str) -> set[str]:
+        key = (job_id, store)
+        if key not in self._found:
+            self._found[key] = registry.adapter(store).find(self.conn, self.context(job_id))
+        return self._found[key]
+
+
+def found(conn: psycopg.Connection, records: Records, jobs: list[DeletionJob]) -> dict[str, dict[str, int]]:
     """job_id -> store -> records that existed at the job's first freeze (kept across retries)."""
     out: dict[str, dict[str, int]] = {}
-    with derived.store.transaction() as conn:
-        for job in jobs:
-            row = conn.execute("SELECT found FROM control.deletion_jobs WHERE job_id = %s", (job["job_id"],)).fetchone()
-            if row is not None and row[0] is not None:
-                out[job["job_id"]] = dict(row[0])
-                continue
-            ctx = Context(derived=derived, tenant_id=tenant_id, jobs=[job], everything=targets[job["job_id"]])
-            counts = {spec.name: len(registry.adapter(spec.name).find(conn, ctx)) for spec in registry.stores()}
-            conn.execute(
-                "UPDATE control.deletion_jobs SET found = %s WHERE job_id = %s", (json.dumps(counts), job["job_id"])
-            )
-            out[job["job_id"]] = counts
+    kept: dict[str, dict[str, int]] = dict(
+        conn.execute(
+            "SELECT job_id, found FROM control.deletion_jobs WHERE job_id = ANY(%s) AND found IS NOT NULL",
+            ([job["job_id"] for job in jobs],),
+        ).fetchall()
+    )
+    for job in jobs:
+        if job["job_id"] in kept:
+            out[job["job_id"]] = dict(kept[job["job_id"]])
+            continue
+        out[job["job_id"]] = {spec.name: len(records.of(job["job_id"], spec.name)) for spec in registry.stores()}
+    new = [job_id for job_id in out if job_id not in kept]
+    if new:
+        conn.execute(
+            "UPDATE control.deletion_jobs j SET found = x.found::jsonb"
+            " FROM unnest(%s::text[], %s::text[]) AS x(job_id, found) WHERE j.job_id = x.job_id",
+            (new, [json.dumps(out[job_id]) for job_id in new]),
+        )
     return out
 
 
-def fingerprint(
-    derived: DerivedStores,
-    tenant_id: str,
-    jobs: list[DeletionJob],
-    targets: dict[str, set[Source]],
-    vectors: dict[str, Any],
-) -> None:
+def fingerprint(conn: psycopg.Connection, records: Records, jobs: list[DeletionJob], probes: Probes) -> None:
     """Keyed fingerprints of what each store holds of the targets, for the physical erasure's
     byte scan (the bytes themselves are never kept). Taken once per job and store, before that
     store deletes; a store that is down now is fingerprinted at the next freeze (its own step
-    blocks the job meanwhile). Each store that had nothing leaves a 0 row (never scanned for)."""
-    store = derived.store
-    with store.transaction() as conn:
-        taken = set(
-            conn.execute(
-                "SELECT DISTINCT job_id, store FROM control.erasure_fingerprints WHERE job_id = ANY(%s)",
-                ([job["job_id"] for job in jobs],),
-            ).fetchall()
-        )
-        base = bytescan.base_from_key(store.keys.control_key(conn))
-    rows: list[tuple[str, str, int]] = []
-    with store.transaction() as conn:
-        for spec in registry.stores():
-            adapter = registry.adapter(spec.name)
-            todo = [
-                job
-                for job in jobs
-                if (job["job_id"], spec.name) not in taken
-                and not str(job["targets"].get(spec.name, "")).startswith("DONE:")
-            ]
-            ctxs = [
-                Context(
-                    derived=derived,
-                    tenant_id=tenant_id,
-                    jobs=[job],
-                    everything=targets[job["job_id"]],
-                    vectors=vectors,
-                )
-                for job in todo
-            ]
-            try:
-                for ctx in ctxs:
-                    ctx.records = adapter.find(conn, ctx)
-                # One read of the store for the whole batch where the adapter can (Chroma: a
-                # get per job was most of a 100-subject freeze), else one per job.
-                many = getattr(adapter, "fingerprints_many", None)
-                windows = many(conn, ctxs) if many else [adapter.fingerprints(conn, ctx) for ctx in ctxs]
-            except ServiceError:
-                continue
-            for job, window in zip(todo, windows, strict=True):
-                fingerprints = set(bytescan.fingerprints(window, base)) | {0}
-                rows += [(job["job_id"], spec.name, fp) for fp in sorted(fingerprints)]
-        # COPY: a batch of 100 subjects has about 100,000 rows, and row-by-row inserts took seconds.
+    blocks the job meanwhile). Each store that had nothing leaves a 0 row (never scanned for).
+    Vectors the probes read are not read again."""
+    store = records.derived.store
+    taken = set(
         conn.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS erasure_fingerprints_in"
-            " (job_id text, store text, fingerprint bigint) ON COMMIT DELETE ROWS"
-        )
-        with conn.cursor() as cur, cur.copy("COPY erasure_fingerprints_in FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
+            "SELECT DISTINCT job_id, store FROM control.erasure_fingerprints WHERE job_id = ANY(%s)",
+            ([job["job_id"] for job in jobs],),
+        ).fetchall()
+    )
+    base = bytescan.base_from_key(store.keys.control_key(conn))
+    rows: list[tuple[str, str, int]] = []
+    for spec in registry.stores():
+        adapter = registry.adapter(spec.name)
+        todo = [
+            job
+            for job in jobs
+            if (job["job_id"], spec.name) not in taken
+            and not str(job["targets"].get(spec.name, "")).startswith("DONE:")
+        ]
+        ctxs = [records.context(job["job_id"], vectors=probes.stored, vectors_asked=probes.asked) for job in todo]
+        try:
+            for ctx, job in zip(ctxs, todo, strict=True):
+                ctx.records = records.of(job["job_id"], spec.name)
+            # One read of the store for the whole batch where the adapter can (Chroma: a
+            # get per job was most of a 100-subject freeze), else one per job.
+            many = getattr(adapter, "fingerprints_many", None)
+            windows = many(conn, ctxs) if many else [adapter.fingerprints(conn, ctx) for ctx in ctxs]
+        except ServiceError:
+            continue
+        for job, window in zip(todo, windows, strict=True):
+            fingerprints = set(bytescan.fingerprints(window, base)) | {0}
+            rows += [(job["job_id"], spec.name, fp) for fp in sorted(fingerprints)]
+    # Set-based: a batch of 100 subjects has about 100,000 rows, and row-by-row inserts took seconds.
+    for start in range(0, len(rows), _INSERT_CHUNK):
+        part = rows[start : start + _INSERT_CHUNK]
         conn.execute(
             "INSERT INTO control.erasure_fingerprints (job_id, store, fingerprint)"
-            " SELECT job_id, store, fingerprint FROM erasure_fingerprints_in ON CONFLICT DO NOTHING"
+            " SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[]) ON CONFLICT DO NOTHING",
+            ([j for j, _, _ in part], [st for _, st, _ in part], [fp for _, _, fp in part]),
         )

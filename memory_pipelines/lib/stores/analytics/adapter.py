@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 
 from memory_pipelines.lib.infra.errors import NotFoundError
-from memory_pipelines.lib.stores.adapter import Context, Erasure, ever_restored, linked
+from memory_pipelines.lib.stores.adapter import Context, Erasure, ever_restored
 from memory_pipelines.lib.stores.analytics.store import STORE
 from memory_pipelines.lib.stores.derived import DerivedStores
 
@@ -20,7 +20,7 @@ class AnalyticsAdapter:
     name = STORE
 
     def find(self, conn: psycopg.Connection, ctx: Context) -> set[str]:
-        return linked(conn, ctx.tenant_id, STORE, ctx.everything)
+        return ctx.linked(conn, STORE)
 
     def delete(self, ctx: Context) -> None:
         analytics = ctx.derived.analytics

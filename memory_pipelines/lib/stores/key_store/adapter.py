@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 
 from memory_pipelines.lib.stores import bytescan
-from memory_pipelines.lib.stores.adapter import Context, Erasure, compact
+from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, run_count
 from memory_pipelines.lib.stores.derived import DerivedStores
 
 __all__ = [
@@ -25,6 +25,13 @@ _TENANT_KEYS = (
     " UNION ALL SELECT key_id, wrapped FROM keystore.team_keys WHERE tenant_id = %s"
     " UNION ALL SELECT key_id, wrapped FROM keystore.tenant_keys WHERE tenant_id = %s"
     " UNION ALL SELECT key_id, wrapped FROM keystore.build_keys WHERE tenant_id = %s"
+)
+
+_TENANT_KEY_COUNT = (
+    "SELECT (SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s)"
+    " + (SELECT count(*) FROM keystore.team_keys WHERE tenant_id = %s)"
+    " + (SELECT count(*) FROM keystore.tenant_keys WHERE tenant_id = %s)"
+    " + (SELECT count(*) FROM keystore.build_keys WHERE tenant_id = %s)"
 )
 
 
@@ -65,9 +72,16 @@ class KeyStoreAdapter:
                         [(ctx.tenant_id, scope["subject"], key_id, job["job_id"]) for key_id in destroyed],
                     )
 
+    def count_sql(self, ctx: Context) -> tuple[str, tuple[Any, ...]]:
+        if ctx.tenant_scope:
+            return _TENANT_KEY_COUNT, (ctx.tenant_id,) * 4
+        return (
+            "SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = ANY(%s)",
+            (ctx.tenant_id, sorted(set(ctx.subjects()))),
+        )
+
     def count(self, ctx: Context) -> int:
-        with ctx.store.transaction() as conn:
-            return len(self._keys(conn, ctx))
+        return run_count(ctx, self.count_sql(ctx))
 
     def verify(self, ctx: Context, probes: Any) -> int:
         return 0

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 
 from memory_pipelines.lib.stores import lineage
-from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, drop_edges, linked
+from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, drop_edges, run_count
 from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.keyword.index import STORE
 
@@ -24,7 +24,7 @@ class KeywordIndexAdapter:
     name = STORE
 
     def find(self, conn: psycopg.Connection, ctx: Context) -> set[str]:
-        return linked(conn, ctx.tenant_id, STORE, ctx.everything)
+        return ctx.linked(conn, STORE)
 
     def delete(self, ctx: Context) -> None:
         with ctx.store.transaction() as conn:
@@ -35,15 +35,16 @@ class KeywordIndexAdapter:
             )
             drop_edges(conn, ctx.tenant_id, STORE, ctx.records)
 
+    def count_sql(self, ctx: Context) -> tuple[str, tuple[Any, ...]]:
+        return (
+            "SELECT count(*) FROM derived.keyword_postings x JOIN unnest(%s::text[], %s::int[])"
+            " AS w(memory_id, version) ON x.memory_id = w.memory_id AND x.version = w.version"
+            " WHERE x.tenant_id = %s",
+            (*lineage.pair_arrays(sorted(ctx.everything)), ctx.tenant_id),
+        )
+
     def count(self, ctx: Context) -> int:
-        with ctx.store.transaction() as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM derived.keyword_postings x JOIN unnest(%s::text[], %s::int[])"
-                " AS w(memory_id, version) ON x.memory_id = w.memory_id AND x.version = w.version"
-                " WHERE x.tenant_id = %s",
-                (*lineage.pair_arrays(sorted(ctx.everything)), ctx.tenant_id),
-            ).fetchone()
-        return int(row[0]) if row else 0
+        return run_count(ctx, self.count_sql(ctx))
 
     def verify(self, ctx: Context, probes: Any) -> int:
         # An author-only version's postings are MACed under its author's key: probed with it while it lives.

@@ -8,7 +8,7 @@ import psycopg
 
 from memory_pipelines.lib.memories.store import repair_heads
 from memory_pipelines.lib.stores import bytescan, lineage
-from memory_pipelines.lib.stores.adapter import Context, Erasure, compact
+from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, run_count
 from memory_pipelines.lib.stores.derived import DerivedStores
 
 __all__ = [
@@ -48,38 +48,46 @@ class PrimaryAdapter:
     def delete(self, ctx: Context) -> None:
         wanted = sorted(ctx.everything)
         # Batches by key range, each in its own short transaction: a large sweep never holds one
-        # huge lock, and every batch is idempotent on a retry.
-        for start in range(0, len(wanted), BATCH):
-            self._delete_batch(ctx.store, ctx.tenant_id, wanted[start : start + BATCH])
-        with ctx.store.transaction() as conn:
-            for scope in ctx.scopes("SUBJECT"):
-                conn.execute(
-                    "DELETE FROM memory.team_members WHERE tenant_id = %s AND user_id = %s",
-                    (ctx.tenant_id, scope["subject"]),
-                )
-            if ctx.tenant_scope:
-                for query in _TENANT_ROWS:
-                    conn.execute(query, (ctx.tenant_id,))
+        # huge lock, and every batch is idempotent on a retry. The memberships (and a TENANT scope's
+        # other rows) go with the last one: one commit for a subject's versions.
+        batches = [wanted[start : start + BATCH] for start in range(0, len(wanted), BATCH)] or [[]]
+        for n, batch in enumerate(batches):
+            with ctx.store.transaction() as conn:
+                if batch:
+                    self._delete_batch(conn, ctx.tenant_id, batch)
+                if n == len(batches) - 1:
+                    self._delete_rest(conn, ctx)
 
     @staticmethod
-    def _delete_batch(store: Any, tenant_id: str, wanted: list[tuple[str, int]]) -> None:
-        with store.transaction() as conn:
+    def _delete_rest(conn: psycopg.Connection, ctx: Context) -> None:
+        subjects = sorted({str(scope["subject"]) for scope in ctx.scopes("SUBJECT")})
+        if subjects:
             conn.execute(
-                "DELETE FROM memory.memory_versions v USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-                " WHERE v.tenant_id = %s AND v.memory_id = w.memory_id AND v.version = w.version",
-                (*lineage.pair_arrays(wanted), tenant_id),
+                "DELETE FROM memory.team_members WHERE tenant_id = %s AND user_id = ANY(%s)", (ctx.tenant_id, subjects)
             )
-            repair_heads(conn, tenant_id=tenant_id, memory_ids=sorted({m for m, _ in wanted}))
-            conn.execute(
-                "DELETE FROM derived.lineage l USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-                " WHERE l.tenant_id = %s AND l.source_memory_id = w.memory_id AND l.source_version = w.version",
-                (*lineage.pair_arrays(wanted), tenant_id),
-            )
+        if ctx.tenant_scope:
+            for query in _TENANT_ROWS:
+                conn.execute(query, (ctx.tenant_id,))
+
+    @staticmethod
+    def _delete_batch(conn: psycopg.Connection, tenant_id: str, wanted: list[tuple[str, int]]) -> None:
+        conn.execute(
+            "DELETE FROM memory.memory_versions v USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
+            " WHERE v.tenant_id = %s AND v.memory_id = w.memory_id AND v.version = w.version",
+            (*lineage.pair_arrays(wanted), tenant_id),
+        )
+        repair_heads(conn, tenant_id=tenant_id, memory_ids=sorted({m for m, _ in wanted}))
+        conn.execute(
+            "DELETE FROM derived.lineage l USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
+            " WHERE l.tenant_id = %s AND l.source_memory_id = w.memory_id AND l.source_version = w.version",
+            (*lineage.pair_arrays(wanted), tenant_id),
+        )
+
+    def count_sql(self, ctx: Context) -> tuple[str, tuple[Any, ...]]:
+        return _LEFTOVER, (*lineage.pair_arrays(sorted(ctx.everything)), ctx.tenant_id)
 
     def count(self, ctx: Context) -> int:
-        with ctx.store.transaction() as conn:
-            row = conn.execute(_LEFTOVER, (*lineage.pair_arrays(sorted(ctx.everything)), ctx.tenant_id)).fetchone()
-        return int(row[0]) if row else 0
+        return run_count(ctx, self.count_sql(ctx))
 
     def verify(self, ctx: Context, probes: Any) -> int:
         return 0

@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 
 from memory_pipelines.lib.stores import bytescan
-from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, drop_edges, linked
+from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, drop_edges, run_count
 from memory_pipelines.lib.stores.derived import DerivedStores
 
 __all__ = [
@@ -24,7 +24,7 @@ class PromptSnapshotsAdapter:
     name = STORE
 
     def find(self, conn: psycopg.Connection, ctx: Context) -> set[str]:
-        return linked(conn, ctx.tenant_id, STORE, ctx.everything)
+        return ctx.linked(conn, STORE)
 
     def delete(self, ctx: Context) -> None:
         with ctx.store.transaction() as conn:
@@ -38,13 +38,14 @@ class PromptSnapshotsAdapter:
             )
             drop_edges(conn, ctx.tenant_id, STORE, ctx.records)
 
+    def count_sql(self, ctx: Context) -> tuple[str, tuple[Any, ...]]:
+        return (
+            "SELECT count(*) FROM derived.prompt_snapshots WHERE tenant_id = %s AND snapshot_id = ANY(%s)",
+            (ctx.tenant_id, sorted(ctx.records)),
+        )
+
     def count(self, ctx: Context) -> int:
-        with ctx.store.transaction() as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM derived.prompt_snapshots WHERE tenant_id = %s AND snapshot_id = ANY(%s)",
-                (ctx.tenant_id, sorted(ctx.records)),
-            ).fetchone()
-        return int(row[0]) if row else 0
+        return run_count(ctx, self.count_sql(ctx))
 
     def verify(self, ctx: Context, probes: Any) -> int:
         return 0

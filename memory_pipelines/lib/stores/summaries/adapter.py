@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 
 from memory_pipelines.lib.stores import bytescan
-from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, edges_left, linked
+from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, edges_left_sql, run_count
 from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.summaries.store import SUBJECT_STORE, TEAM_STORE
 
@@ -25,7 +25,7 @@ class _SummariesAdapter:
     scope: str
 
     def find(self, conn: psycopg.Connection, ctx: Context) -> set[str]:
-        return linked(conn, ctx.tenant_id, self.name, ctx.everything)
+        return ctx.linked(conn, self.name)
 
     def delete(self, ctx: Context) -> None:
         if ctx.tenant_scope:
@@ -43,9 +43,11 @@ class _SummariesAdapter:
         if touched:
             ctx.derived.summaries.sync(tenant_id=ctx.tenant_id, scope=self.scope, scope_ids=touched)
 
+    def count_sql(self, ctx: Context) -> tuple[str, tuple[Any, ...]]:
+        return edges_left_sql(ctx.tenant_id, self.name, ctx.everything)
+
     def count(self, ctx: Context) -> int:
-        with ctx.store.transaction() as conn:
-            return edges_left(conn, ctx.tenant_id, self.name, ctx.everything)
+        return run_count(ctx, self.count_sql(ctx))
 
     def verify(self, ctx: Context, probes: Any) -> int:
         return 0

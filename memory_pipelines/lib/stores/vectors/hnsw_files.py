@@ -10,6 +10,7 @@ collection's lock.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -87,6 +88,9 @@ def _link_lists_end(path: Path, count: int) -> int:
         data = path.read_bytes()
     except FileNotFoundError:
         return 0
+    fast = _aligned_link_lists_end(data, count)
+    if fast is not None:
+        return fast
     end = 0
     for _ in range(count):
         if end + 4 > len(data):
@@ -95,6 +99,34 @@ def _link_lists_end(path: Path, count: int) -> int:
     if end > len(data):
         raise ServiceError("chroma", f"{path} is shorter than its header's {count} elements")
     return end
+
+
+def _aligned_link_lists_end(data: bytes, count: int) -> int | None:
+    """`_link_lists_end` of `data` when every list's size is a multiple of 4 (hnswlib's always are:
+    levels times M + 1 uint32s), else None (the element-by-element walk decides, errors included).
+
+    Most elements have no upper level, a zero size: 4 zero bytes. Those runs are skipped with one
+    C-speed search for the next non-zero byte, which is the size of the next element that has
+    lists; so the loop runs once per such element (about 1 in M), not once per element (the walk
+    took 13 ms of a forget's 70 ms of CPU at 100,000 vectors, after every write)."""
+    end, left, length = 0, count, len(data)
+    while left:
+        found = _NONZERO.search(data, end)
+        zeros = left if found is None else min(left, (found.start() - end) // 4)
+        end, left = end + 4 * zeros, left - zeros
+        if not left:
+            break
+        if end + 4 > length:
+            return None
+        size = _U32.unpack_from(data, end)[0]
+        if size % 4:
+            return None
+        end, left = end + 4 + size, left - 1
+    return end if end <= length else None
+
+
+_NONZERO = re.compile(rb"[^\x00]")
+_U32 = struct.Struct("<I")
 
 
 def _nonzero_from(path: Path, keep: int) -> bool:
