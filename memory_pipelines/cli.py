@@ -581,7 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--verbose",
         action="store_true",
         help="show Dagster's event log and library warnings on stderr (default: a progress bar on a terminal,"
-        " else errors only; runs' output goes to HOME/logs/cli-runs.log)",
+        " else errors only; runs' output goes to HOME/logs/cli-runs.log); a run then gets a code server of its"
+        " own instead of the HOME's warm one",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
