@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,14 +132,12 @@ def resolve_targets(conn: psycopg.Connection, tenant_id: str, jobs: list[Deletio
         ).fetchall()
         for job_id in tenant_jobs:
             rows[job_id] = [(m, v) for m, v in every]
-    flat = [(job_id, m, v) for job_id, targets in rows.items() for m, v in targets]
-    for start in range(0, len(flat), _INSERT_CHUNK):
-        part = flat[start : start + _INSERT_CHUNK]
-        conn.execute(
-            "INSERT INTO control.deletion_targets (job_id, memory_id, version)"
-            " SELECT * FROM unnest(%s::text[], %s::text[], %s::int[]) ON CONFLICT DO NOTHING",
-            ([j for j, _, _ in part], [m for _, m, _ in part], [v for _, _, v in part]),
-        )
+    _insert_rows(
+        conn,
+        "INSERT INTO control.deletion_targets (job_id, memory_id, version)"
+        " SELECT * FROM unnest(%s::text[], %s::text[], %s::int[]) ON CONFLICT DO NOTHING",
+        [(job_id, m, v) for job_id, targets in rows.items() for m, v in targets],
+    )
     conn.execute(
         "UPDATE control.deletion_jobs j SET target_count = x.n, targets_fixed = true"
         " FROM unnest(%s::text[], %s::int[]) AS x(job_id, n) WHERE j.job_id = x.job_id",
@@ -303,10 +302,16 @@ def fingerprint(conn: psycopg.Connection, records: Records, jobs: list[DeletionJ
             fingerprints = set(bytescan.fingerprints(window, base)) | {0}
             rows += [(job["job_id"], spec.name, fp) for fp in sorted(fingerprints)]
     # Set-based: a batch of 100 subjects has about 100,000 rows, and row-by-row inserts took seconds.
+    _insert_rows(
+        conn,
+        "INSERT INTO control.erasure_fingerprints (job_id, store, fingerprint)"
+        " SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[]) ON CONFLICT DO NOTHING",
+        rows,
+    )
+
+
+def _insert_rows(conn: psycopg.Connection, query: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Run `query` (an INSERT from `unnest` of one array per column) on `rows`, _INSERT_CHUNK at a time."""
     for start in range(0, len(rows), _INSERT_CHUNK):
         part = rows[start : start + _INSERT_CHUNK]
-        conn.execute(
-            "INSERT INTO control.erasure_fingerprints (job_id, store, fingerprint)"
-            " SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[]) ON CONFLICT DO NOTHING",
-            ([j for j, _, _ in part], [st for _, st, _ in part], [fp for _, _, fp in part]),
-        )
+        conn.execute(query, tuple(list(column) for column in zip(*part, strict=True)))
