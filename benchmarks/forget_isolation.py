@@ -37,6 +37,7 @@ import multiprocessing as mp
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +76,22 @@ def queries() -> list[str]:
     return [f"what about {a} and {b}?" for a, b in zip(words, words[7:] + words[:7], strict=True)]
 
 
-def reader(home: str, users: list[str], rate: float, ready: Any, stop: Any, out: Any) -> None:
-    """Recall from tenant B until `stop` is set; puts [(started, seconds, mode)] on `out`."""
+def reader(
+    home: str,
+    tenant: str,
+    users: list[str],
+    rate: float,
+    ready: Any,
+    stop: Any,
+    out: Any,
+    clock: Callable[[], float] = time.perf_counter,
+) -> None:
+    """Recall from `tenant` at `rate` a second until `stop` is set; puts [(clock() at start, seconds,
+    mode)] on `out` (forget_stream.py reads wall times)."""
     os.environ["PGAPPNAME"] = READER_APP  # libpq names our sessions: the lock watcher finds them
     settings = settings_for(home)
     store = open_store(settings)
-    recaller = open_derived(settings, store, embedder=default_embedder()).recaller
+    recaller = open_derived(settings, store).recaller  # the settings' model, as production reads
     texts = queries()
     samples: list[tuple[float, float, str]] = []
     interval = 1.0 / rate
@@ -88,7 +99,11 @@ def reader(home: str, users: list[str], rate: float, ready: Any, stop: Any, out:
     try:
         for warm in range(10):  # connections, the ONNX session, Chroma's loaded index
             recaller.recall(
-                tenant_id=TENANT_B, user_id=users[warm], query=texts[warm], mode=MODES[warm % 2], use_cache=False
+                tenant_id=tenant,
+                user_id=users[warm % len(users)],
+                query=texts[warm],
+                mode=MODES[warm % 2],
+                use_cache=False,
             )
         ready.set()
         due = time.perf_counter()
@@ -96,16 +111,11 @@ def reader(home: str, users: list[str], rate: float, ready: Any, stop: Any, out:
             user = users[i % len(users)]
             team = f"team{int(user.removeprefix('user')) % 10}" if i % 3 == 2 else None
             mode = MODES[i % 2]
-            started = time.perf_counter()
+            at, started = clock(), time.perf_counter()
             recaller.recall(
-                tenant_id=TENANT_B,
-                user_id=user,
-                team_id=team,
-                query=texts[i % len(texts)],
-                mode=mode,
-                use_cache=False,
+                tenant_id=tenant, user_id=user, team_id=team, query=texts[i % len(texts)], mode=mode, use_cache=False
             )
-            samples.append((started, time.perf_counter() - started, mode))
+            samples.append((at, time.perf_counter() - started, mode))
             i += 1
             # Paced, not flat out: a closed loop would measure how much CPU the reader can take.
             due = max(due + interval, time.perf_counter())
@@ -242,7 +252,7 @@ def main() -> None:
 
     ctx = mp.get_context("spawn")
     ready, stop, samples_q, marks_q = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
-    read = ctx.Process(target=reader, args=(str(home), b_users, args.rate, ready, stop, samples_q))
+    read = ctx.Process(target=reader, args=(str(home), TENANT_B, b_users, args.rate, ready, stop, samples_q))
     read.start()
     if not ready.wait(300):
         raise SystemExit("the reader did not start")

@@ -78,7 +78,7 @@ from typing import Any
 import psycopg
 
 from benchmarks.forget import SyntheticVectors, items_for, percentile, remaining, subject, write_tenant
-from benchmarks.forget_isolation import MODES, queries, stats
+from benchmarks.forget_isolation import MODES, reader, stats
 from memory_pipelines.lib.forget import certificate
 from memory_pipelines.lib.forget.deletion import DeletionLedger, DeletionService, LastRun, phases, plan_forget_runs
 from memory_pipelines.lib.forget.erasure import ErasureLedger, ErasureService
@@ -325,42 +325,6 @@ def erasure_worker(home: str, inbox: Any, outbox: Any, ready: Any) -> None:
         result["ended"] = time.time()
         outbox.put(result)
     store.close()
-
-
-def reader(home: str, tenant: str, users: list[str], rate: float, ready: Any, stop: Any, out: Any) -> None:
-    """Recall from `tenant` at `rate` until `stop`; puts [(wall start, seconds, mode)] on `out`."""
-    settings = settings_for(home)
-    store = open_store(settings)
-    recaller = open_derived(settings, store).recaller
-    texts = queries()
-    samples: list[tuple[float, float, str]] = []
-    i = 0
-    try:
-        for warm in range(10):  # connections, the ONNX session, Chroma's loaded index
-            recaller.recall(
-                tenant_id=tenant,
-                user_id=users[warm % len(users)],
-                query=texts[warm],
-                mode=MODES[warm % 2],
-                use_cache=False,
-            )
-        ready.set()
-        due = time.perf_counter()
-        while not stop.is_set():
-            user = users[i % len(users)]
-            team = f"team{int(user.removeprefix('user')) % 10}" if i % 3 == 2 else None
-            mode = MODES[i % 2]
-            wall, started = time.time(), time.perf_counter()
-            recaller.recall(
-                tenant_id=tenant, user_id=user, team_id=team, query=texts[i % len(texts)], mode=mode, use_cache=False
-            )
-            samples.append((wall, time.perf_counter() - started, mode))
-            i += 1
-            due = max(due + 1.0 / rate, time.perf_counter())  # paced: a closed loop would measure CPU share
-            time.sleep(max(0.0, due - time.perf_counter()))
-    finally:
-        out.put(samples)
-        store.close()
 
 
 # -- the daemon: sensors and the run queue ---------------------------------------------------------
@@ -1149,7 +1113,11 @@ def run(
     r_stop, r_out = ctx.Event(), ctx.Queue()
     users = [subject(s) for s in range(args.reader_size // MAX_PER_SUBJECT)]
     procs.append(
-        ctx.Process(target=reader, args=(h, reader_tenant, users, args.reader_rate, readies[0], r_stop, r_out))
+        ctx.Process(
+            target=reader,
+            args=(h, reader_tenant, users, args.reader_rate, readies[0], r_stop, r_out),
+            kwargs={"clock": time.time},
+        )
     )
     procs.append(ctx.Process(target=erasure_worker, args=(h, erasure_inbox, outbox, readies[1])))
     for i, inbox in enumerate(inboxes):
