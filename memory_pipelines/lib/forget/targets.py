@@ -20,7 +20,6 @@ from memory_pipelines.lib.results import DeletionJob, DeletionScope
 from memory_pipelines.lib.stores import bytescan, registry
 from memory_pipelines.lib.stores.adapter import Context, Lineage, Source, ever_restored, lineage_map
 from memory_pipelines.lib.stores.derived import DerivedStores
-from memory_pipelines.lib.stores.vectors.adapter import stored_vectors
 
 __all__ = [
     "MAX_PROBES",
@@ -57,7 +56,7 @@ def probes(derived: DerivedStores, tenant_id: str, sources: set[Source]) -> Prob
     """Paraphrase probes, built in memory from each target before deletion and discarded after.
 
     The texts feed the keyword probes; the semantic probes reuse each target's stored vector
-    (the embedding of that very text, read in one call: `stored_vectors`) and embed only targets
+    (the embedding of that very text, read in one call: `VectorStore.stored`) and embed only targets
     that have none, such as superseded versions.
     """
     chosen = sorted(sources)
@@ -68,7 +67,7 @@ def probes(derived: DerivedStores, tenant_id: str, sources: set[Source]) -> Prob
     texts = derived.store.open_texts(tenant_id=tenant_id, sources=chosen, skip_unreadable=True)
     ids = [f"{m}:{v}" for m, v in sorted(texts)]
     try:
-        found = stored_vectors(derived.vectors, tenant_id, ids)
+        found = derived.vectors.stored(tenant_id, ids)
     except ServiceError:
         # Chroma down: embed every probe; the Chroma step itself will block the job.
         found, ids = {}, []

@@ -1,7 +1,7 @@
 """Deletion adapter of the Chroma vector index (one collection per tenant, record `memory_id:version`).
 
 Each step opens the tenant's collection once and makes one call per page of ids: the freeze's read of
-the targets' vectors (`stored_vectors`, shared by the paraphrase probes and the fingerprints: 2
+the targets' vectors (`VectorStore.stored`, shared by the paraphrase probes and the fingerprints: 2
 requests where there were 4), the delete (by id, without reading first which ids are present: Chroma
 ignores absent ones; 2 where there were 3), and the verification's exact-id read and probe queries on
 one opening of the collection (`Context.opened`; 4 where there were 5: the probes alone are split, in
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,42 +29,12 @@ from memory_pipelines.lib.stores.vectors.search import _QUERY_BATCH
 
 __all__ = [
     "ChromaAdapter",
-    "stored_vectors",
 ]
 
 _OPENED = "chroma:collection"  # Context.opened keys: the collection count() or verify() opened, for the other,
 _OPENING = "chroma:opening"  # and the lock of its opening
 _PARALLEL_QUERIES = 2  # probe requests asked at once
 _MIN_REQUEST = 16  # probes below which a request is not split
-
-
-@_serialized
-def stored_vectors(vectors: VectorStore, tenant_id: str, record_ids: Sequence[str]) -> dict[str, Any] | None:
-    """Stored vectors of the given records (those without one left out) from one opening of the
-    collection and one get per page; None when the tenant has no collection."""
-    with vectors._tenant_lock(tenant_id, exclusive=False):
-        col = vectors.existing(tenant_id)
-        if col is None:
-            return None
-        if not record_ids:
-            return {}
-        got = vectors._call("reading vectors", lambda: read_pages(col, ids=list(record_ids), include=["embeddings"]))
-    return dict(zip(got["ids"], got["embeddings"], strict=True))
-
-
-@_serialized
-def _delete_ids(vectors: VectorStore, tenant_id: str, record_ids: Sequence[str]) -> None:
-    """Delete vectors by id through Chroma's API, as many ids a call as the server takes; absent ids
-    are ignored by Chroma, so none is read first. Chroma only flags them (see VectorStore.delete)."""
-    with vectors._tenant_lock(tenant_id, exclusive=False):
-        col = vectors.existing(tenant_id)
-        if col is None or not record_ids:
-            return
-        step = int(vectors._call("reading the batch limit", vectors.client().get_max_batch_size))
-        for start in range(0, len(record_ids), step):
-            part = list(record_ids[start : start + step])
-            vectors._call("deleting vectors", lambda: col.delete(ids=part))  # noqa: B023
-    vectors.scrub(tenant_id)
 
 
 def _collection(vectors: VectorStore, ctx: Context) -> Any | None:
@@ -136,7 +105,7 @@ class ChromaAdapter:
             vectors.drop(ctx.tenant_id)
             return
         ids = self._ids(ctx)
-        _delete_ids(vectors, ctx.tenant_id, ids)
+        vectors.discard(ctx.tenant_id, ids)  # Chroma only flags them: see VectorStore.delete
         with ctx.store.transaction() as conn:
             drop_edges(conn, ctx.tenant_id, STORE, ids)
 
@@ -168,7 +137,7 @@ class ChromaAdapter:
         stored = {i: known[i] for i in needed if i in known}
         unknown = needed - stored.keys() - asked
         if unknown:
-            stored |= stored_vectors(vectors, ctxs[0].tenant_id, sorted(unknown)) or {}
+            stored |= vectors.stored(ctxs[0].tenant_id, sorted(unknown)) or {}
         return [[w for i in ids if i in stored for w in bytescan.vector_windows(stored[i])] for ids in wanted]
 
     def erase(self, derived: DerivedStores, tenant_id: str) -> Erasure:
