@@ -244,10 +244,6 @@ class DeletionLedger:
         except MemoryPipelinesError:
             pass  # the control plane itself is unreachable: the job stays in its last recorded state
 
-    def record_targets(self, jobs: list[DeletionJob], store_name: str, counts: dict[str, int]) -> None:
-        """Record `store_name` DONE for each job, with the records it reached (`counts` by job id)."""
-        self.record_done(jobs, {store_name: counts})
-
     def record_done(
         self,
         jobs: list[DeletionJob],
@@ -808,11 +804,6 @@ def _backups(conn: psycopg.Connection, tenant_id: str) -> tuple[int, datetime | 
         (tenant_id,),
     ).fetchone()
     return (0, None) if row is None else (int(row[0]), row[1])
-
-
-def _backup_status(conn: psycopg.Connection, tenant_id: str, scope: str) -> str:
-    """What the tenant's live backups hold of this scope (see `_backup_status_of`)."""
-    return _backup_status_of(_backups(conn, tenant_id), scope)
 
 
 def _backup_status_of(backups: tuple[int, datetime | None], scope: str) -> str:
