@@ -27,10 +27,12 @@ class VectorSearch(ChromaCollections):
         another model (the embedder was changed, the rebuild has not run yet) answers nothing rather than
         nonsense, and hybrid recall falls back to its keyword part."""
         col = self.existing(tenant_id)
-        if col is None:
-            return None
-        stored = (col.metadata or {}).get("embedding_model", self.embedder.name)
-        return col if comparable_models(str(stored), self.embedder.name) else None
+        return col if col is not None and self._comparable(col.metadata) else None
+
+    def _comparable(self, metadata: dict[str, Any] | None) -> bool:
+        """A collection of this metadata holds vectors our embedder's queries can be compared with."""
+        stored = (metadata or {}).get("embedding_model", self.embedder.name)
+        return comparable_models(str(stored), self.embedder.name)
 
     def query(
         self, *, tenant_id: str, text: str, limit: int, where: dict[str, Any] | None
@@ -87,10 +89,7 @@ class VectorSearch(ChromaCollections):
         rest = self.rest()
         with self._tenant_lock(tenant_id, exclusive=False):
             found = rest.collection(collection_name(tenant_id))
-            if found is None:
-                return []
-            stored = str(found["metadata"].get("embedding_model", self.embedder.name))
-            if not comparable_models(stored, self.embedder.name):
+            if found is None or not self._comparable(found["metadata"]):
                 return []
             hits = rest.nearest(found["id"], [float(x) for x in vector], limit=limit, where=where)
         return [(_source(record_id), 1.0 - float(distance)) for record_id, distance in hits]
