@@ -648,16 +648,16 @@ os.register_at_fork(after_in_child=_forget_pool_after_fork)
 def _groups(later: Sequence[Phase]) -> list[list[Phase]]:
     """`later` phases as run_batch runs them: the copies' steps (stores ranked before the primary)
     together, every other phase alone, in phase order."""
+
+    def copy(phase: Phase) -> bool:
+        return phase.kind == STORE and phase.store is not None and registry.spec(phase.store).order < registry.PRIMARY
+
     groups: list[list[Phase]] = []
     for phase in later:
-        copy = phase.kind == STORE and phase.store is not None and registry.spec(phase.store).order < registry.PRIMARY
-        if copy and groups and groups[-1][-1].kind == STORE and groups[-1][-1].store is not None:
-            last = groups[-1][-1].store
-            assert last is not None
-            if registry.spec(last).order < registry.PRIMARY:
-                groups[-1].append(phase)
-                continue
-        groups.append([phase])
+        if copy(phase) and groups and copy(groups[-1][-1]):
+            groups[-1].append(phase)
+        else:
+            groups.append([phase])
     return groups
 
 
