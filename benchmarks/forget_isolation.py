@@ -48,7 +48,7 @@ from benchmarks.ingest import WORDS
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
 from memory_pipelines.lib.infra.services import stop_services
-from memory_pipelines.lib.infra.settings import Settings, lower_priority
+from memory_pipelines.lib.infra.settings import ENV_HOME, Settings, lower_priority
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import default_embedder, open_derived, sync_keywords
 
@@ -67,7 +67,8 @@ _LOCK_WAITS = (
 
 
 def settings_for(home: str) -> Settings:
-    return Settings.from_env({"MEMORY_PIPELINES_HOME": home})
+    """This HOME, with every other setting from the environment (nice, erasure window, model)."""
+    return Settings.from_env({**os.environ, ENV_HOME: home})
 
 
 def queries() -> list[str]:

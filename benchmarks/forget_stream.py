@@ -77,13 +77,13 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.forget import SyntheticVectors, items_for, percentile, remaining, subject, write_tenant
-from benchmarks.forget_isolation import MODES, reader, stats
+from benchmarks.forget import SyntheticVectors, items_for, percentile, remaining, subject, timed, write_tenant
+from benchmarks.forget_isolation import MODES, reader, settings_for, stats
 from memory_pipelines.lib.forget import certificate
 from memory_pipelines.lib.forget.deletion import DeletionLedger, DeletionService, LastRun, phases, plan_forget_runs
 from memory_pipelines.lib.forget.erasure import ErasureLedger, ErasureService
 from memory_pipelines.lib.infra.services import stop_services
-from memory_pipelines.lib.infra.settings import ENV_HOME, Settings, lower_priority
+from memory_pipelines.lib.infra.settings import Settings, lower_priority
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import default_embedder, open_derived, sync_embeddings, sync_keywords
@@ -97,17 +97,6 @@ PRODUCTION_ERASURE_TICK = 60.0  # physical_erasure_sensor's minimum interval
 GOAL_RATE = 12.0
 GOAL_COMPLETE_P99 = 600.0
 GROWING = 0.05  # a backlog slope above this share of the rate over a phase's last half: not sustained
-
-
-def settings_for(home: str) -> Settings:
-    """This HOME, with every other setting from the environment (nice, erasure window, model)."""
-    return Settings.from_env({**os.environ, ENV_HOME: home})
-
-
-def timed(fn: Callable[[], Any]) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
 
 
 # -- tenants ---------------------------------------------------------------------------------------
@@ -180,7 +169,7 @@ def tenant_for(
         started = time.perf_counter()
         for step, run in build_steps(settings, store, tenant, n, per_subject, real):
             if step not in done:
-                done[step] = timed(run)
+                done[step] = timed(run)[0]
                 progress.write_text(json.dumps(done))
                 print(f"  {tenant}: {step} in {done[step]:.0f} s", flush=True)
         setup = {
