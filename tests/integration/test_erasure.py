@@ -232,6 +232,33 @@ def test_an_offboarded_tenants_erasure_drops_its_partitions(store, derived, tena
     assert [f.name for f in derived.vectors.files(tenant)] == ["chroma.sqlite3"]  # no segment of its own left
 
 
+def test_deletes_larger_than_one_request_remove_every_id_and_only_those(tmp_path):
+    """A forget run's deletes go in requests of _DELETE_REQUEST ids (one big request held other
+    tenants' queries for seconds): every id of every request goes, the others stay, and absent
+    ids are no error."""
+    import numpy as np
+
+    from memory_pipelines.lib.stores.vectors import erasure
+    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+    from memory_pipelines.lib.stores.vectors.index import VectorStore
+
+    vectors = VectorStore(embedder=HashingEmbedder(dimension=8), path=tmp_path / "chroma")
+    col = vectors.collection("t-del")
+    total = 3 * erasure._DELETE_REQUEST + 300
+    ids = [f"m_{i:05d}:1" for i in range(total)]
+    col.add(
+        ids=ids,
+        embeddings=np.random.default_rng(3).random((total, 8), dtype=np.float32),
+        metadatas=[{"n": 1}] * total,
+    )
+    first = ids[: erasure._DELETE_REQUEST + 1]  # one id past a request
+    assert vectors.delete("t-del", [*first, "absent:1"]) == len(first)
+    second = ids[len(first) : len(first) + 2 * erasure._DELETE_REQUEST + 7]
+    vectors.discard("t-del", [*second, "absent:2"])
+    assert vectors.ids("t-del") == set(ids[len(first) + len(second) :])
+    assert vectors.vectors_of("t-del", [*first, *second]) == {}
+
+
 @pytest.mark.slow
 def test_a_rebuild_pages_through_a_collection_larger_than_one_get_can_read(tmp_path):
     """One get() of a tenant past ~32,000 vectors fails in Chroma ("too many SQL variables");

@@ -37,6 +37,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _REBUILD_STEP = 500  # vectors a rebuild copies at a time: short bursts on the server
+_DELETE_REQUEST = 500  # ids a delete request carries at most: see _delete_in
 _STAGING = "-rebuild"  # suffix of the collection a rebuild fills before it takes the tenant's name
 _SWEEP_WAIT = 5.0  # seconds an erasure's sweep waits for another tenant's collection lock
 
@@ -214,8 +215,12 @@ class VectorErasure(ChromaCollections):
         self.scrub(tenant_id)
 
     def _delete_in(self, col: Any, record_ids: Sequence[str]) -> None:
-        """Delete `record_ids` from the opened collection, as many a call as the server takes."""
-        step = int(self._call("reading the batch limit", self.client().get_max_batch_size))
+        """Delete `record_ids` from the opened collection, _DELETE_REQUEST ids a call at most.
+
+        One request of a forget run's 5,000-8,000 ids held other tenants' queries on the shared
+        server for up to 2 s on a loaded machine; in requests of 500 their p99 went from 540 to
+        131 ms and the deletes took no longer in all (benchmarks/forget_stream.py, README)."""
+        step = min(_DELETE_REQUEST, int(self._call("reading the batch limit", self.client().get_max_batch_size)))
         for start in range(0, len(record_ids), step):
             part = list(record_ids[start : start + step])
             self._call("deleting vectors", lambda: col.delete(ids=part))  # noqa: B023
