@@ -259,6 +259,36 @@ def test_deletes_larger_than_one_request_remove_every_id_and_only_those(tmp_path
     assert vectors.vectors_of("t-del", [*first, *second]) == {}
 
 
+def test_probes_find_every_target_left_whether_asked_at_once_or_paced(derived):
+    """One subject's probes go in two requests at once, a batch's one paced request after another
+    (two at once held the server's cores from other tenants): either way every probe is asked and
+    each hit on a target counts, as one query of all of them would count it."""
+    from memory_pipelines.lib.stores.adapter import Context
+    from memory_pipelines.lib.stores.vectors import adapter
+
+    vectors = derived.vectors
+    tenant = "t-probes-" + os.urandom(4).hex()
+    rng = np.random.default_rng(11)
+    stored = rng.random((1_000, vectors.embedder.dimension), dtype=np.float32)
+    ids = [f"m_{i:04d}:1" for i in range(len(stored))]
+    col = vectors.collection(tenant)
+    col.add(ids=ids, embeddings=stored, metadatas=[{"n": 1}] * len(ids))
+    targets = {(f"m_{i:04d}", 1) for i in range(0, 1_000, 7)}
+    try:
+        for n in (100, adapter._PARALLEL_UP_TO + 45):
+            probes = list(stored[:n] + rng.normal(0, 0.01, (n, stored.shape[1])).astype(np.float32))
+            requests = adapter._probe_requests(probes)
+            assert sum(len(r) for r in requests) == n
+            assert len(requests) == (2 if n <= adapter._PARALLEL_UP_TO else -(-n // adapter._PACED_REQUEST))
+            whole = col.query(query_embeddings=probes, n_results=10, include=[])["ids"]
+            expected = sum(1 for hits in whole for rid in hits if (rid.rsplit(":", 1)[0], 1) in targets)
+            assert expected >= len([i for i in range(n) if i % 7 == 0])  # each target's own probe at least
+            ctx = Context(derived=derived, tenant_id=tenant, jobs=[], everything=set(targets))
+            assert adapter._probe(vectors, ctx, probes) == expected
+    finally:
+        vectors.drop(tenant)
+
+
 @pytest.mark.slow
 def test_a_rebuild_pages_through_a_collection_larger_than_one_get_can_read(tmp_path):
     """One get() of a tenant past ~32,000 vectors fails in Chroma ("too many SQL variables");

@@ -35,6 +35,11 @@ _OPENED = "chroma:collection"  # Context.opened keys: the collection count() or 
 _OPENING = "chroma:opening"  # and the lock of its opening
 _PARALLEL_QUERIES = 2  # probe requests asked at once
 _MIN_REQUEST = 16  # probes below which a request is not split
+# Above this many probes (a batch run's, not one subject's) the requests go one at a time and smaller:
+# each holds one of the server's threads while it searches, and two at once held both cores, so other
+# tenants' recalls waited 150-450 ms behind a forget run's verification.
+_PARALLEL_UP_TO = 256
+_PACED_REQUEST = 128
 
 
 def _collection(vectors: VectorStore, ctx: Context) -> Any | None:
@@ -60,24 +65,24 @@ def _count(vectors: VectorStore, ctx: Context) -> int:
 @_serialized
 def _probe(vectors: VectorStore, ctx: Context, probe_vectors: list[Any]) -> int:
     """Targets among the 10 nearest vectors of each probe, on the collection as it is (no count
-    first: Chroma answers a limit above it with what there is). The probes go in as few requests as
-    the server takes (_QUERY_BATCH vectors each), but at least _PARALLEL_QUERIES of them, asked at
-    once, when there are enough: the server searches each request on one core, and on this
-    project's 2-core machine two halves of 100 probes took 58% of the time of the whole."""
+    first: Chroma answers a limit above it with what there is). One subject's probes (up to
+    _PARALLEL_UP_TO) go in _PARALLEL_QUERIES requests asked at once when there are enough: the
+    server searches each request on one core, and on this project's 2-core machine two halves of
+    100 probes took 58% of the time of the whole. A batch's go one request of _PACED_REQUEST at a
+    time, which leaves the server a core for everyone else."""
     with vectors._tenant_lock(ctx.tenant_id, exclusive=False):
         col = _collection(vectors, ctx)
     if col is None:
         return 0
-    requests = max(-(-len(probe_vectors) // _QUERY_BATCH), min(_PARALLEL_QUERIES, len(probe_vectors) // _MIN_REQUEST))
-    size = -(-len(probe_vectors) // max(requests, 1))
-    parts = [probe_vectors[start : start + size] for start in range(0, len(probe_vectors), size)]
+    parts = _probe_requests(probe_vectors)
 
     def ask(part: list[Any]) -> int:
         with vectors._tenant_lock(ctx.tenant_id, exclusive=False):
             result = vectors._call("querying", lambda: col.query(query_embeddings=part, n_results=10, include=[]))
         return sum(1 for ids in result["ids"] for record_id in ids if _source(record_id) in ctx.everything)
 
-    if len(parts) == 1 or vectors.url is None:  # the embedded client: one operation at a time
+    # The embedded client makes one operation at a time.
+    if len(probe_vectors) > _PARALLEL_UP_TO or len(parts) == 1 or vectors.url is None:
         return sum(ask(part) for part in parts)
     # This thread asks every _PARALLEL_QUERIES-th part, _PARALLEL_QUERIES - 1 others the rest.
     with ThreadPoolExecutor(max_workers=_PARALLEL_QUERIES - 1, thread_name_prefix="forget-probes") as pool:
@@ -88,6 +93,17 @@ def _probe(vectors: VectorStore, ctx: Context, probe_vectors: list[Any]) -> int:
         ]
         hits = sum(ask(part) for part in parts[::_PARALLEL_QUERIES])
         return hits + sum(future.result() for future in others)
+
+
+def _probe_requests(probe_vectors: list[Any]) -> list[list[Any]]:
+    """`probe_vectors` cut into the requests `_probe` makes."""
+    if not probe_vectors:
+        return []
+    if len(probe_vectors) > _PARALLEL_UP_TO:
+        size = min(_PACED_REQUEST, _QUERY_BATCH)
+    else:
+        size = -(-len(probe_vectors) // max(1, min(_PARALLEL_QUERIES, len(probe_vectors) // _MIN_REQUEST)))
+    return [probe_vectors[start : start + size] for start in range(0, len(probe_vectors), size)]
 
 
 class ChromaAdapter:
