@@ -8,7 +8,6 @@ import pytest
 
 from memory_pipelines.defs.memories.assets import memories
 from memory_pipelines.defs.stores import assets as derived_assets
-from memory_pipelines.defs.stores import checks as derived_checks
 from memory_pipelines.lib.infra.errors import NotFoundError, PermissionDeniedError, ValidationError
 from memory_pipelines.lib.stores import lineage
 from memory_pipelines.lib.stores.derived import sync_embeddings, sync_keywords
@@ -163,8 +162,8 @@ def test_analytics_sql_is_one_read_only_select(derived, store, tenant):
 def _checks_only(session_settings, tenant: str) -> dict[str, bool]:
     """Run only the derived stores' asset checks for one tenant, as the UI's 'execute checks' does."""
     home = str(session_settings.home)
-    check_defs = list(derived_checks.STORE_CHECKS)  # one or more per registered store with an asset
-    assert {c.check_specs_by_output_name[n].name for c in check_defs for n in c.check_specs_by_output_name} == {
+    store_assets = derived_assets.STORE_ASSETS  # each with one or more checks, in the asset's own step
+    assert {spec.name for a in store_assets for spec in a.check_specs} == {
         "embeddings_lineage_and_no_documents",
         "keyword_index_lineage",
         "subject_summaries_lineage",
@@ -172,9 +171,8 @@ def _checks_only(session_settings, tenant: str) -> dict[str, bool]:
         "analytics_no_text_no_do_not_sell",
     }
     defs = dg.Definitions(
-        assets=[memories, *derived_assets.STORE_ASSETS],
-        asset_checks=check_defs,
-        jobs=[dg.define_asset_job("checks_only", selection=dg.AssetSelection.checks(*check_defs))],
+        assets=[memories, *store_assets],
+        jobs=[dg.define_asset_job("checks_only", selection=dg.AssetSelection.checks_for_assets(*store_assets))],
         resources={
             "memory_store": MemoryStoreResource(home=home),
             "chroma": ChromaResource(home=home),
@@ -188,6 +186,7 @@ def _checks_only(session_settings, tenant: str) -> dict[str, bool]:
         result = defs.resolve_job_def("checks_only").execute_in_process(
             instance=instance, tags={"dagster/partition": tenant}
         )
+        assert result.get_asset_materialization_events() == []  # checked, not synced
         return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
 
 

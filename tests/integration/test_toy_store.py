@@ -43,13 +43,12 @@ def _cleanup(store, tenant: str) -> None:
 
 def test_the_toy_store_is_in_every_list_that_names_the_stores(toy_registered):
     from memory_pipelines.defs.stores.assets import store_assets
-    from memory_pipelines.defs.stores.checks import store_checks
 
     names = registry.names()
     assert names.index("analytics") < names.index(toy.NAME) < names.index("primary")  # a copy: before the source
     assert toy.NAME in registry.derived_names()
     assert "toy_notes" in {a.key.to_user_string() for a in store_assets()}
-    checks = {spec.name for c in store_checks() for spec in c.check_specs}
+    checks = {spec.name for a in store_assets() for spec in a.check_specs}
     assert "toy_notes_lineage" in checks
     assert registry.adapter(toy.NAME).name == toy.NAME
 
