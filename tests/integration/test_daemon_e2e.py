@@ -183,9 +183,11 @@ def test_daemon_runs_the_lifecycle_without_overlap(deployment):
     waited = []
     for subject in ("carol", "dave"):
         cli(deployment, "write", "--tenant", TENANT, "--user", subject, f"{subject} keeps bees on the roof")
+        requested = time.monotonic()
         waited.append(cli(deployment, "forget", "--tenant", TENANT, "--subject", subject, "--wait"))
         assert waited[-1]["state"] == "COMPLETE", waited[-1]
-    time.sleep(50)  # past the sensor's settle time for both requests: three ticks at least
+    # Past the sensor's settle time (30 s) for both requests, then two of its ticks (15 s) at least.
+    time.sleep(max(0.0, requested + 65 - time.monotonic()))
     for done in waited:
         named = [r for r in runs(port) if r["jobName"] == "forget" and done["job_id"] in json.dumps(r["tags"])]
         assert named == [], [(r["runId"], r["tags"]) for r in named]  # the sensor tags the ids it launches
