@@ -114,7 +114,7 @@ class Recaller:
                 "SELECT change_seq, results FROM derived.recall_cache WHERE tenant_id = %s AND cache_key = %s",
                 (tenant_id, cache_key),
             ).fetchone()
-        hits: list[tuple[tuple[str, int], float]] = []
+        hits: fusion.Ranked = []
         rows: dict[tuple[str, int], dict[str, Any]] = {}
         from_cache = False
         if use_cache and cached is not None and cached[0] == change_seq:
@@ -159,7 +159,7 @@ class Recaller:
         k: int,
         mode: str,
         scope: dict[str, Any],
-    ) -> tuple[list[tuple[tuple[str, int], float]], dict[tuple[str, int], dict[str, Any]]]:
+    ) -> tuple[fusion.Ranked, dict[tuple[str, int], dict[str, Any]]]:
         """The top k (memory_id, version) and score, and the store's row of each candidate kept."""
         rows: dict[tuple[str, int], dict[str, Any]] = {}
         semantic, keyword = self._lists(tenant_id, user_id, team_id, query, k, mode, scope, rows)
@@ -171,7 +171,7 @@ class Recaller:
 
     def ranked_lists(
         self, *, tenant_id: str, user_id: str, team_id: str | None, query: str, k: int
-    ) -> tuple[list[tuple[tuple[str, int], float]], list[tuple[tuple[str, int], float]]]:
+    ) -> tuple[fusion.Ranked, fusion.Ranked]:
         """The semantic and keyword lists hybrid recall of the top k fuses, best first, each hit with
         its own score (for evaluation and benchmarks, which compare fusions on the same lists)."""
         validation.check_text("query", query)
@@ -189,12 +189,12 @@ class Recaller:
         mode: str,
         scope: dict[str, Any],
         rows: dict[tuple[str, int], dict[str, Any]],
-    ) -> tuple[list[tuple[tuple[str, int], float]], list[tuple[tuple[str, int], float]]]:
+    ) -> tuple[fusion.Ranked, fusion.Ranked]:
         """The semantic and keyword lists `mode` needs (the other one empty); `rows` gets the store's
         row of each hit."""
         fetch = min(max(4 * k, k + 20), 400)
-        semantic: list[tuple[tuple[str, int], float]] = []
-        keyword: list[tuple[tuple[str, int], float]] = []
+        semantic: fusion.Ranked = []
+        keyword: fusion.Ranked = []
         if mode in ("semantic", "hybrid"):
             semantic = self._semantic(tenant_id, user_id, team_id, query, k, fetch, scope, rows)
         if mode in ("keyword", "hybrid"):
@@ -222,7 +222,7 @@ class Recaller:
         fetch: int,
         scope: dict[str, Any],
         rows: dict[tuple[str, int], dict[str, Any]],
-    ) -> list[tuple[tuple[str, int], float]]:
+    ) -> fusion.Ranked:
         """The visible ones among the `fetch` nearest vectors in scope (the window), widened while
         fewer than k survive the store's confirmation (superseded, hidden since).
 
@@ -234,7 +234,7 @@ class Recaller:
         where = chroma_where(user_id, team_id, scope["sharing_mode"], scope["members"])
         vector = self.vectors.embedder.embed([query])[0]
         window, depth = fetch, max(2 * fetch, 50)
-        kept: list[tuple[tuple[str, int], float]] = []
+        kept: fusion.Ranked = []
         for _ in range(_SEMANTIC_ROUNDS):
             unfiltered = depth <= _UNFILTERED_MAX
             ask = depth if unfiltered else window
@@ -268,7 +268,7 @@ class Recaller:
         user_id: str,
         cache_key: bytes,
         change_seq: int,
-        hits: list[tuple[tuple[str, int], float]],
+        hits: fusion.Ranked,
     ) -> None:
         """Cache an answer set under the asker's name: a SUBJECT forget of the asker removes it, whatever
         it names. Nothing is cached for an asker being forgotten (or unknown: nobody to forget)."""
