@@ -69,7 +69,8 @@ def _the_demo_says_what_it_should(demo: dict[str, Any]) -> None:
     # run, and the drill's tenant gone again.
     evaluation = out["evaluation"]
     assert evaluation["success"] and evaluation["run_id"], evaluation
-    assert evaluation["month"] == last_completed_month(datetime.now(UTC).date()).isoformat()[:7]
+    month = last_completed_month(datetime.now(UTC).date())
+    assert month is not None and evaluation["month"] == month.isoformat()[:7]
     assert set(evaluation["checks"]) == {"precision_target", "drift_target"}
     assert evaluation["checks"]["precision_target"]["passed"] and evaluation["precision_hybrid"] >= 0.84
     assert 0 <= evaluation["drift"] <= 1
