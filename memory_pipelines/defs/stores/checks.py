@@ -1,12 +1,11 @@
 """Each store's asset checks (its spec's `checks`), from the registry: evaluated in the store asset's
 own step (`assets.py`), not in a step of their own."""
 
-import warnings
 from collections.abc import Iterator, Set
 
 import dagster as dg
 
-from memory_pipelines.defs.memories.partitions import tenants_partitions
+from memory_pipelines.defs.memories.partitions import tenant_check_spec
 from memory_pipelines.lib.stores import registry
 from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.registry import StoreSpec
@@ -15,15 +14,7 @@ from memory_pipelines.lib.stores.registry import StoreSpec
 def check_specs(spec: StoreSpec) -> list[dg.AssetCheckSpec]:
     """The asset checks of `spec`'s asset, per tenant."""
     assert spec.asset is not None, spec.name
-    with warnings.catch_warnings():
-        # Per-tenant checks need partitioned asset checks, a preview feature in this Dagster release.
-        warnings.simplefilter("ignore", category=dg.PreviewWarning)
-        return [
-            dg.AssetCheckSpec(
-                check.name, asset=spec.asset, description=check.description, partitions_def=tenants_partitions
-            )
-            for check in spec.checks
-        ]
+    return [tenant_check_spec(check.name, asset=spec.asset, description=check.description) for check in spec.checks]
 
 
 def check_results(
