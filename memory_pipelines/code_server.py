@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memory_pipelines.lib.infra.errors import ServiceError
+from memory_pipelines.lib.infra.owner_only import replace_private_file
 from memory_pipelines.lib.infra.paths import PROJECT_ROOT
 from memory_pipelines.lib.infra.settings import Settings, positive_int
 
@@ -137,9 +138,11 @@ def warm_server(settings: Settings, *, log: Path) -> WarmServer | None:
     socket, record = runtime / f"{name}.sock", runtime / f"{name}.json"
     workspace = runtime / f"{name}.yaml"
     with _locked(runtime / f"{name}.lock"):
-        # Written every time: a sweep may have taken it with a server that died since.
-        workspace.write_text(
-            f"load_from:\n  - grpc_server:\n      socket: {json.dumps(str(socket))}\n      location_name: {LOCATION}\n"
+        # Written every time (a sweep may have taken it with a server that died since), and whole:
+        # a command that got this server a moment ago may be reading it now.
+        replace_private_file(
+            workspace,
+            f"load_from:\n  - grpc_server:\n      socket: {json.dumps(str(socket))}\n      location_name: {LOCATION}\n",
         )
         if record.exists():
             with contextlib.suppress(ValueError, OSError, KeyError):
@@ -150,7 +153,7 @@ def warm_server(settings: Settings, *, log: Path) -> WarmServer | None:
             stale.unlink(missing_ok=True)
         _sweep(runtime, keep=record)
         pid = _start(socket, idle, log)
-        record.write_text(json.dumps({"pid": pid, "home": str(settings.home), "started": time.time()}))
+        replace_private_file(record, json.dumps({"pid": pid, "home": str(settings.home), "started": time.time()}))
         return WarmServer(socket=socket, pid=pid, workspace_file=workspace)
 
 

@@ -47,3 +47,43 @@ def test_restrict_umask_returns_the_previous_one() -> None:
         assert os.umask(0o022) == 0o077
     finally:
         os.umask(old)
+
+
+def test_a_file_replaced_while_another_process_reads_it_is_never_seen_truncated(tmp_path):
+    """Two CLI commands at once: one rewrites the warm code server's workspace file while the other,
+    given that server a moment before, loads it. Written in place, the reader could find it empty
+    ("Could not parse a workspace config", seen in CI); replaced whole, it reads old or new."""
+    import subprocess
+    import sys
+    import time
+
+    from memory_pipelines.lib.infra.owner_only import replace_private_file
+
+    target = tmp_path / "workspace.yaml"
+    texts = {"load_from:\n  - a: " + "x" * 4000 + "\n", "load_from:\n  - b: " + "y" * 4000 + "\n"}
+    first, second = sorted(texts)
+    replace_private_file(target, first)
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path\n"
+            "from memory_pipelines.lib.infra.owner_only import replace_private_file\n"
+            "texts = [sys.argv[2], sys.argv[3]]\n"
+            "for n in range(20000): replace_private_file(Path(sys.argv[1]), texts[n % 2])\n",
+            str(target),
+            first,
+            second,
+        ]
+    )
+    seen: set[str] = set()
+    try:
+        while writer.poll() is None:
+            seen.add(target.read_text())
+            time.sleep(0)
+    finally:
+        writer.wait(60)
+    assert writer.returncode == 0
+    assert seen <= texts and seen, [len(t) for t in seen - texts]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["workspace.yaml"]  # no temporary file left

@@ -22,6 +22,7 @@ __all__ = [
     "narrow",
     "private_dir",
     "private_file",
+    "replace_private_file",
     "restrict_umask",
     "traversable_dir",
 ]
@@ -57,6 +58,18 @@ def private_dir(path: Path, *, mode: int = DIR_MODE) -> Path:
 def private_file(path: Path) -> Path:
     """Narrow a file we wrote to owner-only (0600); returns it."""
     narrow(path, FILE_MODE)
+    return path
+
+
+def replace_private_file(path: Path, text: str) -> Path:
+    """Write `text` to `path` (0600) by renaming a whole file over it: a process reading it meanwhile
+    sees the old content or the new, never a truncated file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
     return path
 
 
