@@ -33,6 +33,7 @@ __all__ = [
     "EvaluationTrend",
     "ExplainedMemory",
     "ExportedVersion",
+    "KeysConverted",
     "KeysShredded",
     "LeaseRevoked",
     "LineageRecord",
@@ -323,6 +324,9 @@ class DeletionProof(TypedDict):
     sweepDate: NotRequired[str]
     categories: NotRequired[dict[str, int]]
     erasure: NotRequired[dict[str, Any]]  # once the tenant's physical erasure ran
+    # store -> {cryptographic, physical}: which guarantee held (lib/forget/guarantees.py); proofs
+    # of jobs completed before issue 32 have none until their erasure.
+    guarantees: NotRequired[dict[str, dict[str, Any]]]
 
 
 class KeysShredded(TypedDict):
@@ -332,6 +336,19 @@ class KeysShredded(TypedDict):
     subject: str | None
     destroyed_keys: list[str]
     forget_job: DeletionRequest
+
+
+class KeysConverted(TypedDict):
+    """One tenant of `MemoryPlatform.convert_keys`: texts an older release sealed under their author's
+    key, sealed again under version keys (lib/memories/key_conversion.py). Counts only."""
+
+    tenant_id: str
+    subjects: int  # subjects converted
+    resealed: int  # versions sealed again under keys of their own
+    macs: int  # text MACs recomputed under a subject's new key
+    retired: int  # subject keys retired (they had sealed texts)
+    retired_destroyed: int  # retired keys destroyed, every backup that needed them expired
+    postings_rekeyed: NotRequired[int]  # keyword postings rewritten under the new keys
 
 
 # -- backups -------------------------------------------------------------------------------------

@@ -78,8 +78,19 @@ def test_a_real_forgets_certificate_in_markdown_and_html(store, derived, tenant)
         assert certificate.NOT_RECORDED not in document  # a fresh proof records every store
         assert_no_text(document, canary, texts)
     # One table row per registered store, with its records deleted and its verification.
-    rows = [line for line in md.splitlines() if line.startswith("| `")]
+    stores_table = md[md.index("## Stores") : md.index("## Verification")]
+    rows = [line for line in stores_table.splitlines() if line.startswith("| `")]
     assert [row.split("|")[1].strip(" `") for row in rows] == [spec.name for spec in registry.stores()]
+    # Which guarantee held, per store: the primary's texts and the keys are sealed under keys the
+    # SUBJECT scope destroyed and their files were scanned (both); Chroma's vectors are in the clear,
+    # so only the scan speaks for them.
+    table = md[md.index("## Guarantees") : md.index("## Physical erasure")]
+    cells = [line.split("|") for line in table.splitlines() if line.startswith("| `")]
+    held = {row[1].strip(" `"): row[5].strip(" `") for row in cells}
+    assert set(held) == set(registry.names())
+    assert held["primary"].startswith("both") and held["key_store"].startswith("both"), held
+    assert held["chroma"].startswith("physical") and held["subject_summaries"].startswith("both"), held
+    assert proof["guarantees"]["primary"]["cryptographic"] == f"KEY_DESTROYED:{proof['erasure']['erasedAt']}"
     primary = next(row for row in rows if row.startswith("| `primary`"))
     assert "`DONE:2`" in primary and "| `2` |" in primary and "passed: 0 left by exact id" in primary
     scan = proof["erasure"]["byteScan"]

@@ -97,7 +97,8 @@ def test_subject_scope_removes_personal_and_team_contributions_and_rebuilds_team
     assert set(status["targets"]) == {spec.name for spec in registry.stores()} | {"backups", "physical"}
     assert all(status["targets"][spec.name].startswith("DONE:") for spec in registry.stores())
     assert status["targets"]["physical"].startswith("PENDING:")  # the erasure run's, within 24 h
-    assert status["targets"]["primary"] == "DONE:3" and status["targets"]["key_store"] == "DONE:1"
+    # Her subject key, her group key and the keys of her 3 versions.
+    assert status["targets"]["primary"] == "DONE:3" and status["targets"]["key_store"] == "DONE:5"
     for key in ("alice_personal", "alice_team"):
         assert everything_of(store, tenant, world[key].memory_id) == {"versions": 0, "lineage": 0, "postings": 0}
     for key in ("bob_personal", "bob_team"):

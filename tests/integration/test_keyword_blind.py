@@ -203,13 +203,15 @@ def old_sync(old: MemoryStore, tenant: str) -> None:
 
 
 def test_an_older_install_stays_findable_and_is_rekeyed_by_its_next_sync(store, scratch_database, tmp_path):
-    before = tmp_path / "migrations-0017"
+    # Every migration but 0018: the postings are written as before it, by today's writes, which need
+    # the later tables (version keys, 0021); 0018 touches nothing they made.
+    before = tmp_path / "migrations-without-0018"
     before.mkdir()
     for version, _, path in migrations.available():
-        if version <= 17:
+        if version != 18:
             shutil.copy(path, before / path.name)
     with psycopg.connect(scratch_database) as conn:
-        assert migrations.migrate(conn, before)[-1] == "0017_forgotten_edges"
+        assert "0018_keyword_subject_keys" not in migrations.migrate(conn, before)
     upgraded = MemoryStore(scratch_database, KeyStore(store.keys.master))
     tenant = "acme-" + uuid.uuid4().hex[:8]
     try:

@@ -189,8 +189,10 @@ def test_rows_land_in_the_tenants_partitions(store: MemoryStore, tenant: str, ot
                 ),
                 (tenant,),
             ).fetchone()
-            # Team keys only wrap team summaries built before per-build keys (migration 0015): none here.
-            assert in_parent is not None and (in_parent[0] > 0 or parent == "keystore.team_keys"), parent
+            # Team keys only wrap team summaries built before per-build keys (migration 0015), retired
+            # keys sealed texts before version keys (0021): none here.
+            empty = ("keystore.team_keys", "keystore.retired_keys")
+            assert in_parent is not None and (in_parent[0] > 0 or parent in empty), parent
             assert in_partition == (in_parent[0], in_parent[0]), parent
             assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.SQL(theirs[parent]))).fetchone() == (0,)
 
@@ -432,8 +434,10 @@ def test_drop_tenant_removes_its_partitions(store: MemoryStore, tenant: str, oth
 # -- the upgrade of a database in the old layout -------------------------------------------------
 
 
-# The tables 0011 partitions (keystore.build_keys came with 0015, partitioned from the start).
-OLD_LAYOUT_TABLES = tuple(t for t in PARTITIONED_TABLES if t != "keystore.build_keys")
+# The tables 0011 partitions (the others came later, partitioned from the start: build keys with 0015,
+# group, version and retired keys with 0021).
+LATER_TABLES = ("keystore.build_keys", "keystore.group_keys", "keystore.version_keys", "keystore.retired_keys")
+OLD_LAYOUT_TABLES = tuple(t for t in PARTITIONED_TABLES if t not in LATER_TABLES)
 
 
 def _all_rows(conn: psycopg.Connection) -> dict[str, list[tuple[Any, ...]]]:

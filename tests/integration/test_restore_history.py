@@ -27,6 +27,7 @@ from memory_pipelines.lib.infra.errors import ConflictError, PermissionDeniedErr
 from memory_pipelines.lib.stores import bytescan
 from memory_pipelines.lib.stores.adapter import postgres_files
 from tests.conftest import row_counts, run_cli
+from tests.support.legacy import seal_as_before_version_keys
 
 pytestmark = pytest.mark.slow
 
@@ -149,8 +150,11 @@ def test_a_restore_after_erasure_puts_no_forgotten_byte_into_postgres_files(
 def test_a_row_the_safety_net_removes_puts_its_job_back_to_pending(store, derived, tenant, tmp_path, session_settings):
     """A journal entry that lands between the filtering of the snapshot and the load (here a tombstone
     put back by a hook) lets a forgotten row reach a real table: the replay on the real tables removes
-    it, and its job owes an erasure again, with the fingerprints of what was removed."""
+    it, and its job owes an erasure again, with the fingerprints of what was removed. The row is
+    sealed as before version keys: a row under a version key is dropped at the filtering whatever
+    the journal says, since its key is destroyed."""
     w = seed(store, derived, tenant)
+    seal_as_before_version_keys(store, tenant, w["carol"].memory_id)
     backups = service_for(store, tmp_path)
     manifest = backups.backup(tenant_id=tenant)
     raw = ciphertexts(store, tenant, [w["carol"].memory_id])
@@ -282,7 +286,7 @@ def test_a_backup_in_flight_is_counted_by_the_proof(store, derived, tenant, tmp_
     # The backup holds bob's row and carol's (its snapshot predates both forgets): neither proof may
     # say that no backup holds them.
     memory_targets = service.proof(job_id=jobs["memory"])["targets"]
-    assert memory_targets["backups"].startswith("PENDING_EXPIRY:"), memory_targets
+    assert memory_targets["backups"] == "PENDING_SHRED:1", memory_targets  # its version's key is destroyed
     assert service.proof(job_id=jobs["subject"])["targets"]["backups"] == "PENDING_SHRED:1"
     assert [(b["backup_id"], b["state"]) for b in seen_in_flight] == [(manifest["backup_id"], "IN_FLIGHT")]
     assert seen_in_flight[0]["snapshot_at"] is not None  # taken; its upload had not landed

@@ -108,9 +108,10 @@ def test_restore_does_not_bring_back_what_retention_removed(store, derived, tena
     report = backups.restore(tenant_id=tenant, backup_id=manifest["backup_id"])
     assert report["replayed"]["rows_removed"]["tombstones"] == 1
     assert [m["memory_id"] for m in store.list_visible(tenant_id=tenant, user_id="ann")] == [kept]
-    # The job's proof now records the backup as pending expiry (its key is alive).
+    # The backup's copy is sealed under the version's own key, destroyed: shredded once the erasure
+    # has rotated the KEK (issue 32; before version keys it waited for the backup's expiry).
     proof = DeletionService(derived).proof(job_id=result["jobs"][tenant]["job_id"])
-    assert proof["targets"]["backups"].startswith("PENDING_EXPIRY:")
+    assert proof["targets"]["backups"] == "PENDING_SHRED:1"
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,8 @@ def test_a_forget_reaches_the_toy_store_and_proves_it(toy_registered, store, der
         md = certificate.render_markdown(service.proof(job_id=job["job_id"]), service.status(job_id=job["job_id"]))
         row = next(line for line in md.splitlines() if line.startswith("| `toy_notes`"))
         assert "`DONE:1`" in row and "| `1` |" in row and "passed: 0 left by exact id" in row
-        rows = [line.split("|")[1].strip(" `") for line in md.splitlines() if line.startswith("| `")]
+        stores = md[md.index("## Stores") : md.index("## Verification")]
+        rows = [line.split("|")[1].strip(" `") for line in stores.splitlines() if line.startswith("| `")]
         assert rows == registry.names()
     finally:
         _cleanup(store, tenant)

@@ -77,11 +77,16 @@ def test_text_at_rest_is_ciphertext_bound_to_its_version(store, tenant, endpoint
             "SELECT text_ct, key_id FROM memory.memory_versions WHERE tenant_id = %s AND memory_id = %s",
             (tenant, written.memory_id),
         ).fetchone()
-        owner_key = conn.execute(
-            "SELECT key_id FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s", (tenant, "alice")
-        ).fetchone()[0]
+        own_key = conn.execute(
+            "SELECT memory_id, version FROM keystore.version_keys WHERE tenant_id = %s AND key_id = %s",
+            (tenant, key_id),
+        ).fetchone()
+        author = conn.execute(
+            "SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s AND key_id = %s", (tenant, key_id)
+        ).fetchone()
     assert b"Secret plans" not in bytes(text_ct)
-    assert key_id == owner_key
+    # Sealed under a key of this version alone, not its author's (issue 32): forgetting it destroys one.
+    assert key_id.startswith("vk_") and own_key == (written.memory_id, 1) and author == (0,)
 
 
 def test_store_integrity_holds_after_many_versions(store, tenant):
@@ -92,7 +97,7 @@ def test_store_integrity_holds_after_many_versions(store, tenant):
     assert store.integrity_problems(tenant_id=tenant) == {
         "heads_without_current_version": 0,
         "stale_versions_not_superseded": 0,
-        "versions_without_subject_key": 0,
+        "versions_without_key": 0,
     }
     stats = store.tenant_stats(tenant_id=tenant)
     assert (stats["memories"], stats["versions"]) == (1, 7)

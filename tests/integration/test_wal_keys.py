@@ -11,6 +11,7 @@ import base64
 import dataclasses
 import os
 import re
+import shutil
 import stat
 import threading
 import uuid
@@ -29,6 +30,7 @@ from memory_pipelines.lib.infra.errors import NotFoundError
 from memory_pipelines.lib.infra.services import Endpoints, ensure_services, stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories import crypto
+from memory_pipelines.lib.memories.key_rotation import KeyRotation
 from memory_pipelines.lib.memories.key_vault import VAULT_BYTES
 from memory_pipelines.lib.memories.keys import KeyDestroyedError, KeyStore
 from memory_pipelines.lib.memories.store import MemoryStore
@@ -249,31 +251,50 @@ def test_after_erasure_an_attacker_with_home_opens_nothing_forgotten(world: Worl
         assert expected.lower() in markdown.lower(), expected
 
 
-def test_a_wal_the_erasure_cannot_remove_opens_nothing_sealed_under_a_destroyed_or_rotated_key(
-    world: World, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A WAL the erasure cannot remove (a replica's, an archive's, an external server's), simulated by
-    skipping the purge: the rotation alone leaves alice's wrapped key, the old summaries and the
-    snapshot there unopenable with every key left. Only the MEMORY scope's ciphertext, sealed under
-    bob's live key, opens: why the erasure removes the segments, and why an external server's
-    operator must not keep them (README)."""
-    monkeypatch.setattr(wal, "purge", lambda conninfo: wal.WalPurge(None, reason="skipped by this test"))
+def test_a_copy_of_the_wal_the_erasure_cannot_reach_opens_nothing_forgotten(world: World, tmp_path: Path) -> None:
+    """A WAL the erasure cannot remove (a replica's, an archive's, an external server's), here pg_wal
+    copied aside after the forgets and before the erasure: it holds alice's wrapped key, bob's
+    forgotten ciphertext with its wrapped version key, the old summaries and the snapshot. With
+    every key left, nothing of it opens: each was sealed under a key the deletion destroyed, whose
+    wrapped copies the rotation made useless. Before version keys, bob's MEMORY-scope ciphertext
+    opened here under his live subject key (issue 32)."""
     tenant = "t-" + uuid.uuid4().hex[:12]
     seeded = _seed(world, tenant)
     blobs, aads = _capture(world, tenant, seeded)
+    destroyed = _key_ids(world, tenant, seeded)
     gone = _gone(blobs)
+    archive = tmp_path / "archive"  # every segment, as an archive would have it: copied before any could go
+    shutil.copytree(world.settings.pgdata / "pg_wal", archive)
     jobs = _forget(world, tenant, seeded)
+    shutil.copytree(world.settings.pgdata / "pg_wal", archive, dirs_exist_ok=True)
     report = _erase(world, tenant, jobs)
-    assert report["keys"]["rotated"] and not report["wal"]["purged"]
-    world.checkpoint()
-    files = home_files(world.home)
-    found = find_exact(wal_files(world.home), gone)
-    assert {"alice_wrapped_key", "summary_team_core", "prompt_snapshot"} <= set(found)  # the control: still there
+    assert report["keys"]["rotated"] and report["keys"]["rekeyed"]["groups"] >= 1
+    copied = home_files(archive)
+    found = find_exact(copied, gone)
+    assert {"alice_wrapped_key", "bob_forget_v1", "summary_team_core", "prompt_snapshot"} <= set(found)  # the control
     attacker = Attacker(world.home, world.endpoints.store_conninfo, tenant)
-    recovered = attacker.recover_destroyed(files)
+    recovered = attacker.recover(copied, destroyed)
     keys = [*attacker.keys.values(), *recovered.values()]
-    opened = attacker.open_carved(wal_files(world.home), {n: aads[n] for n in gone}, keys, _markers(seeded, gone))
-    assert recovered == {} and set(opened) <= {"bob_forget_v1"}, _describe(world.home, found, {}, recovered, {}, opened)
+    opened = attacker.open_carved(copied, {n: aads[n] for n in gone}, keys, _markers(seeded, gone))
+    assert (recovered, opened) == ({}, {}), _describe(world.home, found, {}, recovered, {}, opened)
+    assert attacker.kek_count >= 1 and any(name.startswith("version:") for name in attacker.keys)
+
+
+def _key_ids(w: World, tenant: str, seeded: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
+    """key id -> (kind, owner) of every key the forgets of `_forget` destroy: alice's subject and group
+    keys, the version keys of her memories and of bob's forgotten one, and bob's group key (rekeyed)."""
+    with w.store.transaction() as conn:
+        rows = conn.execute(
+            "SELECT 'subject', user_id, key_id FROM keystore.subject_keys WHERE tenant_id = %(t)s AND user_id = 'alice'"
+            " UNION ALL SELECT 'group', user_id, key_id FROM keystore.group_keys WHERE tenant_id = %(t)s"
+            " UNION ALL SELECT 'version', NULL, key_id FROM keystore.version_keys WHERE tenant_id = %(t)s"
+            " AND memory_id = ANY(%(m)s)",
+            {
+                "t": tenant,
+                "m": [seeded[n].memory_id for n in ("alice_team", "alice_personal", "bob_forget")],
+            },
+        ).fetchall()
+    return {str(key_id): (str(kind), owner) for kind, owner, key_id in rows}
 
 
 def test_forget_erase_restore_erase_leaves_nothing_any_key_left_opens(world: World) -> None:
@@ -370,7 +391,9 @@ def _kek_ids(w: World, tenant: str) -> set[str | None]:
                 "SELECT kek_id FROM keystore.tenant_keys WHERE tenant_id = %(t)s"
                 " UNION ALL SELECT kek_id FROM keystore.subject_keys WHERE tenant_id = %(t)s"
                 " UNION ALL SELECT kek_id FROM keystore.team_keys WHERE tenant_id = %(t)s"
-                " UNION ALL SELECT kek_id FROM keystore.build_keys WHERE tenant_id = %(t)s",
+                " UNION ALL SELECT kek_id FROM keystore.build_keys WHERE tenant_id = %(t)s"
+                " UNION ALL SELECT kek_id FROM keystore.group_keys WHERE tenant_id = %(t)s"
+                " UNION ALL SELECT kek_id FROM keystore.retired_keys WHERE tenant_id = %(t)s",
                 {"t": tenant},
             )
         }
@@ -392,7 +415,14 @@ def test_rotation_converts_rows_wrapped_the_old_way_and_keeps_everything_readabl
 
     erasure = ErasureService(world.derived)
     first = erasure.rotate_keys(tenant)
-    assert first["rotated"] and first["rewrapped"] == {"subject": 2, "team": 1, "build": 2, "tenant": 1}
+    assert first["rotated"] and first["rewrapped"] == {
+        "subject": 2,
+        "team": 1,
+        "build": 2,
+        "group": 2,
+        "retired": 0,
+        "tenant": 1,
+    }
     [kek] = vault.kek_ids(tenant)
     assert _kek_ids(world, tenant) == {kek}  # every row converted
     fresh = _fresh(world)
@@ -517,11 +547,12 @@ def test_kek_rotation_with_a_kms_master_key(world: World, kms_key: str) -> None:
     written = store.write(tenant_id=tenant, user_id="alice", text="sealed under a KEK from KMS")
     raw = store.keys.vault.path(tenant).read_bytes()
     assert f'"provider":"kms:{kms_key}"'.encode() in raw
+    rotations = KeyRotation(store.keys)
     for _ in range(2):
         with store.transaction() as conn:
-            rotation = store.keys.begin_rotation(conn, tenant)
+            rotation = rotations.begin(conn, tenant)
         assert rotation is not None
-        store.keys.finish_rotation(rotation)
+        rotations.finish(rotation)
         store.keys.forget_cached()  # the next read unwraps through KMS again
         assert store.history(tenant_id=tenant, memory_id=written.memory_id)[0]["text"] == "sealed under a KEK from KMS"
     with store.transaction() as conn:

@@ -1,12 +1,16 @@
-"""An attacker holding a copy of HOME: every file under it, the master key, and every key left.
+"""An attacker holding a copy of HOME: every file under it (and any other copy it was given: a WAL
+archive, a base backup, an external server's data directory), the master key, and every key left.
 
-Used by the tests of issue 20, item 3: what the files of a HOME still give away after a deletion
-was erased. The attacker knows the code (formats and associated data, Kerckhoffs) and the ids any
-row or journal entry names; what it lacks is only what was destroyed. It:
+The attacker knows the code (formats and associated data, Kerckhoffs) and every id a row or journal
+entry names; what it lacks is only what was destroyed. It:
 - reads the master key file, unseals every KEK of the key vault with it, and unwraps every wrapped
-  key the key store still holds (tenant, subject, team and build keys), whatever wraps them;
-- carves sealed blobs (PostgreSQL varlena values holding our sealed format) out of files, e.g.
-  pg_wal segments, and tries every key it has on them under the associated data of its targets;
+  key the key store still holds (tenant, subject, team, build, group, version and retired keys),
+  whatever wraps them, until nothing new opens;
+- rebuilds destroyed keys from wrapped copies carved out of files (`recover`): each wanted key id is
+  tried with every key able to wrap keys (master, KEKs, tenant keys, group keys, and those rebuilt),
+  round after round, so a group key rebuilt from an old WAL record opens the version keys it wrapped;
+- carves sealed blobs (PostgreSQL varlena values holding our sealed format) out of files and tries
+  every key it has on them under the associated data of its targets (`open_carved`);
 - looks for exact byte strings (ciphertexts and wrapped keys taken before the deletion) in every file.
 """
 
@@ -15,7 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import mmap
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +32,8 @@ from memory_pipelines.lib.memories import crypto
 _NONCE = 12
 _SEALED_MIN = 1 + _NONCE + 16
 WRAPPED_KEY_BYTES = 1 + _NONCE + crypto.KEY_BYTES + 16
+# Key kinds that wrap other keys (a version key seals texts, a subject key MACs them: neither wraps).
+_WRAPPING_KINDS = ("master", "kek", "tenant", "group")
 
 
 def home_files(home: Path) -> list[Path]:
@@ -87,6 +93,40 @@ def sealed_candidates(data: bytes, *, length: int | None = None) -> Iterator[byt
                 yield data[p : p + size]
 
 
+def _carve_sizes(data: bytes, sizes: set[int]) -> set[bytes]:
+    """`sealed_candidates` of the given sizes, vectorised: a varlena header (1-byte, or 4-byte
+    uncompressed) announcing one of `sizes`, then our format byte."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if len(raw) < _SEALED_MIN + 4:
+        return set()
+    ones = np.flatnonzero(raw[4:] == 1) + 4
+    found: set[bytes] = set()
+    head4 = (
+        raw[ones - 4].astype(np.uint32)
+        | (raw[ones - 3].astype(np.uint32) << 8)
+        | (raw[ones - 2].astype(np.uint32) << 16)
+        | (raw[ones - 1].astype(np.uint32) << 24)
+    )
+    for size in sizes:
+        hits = []
+        if size + 1 <= 127:
+            hits.append(ones[raw[ones - 1] == (((size + 1) << 1) | 1)])
+        hits.append(ones[head4 == np.uint32((size + 4) << 2)])
+        for p in np.concatenate(hits).tolist():
+            if p + size <= len(data):
+                found.add(data[p : p + size])
+    return found
+
+
+def carve(files: Iterable[Path], lengths: Iterable[int]) -> set[bytes]:
+    """Every distinct sealed-looking blob of `files` of one of `lengths`."""
+    sizes = set(lengths)
+    found: set[bytes] = set()
+    for path in files:
+        found |= _carve_sizes(_read(path), sizes)
+    return found
+
+
 def _vault_entries(raw: bytes) -> list[dict[str, str]]:
     """Every KEK entry of every slot of a vault file (lib/key_vault.py: slots of 2,048 bytes, each a
     4-byte length, a SHA-256 and a JSON document), valid or not: the attacker takes whatever is there."""
@@ -108,6 +148,7 @@ def try_open(keys: Iterable[bytes], blob: bytes, aads: Iterable[bytes]) -> bytes
     if len(blob) < _SEALED_MIN or blob[:1] != b"\x01":
         return None
     nonce, body = blob[1 : 1 + _NONCE], blob[1 + _NONCE :]
+    aads = list(aads)
     for key in keys:
         cipher = AESGCM(key)
         for aad in aads:
@@ -124,25 +165,46 @@ def key_aads(kind: str, tenant: str, owner: str | None, key_id: str) -> list[byt
         return [crypto.aad("tenant-key", tenant), crypto.aad("tenant-key", tenant, key_id)]
     if kind == "build":
         return [crypto.aad("build-key", tenant, key_id)]
+    if kind == "version":
+        return [crypto.aad("version-key", tenant, key_id)]
+    if kind == "retired":
+        kind = "subject"  # a retired key was a subject key: it keeps its associated data
     return [crypto.aad(f"{kind}-key", tenant, owner or "", key_id)]
+
+
+# (kind, the column naming the owner, table): every table of wrapped keys, old and new.
+_KEY_TABLES = (
+    ("tenant", "NULL", "keystore.tenant_keys"),
+    ("subject", "user_id", "keystore.subject_keys"),
+    ("team", "team_id", "keystore.team_keys"),
+    ("build", "NULL", "keystore.build_keys"),
+    ("group", "user_id", "keystore.group_keys"),
+    ("version", "NULL", "keystore.version_keys"),
+    ("retired", "user_id", "keystore.retired_keys"),
+)
 
 
 class Attacker:
     """Everything `home` and its database give away about one tenant, with the master key."""
 
-    def __init__(self, home: Path, conninfo: str, tenant: str) -> None:
+    def __init__(self, home: Path, conninfo: str, tenant: str, *, vault: Path | None = None) -> None:
         self.home = home
         self.conninfo = conninfo
         self.tenant = tenant
         self.master = (home / "keys" / "master.key").read_bytes()
-        self.keys: dict[str, bytes] = {"master": self.master}
+        # name ("kind:key_id") -> key: everything the attacker holds.
+        self.keys: dict[str, bytes] = {"master:": self.master}
         self.kek_count = 0
-        self._load_vault()
+        self._load_vault(vault or home / "keys")
         self._load_key_store()
 
-    def _load_vault(self) -> None:
-        """Every KEK sealed in the vault files (any file under HOME/keys other than the master key)."""
-        for path in home_files(self.home / "keys"):
+    def wrapping(self) -> list[bytes]:
+        """The keys it holds that could wrap another key."""
+        return [key for name, key in self.keys.items() if name.partition(":")[0] in _WRAPPING_KINDS]
+
+    def _load_vault(self, directory: Path) -> None:
+        """Every KEK sealed in the vault files (any file under the vault directory but the master key)."""
+        for path in home_files(directory):
             if path.name == "master.key":
                 continue
             for entry in _vault_entries(_read(path)):
@@ -157,21 +219,18 @@ class Attacker:
                     self.kek_count += 1
 
     def _rows(self) -> list[tuple[str, str | None, str, bytes]]:
-        """(kind, owner, key_id, wrapped) of every live wrapped key of the tenant."""
-        queries = {
-            "tenant": "SELECT NULL, key_id, wrapped FROM keystore.tenant_keys WHERE tenant_id = %s",
-            "subject": "SELECT user_id, key_id, wrapped FROM keystore.subject_keys WHERE tenant_id = %s",
-            "team": "SELECT team_id, key_id, wrapped FROM keystore.team_keys WHERE tenant_id = %s",
-            "build": "SELECT NULL, key_id, wrapped FROM keystore.build_keys WHERE tenant_id = %s",
-        }
+        """(kind, owner, key_id, wrapped) of every live wrapped key of the tenant, in tables that exist."""
         rows: list[tuple[str, str | None, str, bytes]] = []
         with psycopg.connect(self.conninfo, autocommit=True) as conn:
-            for kind, query in queries.items():
+            for kind, owner, table in _KEY_TABLES:
                 try:
-                    found = conn.execute(query, (self.tenant,)).fetchall()
+                    found = conn.execute(
+                        f"SELECT {owner}, key_id, wrapped FROM {table} WHERE tenant_id = %s",
+                        (self.tenant,),
+                    ).fetchall()
                 except psycopg.errors.UndefinedTable:
                     continue
-                rows += [(kind, owner, key_id, bytes(w)) for owner, key_id, w in found if w is not None]
+                rows += [(kind, o, key_id, bytes(w)) for o, key_id, w in found if w is not None]
         return rows
 
     def _load_key_store(self) -> None:
@@ -180,7 +239,7 @@ class Attacker:
         while pending:
             opened = []
             for kind, owner, key_id, wrapped in pending:
-                key = try_open(self.keys.values(), wrapped, key_aads(kind, self.tenant, owner, key_id))
+                key = try_open(self.wrapping(), wrapped, key_aads(kind, self.tenant, owner, key_id))
                 if key is not None:
                     self.keys[f"{kind}:{key_id}"] = key
                     opened.append((kind, owner, key_id, wrapped))
@@ -200,22 +259,41 @@ class Attacker:
                 )
             ]
 
-    def recover_destroyed(self, files: Iterable[Path]) -> dict[str, bytes]:
-        """Destroyed subject keys rebuilt from wrapped copies carved out of `files`: key_id -> key."""
-        wanted = {
-            key_id: crypto.aad("subject-key", self.tenant, subject, key_id) for subject, key_id in self.destroyed_keys()
+    def recover(self, files: Iterable[Path], wanted: Mapping[str, tuple[str, str | None]]) -> dict[str, bytes]:
+        """Destroyed keys rebuilt from wrapped copies carved out of `files`: `wanted` maps a key id to
+        its (kind, owner); returns key_id -> key. Rounds until no new key opens: a rebuilt key that
+        wraps others (a group key) is tried on the rest."""
+        blobs = carve(files, [WRAPPED_KEY_BYTES])
+        todo = {
+            key_id: key_aads(kind, self.tenant, owner, key_id)
+            for key_id, (kind, owner) in wanted.items()
+            if f"{kind}:{key_id}" not in self.keys
         }
         recovered: dict[str, bytes] = {}
-        if not wanted:
-            return recovered
-        for path in files:
-            for blob in sealed_candidates(_read(path), length=WRAPPED_KEY_BYTES):
-                for key_id, aad in wanted.items():
-                    if key_id not in recovered:
-                        key = try_open(self.keys.values(), blob, [aad])
-                        if key is not None:
-                            recovered[key_id] = key
+        wrapping = self.wrapping()
+        while todo and wrapping:
+            ciphers = [AESGCM(key) for key in wrapping]
+            found: dict[str, bytes] = {}
+            for blob in blobs:
+                nonce, body = blob[1 : 1 + _NONCE], blob[1 + _NONCE :]
+                for key_id, aads in todo.items():
+                    if key_id in found:
+                        continue
+                    for cipher in ciphers:
+                        for aad in aads:
+                            try:
+                                found[key_id] = cipher.decrypt(nonce, body, aad)
+                            except InvalidTag:
+                                continue
+            recovered.update(found)
+            todo = {k: v for k, v in todo.items() if k not in found}
+            # Only the new keys are worth trying in the next round.
+            wrapping = [key for key_id, key in found.items() if wanted[key_id][0] in _WRAPPING_KINDS]
         return recovered
+
+    def recover_destroyed(self, files: Iterable[Path]) -> dict[str, bytes]:
+        """Destroyed subject keys (the journal names them) rebuilt from wrapped copies carved out of `files`."""
+        return self.recover(files, {key_id: ("subject", subject) for subject, key_id in self.destroyed_keys()})
 
     def open_carved(
         self,
@@ -223,15 +301,20 @@ class Attacker:
         targets: dict[str, bytes],
         keys: Iterable[bytes],
         markers: dict[str, tuple[bytes, ...]] | None = None,
+        *,
+        lengths: Iterable[int] | None = None,
     ) -> dict[str, str]:
         """Target name -> file, for every target (name -> associated data) a carved blob opens under.
         A target with `markers` counts only when the plaintext holds one of them: a summary's associated
-        data names its subject or team, not its build, so the live summary opens under it too."""
+        data names its subject or team, not its build, so the live summary opens under it too.
+        `lengths`: only blobs of these sizes are tried (a copy of a sealed text has its length)."""
         keys = list(keys)
         markers = markers or {}
         opened: dict[str, str] = {}
         for path in files:
-            for blob in sealed_candidates(_read(path)):
+            data = _read(path)
+            blobs = set(sealed_candidates(data)) if lengths is None else _carve_sizes(data, set(lengths))
+            for blob in blobs:
                 for name, aad in targets.items():
                     if name in opened:
                         continue

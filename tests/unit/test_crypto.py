@@ -80,8 +80,8 @@ def test_keystore_cache_is_bounded_and_least_recently_used_goes_first(tmp_path):
     from memory_pipelines.lib.memories.keys import KeyStore
 
     keys = KeyStore(crypto.LocalMasterKey(tmp_path / "master.key"), cache_size=2)
-    keys._remember("a", b"A")
-    keys._remember("b", b"B")
-    assert keys._cached("a") == b"A"  # touch a: b is now the oldest
-    keys._remember("c", b"C")
-    assert (keys._cached("a"), keys._cached("b"), keys._cached("c")) == (b"A", None, b"C")
+    keys.remember("a", b"A")
+    keys.remember("b", b"B")
+    assert keys.cached("a") == b"A"  # touch a: b is now the oldest
+    keys.remember("c", b"C")
+    assert (keys.cached("a"), keys.cached("b"), keys.cached("c")) == (b"A", None, b"C")

@@ -43,8 +43,9 @@ def catalog(service: BackupService, *, tenant_id: str) -> list[dict[str, Any]]:
         alive = {
             r[0]
             for r in conn.execute(
-                "SELECT key_id FROM keystore.subject_keys WHERE tenant_id = %s AND key_id = ANY(%s)",
-                (tenant_id, subject_keys),
+                "SELECT key_id FROM keystore.subject_keys WHERE tenant_id = %(t)s AND key_id = ANY(%(k)s)"
+                " UNION ALL SELECT key_id FROM keystore.retired_keys WHERE tenant_id = %(t)s AND key_id = ANY(%(k)s)",
+                {"t": tenant_id, "k": subject_keys},
             )
         }
     tenant_key = row[0] if row else None

@@ -281,6 +281,9 @@ def _back_to_pending(
     earlier = proof.pop("erasure", None)
     if earlier:
         proof.setdefault("erasuresBefore", []).append(earlier)
+    # The keys stay destroyed (a restore brings back no key); the files hold restored copies again.
+    for entry in (proof.get("guarantees") or {}).values():
+        entry["physical"] = "PENDING"
     proof.setdefault("erasureOwedByRestores", []).append(restore_id)
     conn.execute(
         "UPDATE control.deletion_jobs SET targets = %s, proof = %s, erased_at = NULL, erasure = NULL,"
@@ -322,8 +325,10 @@ _FORGOTTEN: dict[str, tuple[str, str, str]] = {
         "",
         # Both key lists are read once, for the tenant (bound, not correlated with v: a correlated
         # journal lookup ran once per version, 1.7 s of a 20,000-version restore).
-        "v.tenant_id = %(t)s AND (NOT EXISTS (SELECT 1 FROM keystore.subject_keys k WHERE k.tenant_id = %(t)s"
-        " AND k.key_id = v.key_id) OR v.key_id IN (SELECT j.key_id FROM control.journal j"
+        "v.tenant_id = %(t)s AND ((NOT EXISTS (SELECT 1 FROM keystore.version_keys k WHERE k.tenant_id = %(t)s"
+        " AND k.key_id = v.key_id) AND NOT EXISTS (SELECT 1 FROM keystore.subject_keys k WHERE k.tenant_id = %(t)s"
+        " AND k.key_id = v.key_id) AND NOT EXISTS (SELECT 1 FROM keystore.retired_keys k WHERE k.tenant_id = %(t)s"
+        " AND k.key_id = v.key_id)) OR v.key_id IN (SELECT j.key_id FROM control.journal j"
         " WHERE j.tenant_id = %(t)s AND j.kind = 'KEY_DESTROYED'))",
         "(SELECT min(d.job_id) FROM control.journal d WHERE d.tenant_id = v.tenant_id AND d.kind = 'KEY_DESTROYED'"
         " AND d.key_id = v.key_id)",

@@ -133,11 +133,17 @@ class BackupTaking(BackupServiceBase):
                 for name in order:
                     rows[name] = self._dump(conn, tenant_id, name, snapshot, progress, sum(rows.values()))
                     progress(len(rows), len(order), "backup tables")
+                # The subject keys of the snapshot's authors (and the keys that sealed texts before
+                # version keys): the catalog counts those destroyed since as subjects shredded.
                 key_ids = sorted(
                     {
                         str(r[0])
                         for r in conn.execute(
-                            "SELECT DISTINCT key_id FROM memory.memory_versions WHERE tenant_id = %s", (tenant_id,)
+                            "SELECT k.key_id FROM keystore.subject_keys k WHERE k.tenant_id = %(t)s AND EXISTS"
+                            " (SELECT 1 FROM memory.memories m WHERE m.tenant_id = %(t)s AND m.user_id = k.user_id)"
+                            " UNION SELECT DISTINCT key_id FROM memory.memory_versions"
+                            " WHERE tenant_id = %(t)s AND key_id NOT LIKE 'vk\\_%%'",
+                            {"t": tenant_id},
                         )
                     }
                 )

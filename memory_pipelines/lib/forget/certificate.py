@@ -18,12 +18,14 @@ from typing import Any
 
 import psycopg
 
+from memory_pipelines.lib.forget import guarantees
 from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.stores import lineage, registry
 
 __all__ = [
     "FORMATS",
+    "GUARANTEES_NOTE",
     "LIMITS",
     "MEANING",
     "NOT_RECORDED",
@@ -69,8 +71,16 @@ LIMITS = (
     "Memory, swap and crash dumps of the processes that held the data or its keys.",
     "External servers: a remote PostgreSQL (its WAL archive, point-in-time backups and replicas), a Chroma"
     " server, S3 and KMS are erased through their APIs; their files are not scanned here (see Not scanned).",
-    "Backups: rows of a MEMORY or retention scope stay in backups until those expire (PENDING_EXPIRY); a SUBJECT"
-    " or TENANT scope's rows there are sealed under destroyed keys (SHREDDED).",
+    "Backups: the scope's rows there are sealed under destroyed keys (SHREDDED); only versions written before"
+    " version keys and not yet converted stay readable in backups until those expire (PENDING_EXPIRY).",
+    "Stores whose records no key of the scope seals (the Guarantees table says which): their copies outside this"
+    " machine's files (a Chroma server, replicas and WAL archives of an external PostgreSQL) are bounded by their"
+    " operator, not by a key.",
+)
+GUARANTEES_NOTE = (
+    "Cryptographic: every copy of the target is sealed under a key this deletion destroyed, and the tenant's"
+    " key-encryption key was rotated, so no copy anywhere opens (WAL archives, replicas, a managed server, backups)."
+    " Physical: the target's files on this machine were rewritten and a byte scan found no fingerprint."
 )
 
 # Under the stores table: what `DONE:n` and "records deleted" count, so they agree with the data map.
@@ -106,6 +116,8 @@ class Certificate:
     verification: list[tuple[str, str]]
     erasure: list[tuple[str, str]]
     backups: list[tuple[str, str]]
+    # store, what seals its copies, cryptographic, physical, which held (in words)
+    guarantees: list[tuple[str, str, str, str, str]] = field(default_factory=list)
     other_targets: list[tuple[str, str]] = field(default_factory=list)
     limits: tuple[str, ...] = LIMITS
 
@@ -214,6 +226,21 @@ def _store_rows(
     return rows
 
 
+def _guarantee_rows(recorded: Mapping[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """One row per registered store: what seals its copies, each guarantee's state, which held."""
+    rows = []
+    for spec in registry.stores():
+        entry = recorded.get(spec.name)
+        if not isinstance(entry, Mapping):
+            rows.append((spec.name, spec.sealed_by, NOT_RECORDED, NOT_RECORDED, NOT_RECORDED))
+            continue
+        crypto = _text(entry.get("cryptographic"))
+        if entry.get("legacySealed"):
+            crypto += f" ({entry['legacySealed']} version(s) sealed under their author's live key)"
+        rows.append((spec.name, spec.sealed_by, crypto, _text(entry.get("physical")), guarantees.held(entry)))
+    return rows
+
+
 def _scope_rows(proof: Mapping[str, Any], scope: Mapping[str, Any]) -> list[tuple[str, str]]:
     """What the proof covers: scope, its hash, basis, policy, versions (and a sweep's day and categories)."""
     scope_rows = [
@@ -283,6 +310,7 @@ def build(proof: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> 
             ),
         ],
         backups=[("Backups", _backups(None if targets.get("backups") is None else str(targets["backups"])))],
+        guarantees=_guarantee_rows(proof.get("guarantees") or {}),
         other_targets=[
             (str(name), str(value))
             for name, value in sorted(targets.items())
@@ -337,6 +365,16 @@ def render_markdown(proof: Mapping[str, Any], status: Mapping[str, Any] | None =
     ]
     lines += ["", f"_{STORES_NOTE}_"]
     lines += ["", "## Verification", "", *_md_pairs(cert.verification)]
+    lines += [
+        "",
+        "## Guarantees",
+        "",
+        "| store | sealed by | cryptographic | physical | held |",
+        "|---|---|---|---|---|",
+        *("| " + " | ".join(md_code(v, table=True) for v in row) + " |" for row in cert.guarantees),
+        "",
+        f"_{GUARANTEES_NOTE}_",
+    ]
     lines += ["", "## Physical erasure", "", *_md_pairs(cert.erasure)]
     lines += ["", "## Backups", "", *_md_pairs(cert.backups)]
     if cert.other_targets:
@@ -373,7 +411,7 @@ def _cls(value: str) -> str:
         return "gap"
     if value.startswith(("FAILED", "BLOCKED")):
         return "bad"
-    if value.startswith(("DONE", "passed", "ERASED", "SHREDDED", "COMPLETE")):
+    if value.startswith(("DONE", "passed", "ERASED", "SHREDDED", "COMPLETE", "KEY_DESTROYED", "SCANNED", "both")):
         return "ok"
     return ""
 
@@ -415,6 +453,16 @@ def render_html(proof: Mapping[str, Any], status: Mapping[str, Any] | None = Non
         f'<p class="note">{h(STORES_NOTE)}</p>',
         "<h2>Verification</h2>",
         _dl(cert.verification),
+        "<h2>Guarantees</h2>",
+        "<table><thead><tr>"
+        + "".join(f"<th>{h(c)}</th>" for c in ("store", "sealed by", "cryptographic", "physical", "held"))
+        + "</tr></thead><tbody>"
+        + "".join(
+            "<tr>" + "".join(f'<td class="{_cls(v)}"><code>{h(v)}</code></td>' for v in row) + "</tr>"
+            for row in cert.guarantees
+        )
+        + "</tbody></table>",
+        f'<p class="note">{h(GUARANTEES_NOTE)}</p>',
         "<h2>Physical erasure</h2>",
         _dl(cert.erasure),
         "<h2>Backups</h2>",

@@ -24,11 +24,12 @@ from typing import Any
 
 import psycopg
 
-from memory_pipelines.lib.forget import wal
+from memory_pipelines.lib.forget import datadir, guarantees, wal
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.memories.key_rotation import KeyRotation
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.stores import bytescan, registry
 from memory_pipelines.lib.stores.adapter import Erasure
@@ -131,12 +132,17 @@ class ErasureService(ErasureLedger):
         for index, spec in enumerate(registry.stores()):
             erasures[spec.name] = registry.adapter(spec.name).erase(self.derived, tenant_id)
             progress(index + 1, len(registry.stores()), "erasure rewrite")
-        # After them: every WAL segment that holds the erased rows (or the rewrites' own logging)
-        # is unlinked, and what is left of pg_wal is scanned with the tenant's files.
+        # After them: no statistic of a sealed column is left in pg_statistic, which is rewritten;
+        # then every WAL segment that holds the erased rows (or the rewrites' own logging) is
+        # unlinked, and every file of the data directory is scanned with the other stores' files.
         compacted = time.perf_counter()
+        statistics = datadir.clear_statistics(self.store.conninfo, tenant_id)
         purged = wal.purge(self.store.conninfo)
+        data = datadir.data_files(self.store.conninfo, tenant_id)
         rewritten = time.perf_counter()
-        files: set[Path] = {f for e in erasures.values() for f in e.files} | set(wal.files(purged.directory))
+        files: set[Path] = (
+            {f for e in erasures.values() for f in e.files} | set(data.files) | set(wal.files(purged.directory))
+        )
         with self.store.transaction() as conn:
             base = bytescan.base_from_key(self.store.keys.control_key(conn))
         live = {bytescan.fingerprint(w, base) for e in erasures.values() for w in e.live}
@@ -157,13 +163,12 @@ class ErasureService(ErasureLedger):
                 "bytes": result.bytes,
                 "hits": sum(result.hits.values()),
                 "sharedWithLiveData": len(live & set(fingerprints)),
-                "notScanned": sorted(
-                    [name for name, e in erasures.items() if not e.scanned]
-                    + ([] if purged.directory is not None else [wal.NOT_SCANNED])
-                ),
+                "notScanned": _not_scanned(erasures, purged, data),
                 "scanned": result.areas(_root(files)),
+                "dataDirectory": data.report(),
             },
             "keys": keys,
+            "statistics": statistics,
             "wal": purged.report(),
             "seconds": {
                 "rewrite": round(rewritten - started, 3),  # of which:
@@ -183,6 +188,9 @@ class ErasureService(ErasureLedger):
                 }
             )
         erased = _now()
+        # Keys are gone for good once the KEK is rotated, or when the tenant's keys and vault file are.
+        report["keysGone"] = bool(keys.get("rotated")) or not keys.get("vaultFile", True)
+        report["scannedStores"] = {name: e.scanned for name, e in erasures.items()}
         with self.store.transaction() as conn:
             for job_id in job_ids:
                 self._mark_erased(conn, job_id, tenant_id, erased, report)
@@ -196,14 +204,17 @@ class ErasureService(ErasureLedger):
         one transaction, then the vault file is overwritten in place with the new KEK alone. From
         then on, a wrapped key left in WAL, a dead tuple or a replica opens nothing. Counts only."""
         keys = self.store.keys
+        rotations = KeyRotation(keys)
         with self.store.transaction() as conn:
-            rotation = keys.begin_rotation(conn, tenant_id)
+            rotation = rotations.begin(conn, tenant_id)
         if rotation is None:  # no live tenant key: nothing written yet, or the tenant is destroyed
             return {"rotated": False, "vaultFile": keys.vault.exists(tenant_id)}
-        keys.finish_rotation(rotation)
+        rotations.finish(rotation)
         return {
             "rotated": True,
             "rewrapped": rotation.rewrapped,
+            "rekeyed": rotation.rekeyed,
+            "retiredDestroyed": rotation.retired_destroyed,
             "keksLeft": len(keys.vault.kek_ids(tenant_id)),
         }
 
@@ -244,11 +255,19 @@ class ErasureService(ErasureLedger):
             # No readable copy of the destroyed key is left in the key store's files now.
             targets["backups"] = "SHREDDED:" + str(targets["backups"]).partition(":")[2]
         proof["targets"] = targets
+        proof["guarantees"] = guarantees.at_erasure(
+            proof.get("guarantees"),
+            str((proof.get("scope") or {}).get("type", "")),
+            erased_at=erased.isoformat(),
+            keys_gone=bool(report["keysGone"]),
+            scanned=report["scannedStores"],
+        )
         proof["erasure"] = {
             "erasedAt": erased.isoformat(),
             "bytesRewritten": report["bytesRewritten"],
             "byteScan": report["byteScan"],
             "keys": report["keys"],
+            "statistics": report["statistics"],
             "wal": report["wal"],
         }
         conn.execute(
@@ -264,6 +283,15 @@ class ErasureService(ErasureLedger):
             "INSERT INTO control.audit (job_id, tenant_id, event, state, detail) VALUES (%s, %s, %s, 'COMPLETE', %s)",
             (job_id, tenant_id, event, json.dumps(detail)),
         )
+
+
+def _not_scanned(erasures: dict[str, Erasure], purged: wal.WalPurge, data: datadir.DataFiles) -> list[str]:
+    """What the byte scan could not read: stores whose files are elsewhere, a remote pg_wal and data directory."""
+    return sorted(
+        [name for name, e in erasures.items() if not e.scanned]
+        + ([] if purged.directory is not None else [wal.NOT_SCANNED])
+        + ([] if data.directory is not None else [datadir.NOT_SCANNED])
+    )
 
 
 def _checkpoint(conninfo: str) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from memory_pipelines.lib.forget import gate
+from memory_pipelines.lib.forget import gate, guarantees
+from memory_pipelines.lib.forget.targets import LEGACY_SEALED
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.memories import crypto
@@ -316,9 +317,10 @@ class DeletionLedger:
             new_targets = []
             for job in jobs:
                 epoch, created = rows[job["job_id"]]
+                legacy = ((found or {}).get(job["job_id"]) or {}).get(LEGACY_SEALED)
                 job_targets = {
                     **job["targets"],
-                    "backups": _backup_status_of(backups, job["scope"]["type"]),
+                    "backups": _backup_status_of(backups, job["scope"]["type"], legacy=int(legacy or 0)),
                     # Its own target: the bytes leave every file in the tenant's erasure run (erasure.py).
                     "physical": f"PENDING:{erase_by.isoformat()}",
                 }
@@ -336,6 +338,11 @@ class DeletionLedger:
                         verification=verification,
                         times=(created, completed),
                     )
+                    | {
+                        "guarantees": guarantees.at_completion(
+                            job["scope"]["type"], legacy=None if legacy is None else int(legacy)
+                        )
+                    }
                 )
             conn.execute(
                 "UPDATE control.deletion_jobs j SET state = 'COMPLETE', proof = x.proof::jsonb, completed_at = %s,"
@@ -806,17 +813,18 @@ def _backups(conn: psycopg.Connection, tenant_id: str) -> tuple[int, datetime | 
     return (0, None) if row is None else (int(row[0]), row[1])
 
 
-def _backup_status_of(backups: tuple[int, datetime | None], scope: str) -> str:
-    """What the tenant's live backups hold of this scope: shredded with its key, or until they expire.
+def _backup_status_of(backups: tuple[int, datetime | None], scope: str, *, legacy: int = 0) -> str:
+    """What the tenant's live backups hold of this scope: shredded with its keys, or until they expire.
 
-    SUBJECT and TENANT scopes destroy the key their rows are sealed under, so every backup is
-    unreadable for them once the key's dead copies are erased from the key store's files
-    (PENDING_SHRED until the physical erasure, then SHREDDED). A MEMORY or RETENTION scope leaves
-    the key alive: the rows stay in backups until they expire, and the restore gate's journal
-    replay keeps them from coming back.
+    Every scope destroys the keys its rows are sealed under (each version's own key; SUBJECT and
+    TENANT every key of theirs), so every backup is unreadable for it once the keys' dead copies are
+    erased from the key store's files and the KEK is rotated (PENDING_SHRED until the physical
+    erasure, then SHREDDED). Only a MEMORY or RETENTION scope with `legacy` versions (sealed under
+    their author's subject key before version keys, not converted yet) leaves a key alive: those rows
+    stay in backups until they expire, and the restore gate's journal replay keeps them from coming back.
     """
     count, until = backups
-    if scope in ("SUBJECT", "TENANT"):
+    if scope in ("SUBJECT", "TENANT") or (count and not legacy):
         # SHREDDED only once no readable copy of the destroyed key is left: the physical erasure
         # rewrites the key store's files and scans them, then claims it.
         return f"PENDING_SHRED:{count}"

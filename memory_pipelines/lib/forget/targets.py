@@ -17,11 +17,12 @@ import psycopg
 
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.results import DeletionJob, DeletionScope
-from memory_pipelines.lib.stores import bytescan, registry
+from memory_pipelines.lib.stores import bytescan, lineage, registry
 from memory_pipelines.lib.stores.adapter import Context, Lineage, Source, ever_restored, lineage_map
 from memory_pipelines.lib.stores.derived import DerivedStores
 
 __all__ = [
+    "LEGACY_SEALED",
     "MAX_PROBES",
     "Probes",
     "Records",
@@ -240,8 +241,22 @@ class Records:
         return self._found[key]
 
 
+# Of a job's target versions, those of which a copy may be sealed under a key that outlives them: sealed
+# under their author's subject key (written before version keys, not yet converted), or converted
+# while a retired key of their author opens the copies made before (lib/memories/key_conversion.py).
+LEGACY_SEALED = "legacySealed"
+_LEGACY_SEALED = (
+    "SELECT count(*) FROM memory.memory_versions v JOIN unnest(%(m)s::text[], %(v)s::int[]) AS w(memory_id, version)"
+    " ON v.memory_id = w.memory_id AND v.version = w.version WHERE v.tenant_id = %(t)s AND (v.key_id NOT LIKE 'vk\\_%%'"
+    " OR EXISTS (SELECT 1 FROM memory.memories m JOIN keystore.retired_keys r ON r.tenant_id = %(t)s"
+    "  AND r.user_id = m.user_id WHERE m.tenant_id = %(t)s AND m.memory_id = v.memory_id"
+    "  AND v.created_at < r.retired_at))"
+)
+
+
 def found(conn: psycopg.Connection, records: Records, jobs: list[DeletionJob]) -> dict[str, dict[str, int]]:
-    """job_id -> store -> records that existed at the job's first freeze (kept across retries)."""
+    """job_id -> store -> records that existed at the job's first freeze (kept across retries), and
+    LEGACY_SEALED -> target versions sealed under a key their deletion does not destroy."""
     out: dict[str, dict[str, int]] = {}
     kept: dict[str, dict[str, int]] = dict(
         conn.execute(
@@ -254,6 +269,9 @@ def found(conn: psycopg.Connection, records: Records, jobs: list[DeletionJob]) -
             out[job["job_id"]] = dict(kept[job["job_id"]])
             continue
         out[job["job_id"]] = {spec.name: len(records.of(job["job_id"], spec.name)) for spec in registry.stores()}
+        memory_ids, versions = lineage.pair_arrays(sorted(records.targets[job["job_id"]]))
+        legacy = conn.execute(_LEGACY_SEALED, {"m": memory_ids, "v": versions, "t": records.tenant_id}).fetchone()
+        out[job["job_id"]][LEGACY_SEALED] = int(legacy[0]) if legacy else 0
     new = [job_id for job_id in out if job_id not in kept]
     if new:
         conn.execute(

@@ -23,6 +23,7 @@ import psycopg
 from memory_pipelines.lib.stores.adapter import data_directory
 
 __all__ = [
+    "ARCHIVE_WAIT_SECONDS",
     "MAX_SWITCHES",
     "NOT_SCANNED",
     "WalPurge",
@@ -36,6 +37,8 @@ _SEGMENT = re.compile(r"[0-9A-F]{24}")
 NOT_SCANNED = "postgres_wal"  # named in a proof's notScanned when pg_wal is not on this machine
 # A server with max_wal_size = 1 GB keeps at most ~64 recycled 16 MB segments; a bound above that.
 MAX_SWITCHES = 512
+# How long a purge waits for the WAL archiver (when archiving is on) before it checkpoints anyway.
+ARCHIVE_WAIT_SECONDS = 60.0
 
 
 @dataclass
@@ -103,6 +106,25 @@ def _no_recycling(conn: psycopg.Connection) -> None:
         time.sleep(0.2)  # the checkpointer reads the new setting at its next wake-up
 
 
+def _archived(conn: psycopg.Connection, segment: str, timeout: float = ARCHIVE_WAIT_SECONDS) -> None:
+    """With WAL archiving on (an operator's choice), a segment stays until the archiver has copied it:
+    wait (bounded) until it has copied `segment` and every one before it, so the checkpoint can
+    remove them. The archive's copies are the operator's to bound (README, Production)."""
+    if not segment:
+        return
+    row = conn.execute("SELECT setting FROM pg_catalog.pg_settings WHERE name = 'archive_mode'").fetchone()
+    if row is None or row[0] == "off":
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = conn.execute(
+            "SELECT coalesce(last_archived_wal >= %s, false) FROM pg_stat_archiver", (segment,)
+        ).fetchone()
+        if done and done[0]:
+            return
+        time.sleep(0.1)
+
+
 def purge(conninfo: str) -> WalPurge:
     """Switch past every segment present now, then checkpoint: the checkpoint's redo point lies past
     each of those segments, which may hold rows erased before this call, so they are unneeded and
@@ -123,6 +145,7 @@ def purge(conninfo: str) -> WalPurge:
                 break
             conn.execute("SELECT pg_switch_wal()")
             switches += 1
+        _archived(conn, newest)
         conn.execute("CHECKPOINT")
         after = set(segments(directory))
     left = sorted(name for name in before if name in after)

@@ -1,7 +1,8 @@
 """Bulk writes of new memories in chunks that each commit on their own, so a deletion never waits long.
 
 A chunk's transaction holds the tenant's gate lock (shared) only for database work: keys are
-fetched and texts sealed and MACed before it opens. A deletion's acceptance (the gate, exclusive)
+fetched and made (a version key per item, lib/memories/version_keys.py) and texts sealed and MACed
+before it opens. A deletion's acceptance (the gate, exclusive)
 therefore waits for at most one chunk, about `CHUNK_ITEMS` rows of COPY. Planner statistics are
 refreshed whenever the tenant has doubled since the last ANALYZE: a plan made for an empty
 partition probes the foreign keys through the wrong index, and costs grow with every row.
@@ -30,6 +31,7 @@ from memory_pipelines.lib.infra.errors import (
     ValidationError,
 )
 from memory_pipelines.lib.memories import crypto, ordering, partitions
+from memory_pipelines.lib.memories.version_keys import NewVersionKey
 
 if TYPE_CHECKING:
     from memory_pipelines.lib.memories.store import MemoryStore, WriteResult
@@ -57,11 +59,13 @@ _KEY_RETRIES = 3
 
 @dataclass(frozen=True)
 class _Sealed:
-    """One item ready to COPY: its fields, sealed under its author's key."""
+    """One item ready to COPY: its fields, sealed under its version's key, MACed under its author's."""
 
     user_id: str
     team_id: str | None
     text_mac: bytes
+    subject_key_id: str
+    version_key: NewVersionKey
     head: tuple[Any, ...]
     version: tuple[Any, ...]
 
@@ -185,21 +189,32 @@ class BulkWriter:
 
     def _seal(self, chunk: list[dict[str, Any]]) -> list[_Sealed]:
         """Outside any lock: new ids, sealed texts and text MACs for every item of the chunk."""
-        from memory_pipelines.lib.memories.store import DEFAULT_CATEGORY, DEFAULT_CONFIDENCE, _query_aad, _text_aad
+        from memory_pipelines.lib.memories.store import DEFAULT_CATEGORY, DEFAULT_CONFIDENCE, query_aad, text_aad
 
         missing = sorted({item["user_id"] for item in chunk} - set(self._keys))
-        if missing:
-            with self.store.transaction() as conn:
-                for user_id in missing:
-                    self._keys[user_id] = self.store.keys.subject_key(conn, self.tenant_id, user_id)
+        wanted: dict[str, int] = {}
+        for item in chunk:
+            wanted[item["user_id"]] = wanted.get(item["user_id"], 0) + 1
+        version_keys: dict[str, list[NewVersionKey]] = {}
+        # Subject keys first, then groups (each may take the tenant's rotation lock): the groups stay
+        # in this transaction only while their keys are made; the commit checks they still exist.
+        with self.store.transaction() as conn:
+            for user_id in missing:
+                self._keys[user_id] = self.store.keys.subject_key(conn, self.tenant_id, user_id)
+            for user_id in sorted(wanted):
+                version_keys[user_id] = self.store.keys.versions.allocate(
+                    conn, self.tenant_id, user_id, wanted[user_id]
+                )
         tenant_id = self.tenant_id
         sealed = []
         for item in chunk:
             user_id, team_id = item["user_id"], item.get("team_id")
-            key_id, key = self._keys[user_id]
+            subject_key_id, subject_key = self._keys[user_id]
+            version_key = version_keys[user_id].pop()
+            key = version_key.key
             mac_key = self._mac_keys.get(user_id)
             if mac_key is None:
-                mac_key = self._mac_keys[user_id] = crypto.derive_key(key, b"memory-text-mac")
+                mac_key = self._mac_keys[user_id] = crypto.derive_key(subject_key, b"memory-text-mac")
             memory_id = validation.new_memory_id()
             query = item.get("original_query")
             text_mac = crypto.mac(mac_key, item["text"].encode("utf-8"))
@@ -208,6 +223,8 @@ class BulkWriter:
                     user_id=user_id,
                     team_id=team_id,
                     text_mac=text_mac,
+                    subject_key_id=subject_key_id,
+                    version_key=version_key,
                     head=(
                         tenant_id,
                         memory_id,
@@ -224,12 +241,12 @@ class BulkWriter:
                         bool(item.get("shareable")),
                         item.get("category") or DEFAULT_CATEGORY,
                         DEFAULT_CONFIDENCE if item.get("confidence") is None else item["confidence"],
-                        crypto.seal(key, item["text"].encode("utf-8"), _text_aad(tenant_id, memory_id, 1)),
+                        crypto.seal(key, item["text"].encode("utf-8"), text_aad(tenant_id, memory_id, 1)),
                         text_mac,
                         None
                         if query is None
-                        else crypto.seal(key, query.encode("utf-8"), _query_aad(tenant_id, memory_id, 1)),
-                        key_id,
+                        else crypto.seal(key, query.encode("utf-8"), query_aad(tenant_id, memory_id, 1)),
+                        version_key.key_id,
                     ),
                 )
             )
@@ -243,8 +260,8 @@ class BulkWriter:
         with self.store.transaction() as conn:
             ordering.lock_tenant_shared(conn, tenant_id)
             self._lock_and_check(conn, chunk)
-            key_ids = sorted({s.version[-1] for s in sealed})
-            # FOR KEY SHARE: a key cannot be destroyed under ciphertexts this transaction commits.
+            key_ids = sorted({s.subject_key_id for s in sealed})
+            # FOR KEY SHARE: a key cannot be destroyed under MACs this transaction commits.
             alive = conn.execute(
                 "SELECT key_id FROM keystore.subject_keys WHERE tenant_id = %s AND key_id = ANY(%s) FOR KEY SHARE",
                 (tenant_id, key_ids),
@@ -258,7 +275,7 @@ class BulkWriter:
                 _SAME_TEXTS, (tenant_id, [s.text_mac for s in sealed])
             ):
                 existing[(user_id, team_id, bytes(text_mac))] = (memory_id, version)
-            results, heads, versions = [], [], []
+            results, heads, versions, keys = [], [], [], []
             for s in sealed:
                 found = existing.get((s.user_id, s.team_id, s.text_mac))
                 if found is not None:
@@ -268,8 +285,12 @@ class BulkWriter:
                 existing[(s.user_id, s.team_id, s.text_mac)] = (memory_id, 1)
                 heads.append(s.head)
                 versions.append(s.version)
+                keys.append((s.version_key, memory_id, 1))
                 results.append(WriteResult(tenant_id, memory_id, 1, s.user_id, s.team_id, True))
             if heads:
+                # A group rekeyed away since the keys were made: seal again with new ones.
+                if not self.store.keys.versions.insert(conn, tenant_id, keys):
+                    return None  # nothing written yet: `insert` checks the groups before it stores
                 with conn.cursor() as cur:
                     with cur.copy(
                         "COPY memory.memories (tenant_id, memory_id, user_id, team_id, memory_type, do_not_sell,"

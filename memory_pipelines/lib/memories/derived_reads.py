@@ -11,7 +11,7 @@ from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import NotFoundError
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.records import CurrentVersion
-from memory_pipelines.lib.memories.sealing import SealingMixin, _key_of, _text_aad
+from memory_pipelines.lib.memories.sealing import SealingMixin, _key_of, text_aad
 from memory_pipelines.lib.memories.tenants import TenantsMixin
 from memory_pipelines.lib.memories.visibility import _NOT_HIDDEN
 
@@ -114,7 +114,7 @@ class DerivedReadsMixin(TenantsMixin, SealingMixin):
                 keys = self.keys.keys_by_id(conn, tenant_id, [row["key_id"] for row in rows])
                 for row in rows:
                     try:
-                        aad = _text_aad(row["tenant_id"], row["memory_id"], row["version"])
+                        aad = text_aad(row["tenant_id"], row["memory_id"], row["version"])
                         text = crypto.open_sealed(_key_of(row, keys), bytes(row["text_ct"]), aad).decode("utf-8")
                         out[(row["memory_id"], row["version"])] = text
                     except (NotFoundError, crypto.DecryptionError):

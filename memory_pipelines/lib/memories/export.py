@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.records import _iso
-from memory_pipelines.lib.memories.sealing import SealingMixin, _key_of, _query_aad, _text_aad
+from memory_pipelines.lib.memories.sealing import SealingMixin, _key_of, query_aad, text_aad
 from memory_pipelines.lib.memories.tenants import TenantsMixin
 from memory_pipelines.lib.memories.visibility import _NOT_HIDDEN, _SELECT_MEMORY
 from memory_pipelines.lib.results import ExportedVersion
@@ -65,7 +65,7 @@ class ExportMixin(TenantsMixin, SealingMixin):
             "memory_id": row["memory_id"],
             "version": row["version"],
             "current": row["version"] == row["current_version"],
-            "text": crypto.open_sealed(key, bytes(row["text_ct"]), _text_aad(*ids)).decode("utf-8"),
+            "text": crypto.open_sealed(key, bytes(row["text_ct"]), text_aad(*ids)).decode("utf-8"),
             "team_id": row["team_id"],
             "memory_type": row["memory_type"],
             "shareable": row["shareable"],
@@ -73,7 +73,7 @@ class ExportMixin(TenantsMixin, SealingMixin):
             "confidence": row["confidence"],
             "original_query": None
             if query_ct is None
-            else crypto.open_sealed(key, bytes(query_ct), _query_aad(*ids)).decode("utf-8"),
+            else crypto.open_sealed(key, bytes(query_ct), query_aad(*ids)).decode("utf-8"),
             "do_not_sell": bool(row["memory_dns"] or row["subject_dns"]),
             "restored_from": row["restored_from"],
             "created_at": _iso(row["created_at"]),

@@ -1,14 +1,16 @@
 """Key store: wrapped keys in their own PostgreSQL schema (`keystore`), their wrapping key outside it.
 
 The master key (a file or KMS) seals each tenant's key-encryption key (KEK), which lives in the key
-vault (files under HOME/keys/vault, lib/key_vault.py), never in PostgreSQL. The KEK wraps every key
-of the tenant the `keystore` rows hold: the tenant key (blind-index, pseudonym and cache subkeys
-derive from it, so its value never changes), subject keys (memory text; the blind index of the
-memories only their author sees), team keys (team summaries built before per-build keys) and build
-keys (one per summary build or prompt snapshot, destroyed with the row they seal). The physical
-erasure rotates the KEK (`begin_rotation`, commit, `finish_rotation`): whatever copies of wrapped
-keys PostgreSQL's WAL, dead tuples or replicas keep are wrapped by a KEK that no longer exists
-anywhere.
+vault (files under HOME/keys/vault, lib/memories/key_vault.py), never in PostgreSQL. The KEK wraps
+every key of the tenant the `keystore` rows hold: the tenant key (blind-index, pseudonym and cache
+subkeys derive from it, so its value never changes), subject keys (text MACs and the blind index of
+the memories only their author sees), group keys (each wraps the version keys that seal up to
+GROUP_SIZE memory versions of one author: lib/memories/version_keys.py), team keys (team summaries
+built before per-build keys), build keys (one per summary build or prompt snapshot, destroyed with
+the row they seal) and retired keys (subject keys that sealed texts before version keys, kept until
+the backups holding such texts expire). The physical erasure rotates the KEK (`begin_rotation`,
+commit, `finish_rotation`): whatever copies of wrapped keys PostgreSQL's WAL, dead tuples or replicas
+keep are wrapped by a KEK that no longer exists anywhere.
 
 Rows written before key vaults carry no `kek_id`: such a tenant key is wrapped by the master key,
 such subject, team and build keys by the tenant key. They still open; the tenant's first rotation
@@ -22,7 +24,6 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,14 +32,16 @@ import psycopg
 from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.key_vault import KekUnavailable, KeyVault
+from memory_pipelines.lib.memories.version_keys import VERSION_KEY_PREFIX, VersionKeys
 
 __all__ = [
     "BUILD_KEY_PREFIX",
     "CONTROL_TENANT",
     "KeyDestroyedError",
     "KeyStore",
-    "Rotation",
     "T",
+    "key_aad",
+    "rotation_lock",
 ]
 
 T = TypeVar("T")
@@ -64,31 +67,6 @@ _DATA_KEY_SQL = {
     ),
 }
 _OWNER_FIELD = {"subject": "user", "team": "team"}
-# Every wrapped key of a tenant below its tenant key, per kind: read them, then write them rewrapped.
-_REWRAP_SQL = {
-    "subject": (
-        "SELECT user_id, key_id, wrapped, kek_id FROM keystore.subject_keys"
-        " WHERE tenant_id = %s AND wrapped IS NOT NULL",
-        "UPDATE keystore.subject_keys k SET wrapped = u.wrapped, kek_id = %s"
-        " FROM unnest(%s::text[], %s::bytea[]) AS u(key_id, wrapped) WHERE k.tenant_id = %s AND k.key_id = u.key_id",
-    ),
-    "team": (
-        "SELECT team_id, key_id, wrapped, kek_id FROM keystore.team_keys WHERE tenant_id = %s AND wrapped IS NOT NULL",
-        "UPDATE keystore.team_keys k SET wrapped = u.wrapped, kek_id = %s"
-        " FROM unnest(%s::text[], %s::bytea[]) AS u(key_id, wrapped) WHERE k.tenant_id = %s AND k.key_id = u.key_id",
-    ),
-    "build": (
-        "SELECT NULL, key_id, wrapped, kek_id FROM keystore.build_keys WHERE tenant_id = %s",
-        "UPDATE keystore.build_keys k SET wrapped = u.wrapped, kek_id = %s"
-        " FROM unnest(%s::text[], %s::bytea[]) AS u(key_id, wrapped) WHERE k.tenant_id = %s AND k.key_id = u.key_id",
-    ),
-}
-_KEKS_IN_USE = (
-    "SELECT kek_id FROM keystore.subject_keys WHERE tenant_id = %(t)s AND kek_id IS NOT NULL"
-    " UNION SELECT kek_id FROM keystore.team_keys WHERE tenant_id = %(t)s AND kek_id IS NOT NULL"
-    " UNION SELECT kek_id FROM keystore.build_keys WHERE tenant_id = %(t)s AND kek_id IS NOT NULL"
-    " UNION SELECT kek_id FROM keystore.tenant_keys WHERE tenant_id = %(t)s AND kek_id IS NOT NULL"
-)
 _DESTROY_TENANT_SQL = (
     "DELETE FROM keystore.subject_keys WHERE tenant_id = %s RETURNING key_id",
     "DELETE FROM keystore.team_keys WHERE tenant_id = %s RETURNING key_id",
@@ -99,26 +77,16 @@ CONTROL_TENANT = "__control_plane__"
 BUILD_KEY_PREFIX = "bk_"
 
 
-def _rotation_lock(tenant_id: str) -> str:
+def rotation_lock(tenant_id: str) -> str:
     """Advisory lock of a tenant's KEK: shared by whoever wraps a new key, exclusive for a rotation."""
     return f"kek-rotation\x1f{tenant_id}"
 
 
-def _aad(kind: str, tenant_id: str, owner: str | None, key_id: str) -> bytes:
+def key_aad(kind: str, tenant_id: str, owner: str | None, key_id: str) -> bytes:
     """Associated data of a wrapped key: its place in the hierarchy (kind, tenant, owner, id)."""
     if kind == "build":
         return crypto.aad("build-key", tenant_id, key_id)
     return crypto.aad(f"{kind}-key", tenant_id, owner or "", key_id)
-
-
-@dataclass(frozen=True)
-class Rotation:
-    """A KEK rotation whose rows are rewrapped (in an uncommitted transaction until its caller commits)."""
-
-    tenant_id: str
-    kek_id: str
-    previous: tuple[str, ...]
-    rewrapped: dict[str, int]
 
 
 class KeyStore:
@@ -142,15 +110,16 @@ class KeyStore:
         self._cache: OrderedDict[str, bytes] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
+        self.versions = VersionKeys(self)
 
-    def _cached(self, key_id: str) -> bytes | None:
+    def cached(self, key_id: str) -> bytes | None:
         with self._lock:
             key = self._cache.get(key_id)
             if key is not None:
                 self._cache.move_to_end(key_id)
             return key
 
-    def _remember(self, key_id: str, key: bytes) -> bytes:
+    def remember(self, key_id: str, key: bytes) -> bytes:
         with self._lock:
             self._cache[key_id] = key
             self._cache.move_to_end(key_id)
@@ -164,12 +133,20 @@ class KeyStore:
 
     # -- wrapping keys -----------------------------------------------------------------------------
 
-    def _kek(self, tenant_id: str, kek_id: str) -> bytes:
+    def kek(self, tenant_id: str, kek_id: str) -> bytes:
         """A KEK by id: cached, or unsealed from the vault (KekUnavailable once rotated away)."""
-        cached = self._cached("kek:" + kek_id)
+        cached = self.cached("kek:" + kek_id)
         if cached is not None:
             return cached
-        return self._remember("kek:" + kek_id, self.vault.unseal(tenant_id, kek_id))
+        return self.remember("kek:" + kek_id, self.vault.unseal(tenant_id, kek_id))
+
+    @contextlib.contextmanager
+    def wrapping(self, conn: psycopg.Connection, tenant_id: str) -> Iterator[tuple[str | None, bytes]]:
+        """(KEK id, KEK) to wrap a new key of the tenant with, under the shared rotation lock, in a
+        transaction that lasts until the block ends (the caller inserts the new row inside it)."""
+        with self._wrapping(conn):
+            self.lock_shared(conn, tenant_id)
+            yield self._current_wrapping(conn, tenant_id)
 
     @contextlib.contextmanager
     def _wrapping(self, conn: psycopg.Connection) -> Iterator[None]:
@@ -179,9 +156,10 @@ class KeyStore:
         with conn.transaction() if idle else contextlib.nullcontext():
             yield
 
-    def _lock_shared(self, conn: psycopg.Connection, tenant_id: str) -> None:
+    @staticmethod
+    def lock_shared(conn: psycopg.Connection, tenant_id: str) -> None:
         # Held until commit: a rotation (exclusive) waits for this new row, then rewraps it too.
-        conn.execute("SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 2))", (_rotation_lock(tenant_id),))
+        conn.execute("SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 2))", (rotation_lock(tenant_id),))
 
     def _current_wrapping(self, conn: psycopg.Connection, tenant_id: str) -> tuple[str | None, bytes]:
         """The key new keys of the tenant are wrapped with, under the shared rotation lock: its KEK,
@@ -189,14 +167,17 @@ class KeyStore:
         _, tenant_key = self.tenant_key(conn, tenant_id, create=False)
         row = conn.execute("SELECT kek_id FROM keystore.tenant_keys WHERE tenant_id = %s", (tenant_id,)).fetchone()
         kek_id = None if row is None else row[0]
-        return (None, tenant_key) if kek_id is None else (str(kek_id), self._kek(tenant_id, str(kek_id)))
+        return (None, tenant_key) if kek_id is None else (str(kek_id), self.kek(tenant_id, str(kek_id)))
 
-    def _unwrap(self, conn: psycopg.Connection, tenant_id: str, kek_id: str | None, wrapped: Any, aad: bytes) -> bytes:
-        wrapping = self.tenant_key(conn, tenant_id, create=False)[1] if kek_id is None else self._kek(tenant_id, kek_id)
+    def open_wrapped(
+        self, conn: psycopg.Connection, tenant_id: str, kek_id: str | None, wrapped: Any, aad: bytes
+    ) -> bytes:
+        """A key wrapped by the tenant's KEK `kek_id` (None: by the tenant key, rows from before key vaults)."""
+        wrapping = self.tenant_key(conn, tenant_id, create=False)[1] if kek_id is None else self.kek(tenant_id, kek_id)
         return crypto.open_sealed(wrapping, bytes(wrapped), aad)
 
     @staticmethod
-    def _retrying(read: Callable[[], Any], open_row: Callable[[Any], T]) -> T:
+    def retrying(read: Callable[[], Any], open_row: Callable[[Any], T]) -> T:
         """open_row(read()); if the row's KEK was rotated away between the two, read it once more
         (a new statement sees the rotation's rows) and open that."""
         for attempt in range(2):
@@ -218,7 +199,7 @@ class KeyStore:
                 raise NotFoundError("tenant", f"no key for tenant {tenant_id!r}")
             return self._create_tenant_key(conn, tenant_id)
         rows = iter([row])
-        return self._retrying(
+        return self.retrying(
             lambda: next(rows, None) or conn.execute(_TENANT_ROW, (tenant_id,)).fetchone(),
             lambda found: self._open_tenant_row(tenant_id, found),
         )
@@ -229,7 +210,7 @@ class KeyStore:
         key_id, wrapped, provider, kek_id = row
         if wrapped is None:
             raise KeyDestroyedError("tenant", f"the key of tenant {tenant_id!r} was destroyed")
-        cached = self._cached(key_id)
+        cached = self.cached(key_id)
         if cached is not None:
             return key_id, cached
         if provider != self.master.provider:
@@ -242,15 +223,15 @@ class KeyStore:
             key = self.master.unwrap(bytes(wrapped), tenant_id=tenant_id)
         else:
             key = crypto.open_sealed(
-                self._kek(tenant_id, kek_id), bytes(wrapped), crypto.aad("tenant-key", tenant_id, key_id)
+                self.kek(tenant_id, kek_id), bytes(wrapped), crypto.aad("tenant-key", tenant_id, key_id)
             )
-        return key_id, self._remember(key_id, key)
+        return key_id, self.remember(key_id, key)
 
     def _create_tenant_key(self, conn: psycopg.Connection, tenant_id: str) -> tuple[str, bytes]:
         with self._wrapping(conn):
-            self._lock_shared(conn, tenant_id)
+            self.lock_shared(conn, tenant_id)
             kek_id, kek = self.vault.current(tenant_id, create=True)
-            self._remember("kek:" + kek_id, kek)
+            self.remember("kek:" + kek_id, kek)
             key = crypto.new_key()
             key_id = "tk_" + secrets.token_hex(12)
             wrapped = crypto.seal(kek, key, crypto.aad("tenant-key", tenant_id, key_id))
@@ -260,7 +241,7 @@ class KeyStore:
                 (tenant_id, key_id, wrapped, self.master.provider, kek_id),
             ).fetchone()
             if inserted is not None:
-                return key_id, self._remember(key_id, key)
+                return key_id, self.remember(key_id, key)
         return self.tenant_key(conn, tenant_id, create=False)
 
     def tenant_subkey(self, conn: psycopg.Connection, tenant_id: str, purpose: str, *, create: bool = True) -> bytes:
@@ -279,7 +260,7 @@ class KeyStore:
                 (wrapped, self.master.provider),
             ).fetchone()
             return key if inserted is not None else self.control_key(conn)
-        cached = self._cached("control")
+        cached = self.cached("control")
         if cached is not None:
             return cached
         if row[1] != self.master.provider:
@@ -288,7 +269,7 @@ class KeyStore:
                 f"the control-plane key is wrapped by {row[1]}, but the configured master key is "
                 f"{self.master.provider}; every process sharing this database needs the same master key",
             )
-        return self._remember("control", self.master.unwrap(bytes(row[0]), tenant_id=CONTROL_TENANT))
+        return self.remember("control", self.master.unwrap(bytes(row[0]), tenant_id=CONTROL_TENANT))
 
     # -- subject and team keys -----------------------------------------------------------------------
 
@@ -337,17 +318,17 @@ class KeyStore:
             if not create:
                 raise NotFoundError(_OWNER_FIELD[kind], f"no {kind} key for {owner_id!r}")
             with self._wrapping(conn):
-                self._lock_shared(conn, tenant_id)
+                self.lock_shared(conn, tenant_id)
                 tenant_key_id, _ = self.tenant_key(conn, tenant_id)
                 kek_id, wrapping = self._current_wrapping(conn, tenant_id)
                 key_id = prefix + secrets.token_hex(12)
                 key = crypto.new_key()
-                wrapped = crypto.seal(wrapping, key, _aad(kind, tenant_id, owner_id, key_id))
+                wrapped = crypto.seal(wrapping, key, key_aad(kind, tenant_id, owner_id, key_id))
                 inserted = conn.execute(
                     insert, (tenant_id, owner_id, key_id, wrapped, tenant_key_id, kek_id)
                 ).fetchone()
                 if inserted is not None:
-                    return key_id, self._remember(key_id, key)
+                    return key_id, self.remember(key_id, key)
             return self._data_key(conn, kind, tenant_id, owner_id, create=False)
         rows = iter([row])
 
@@ -355,18 +336,19 @@ class KeyStore:
             if found is None or found[1] is None:
                 raise KeyDestroyedError(_OWNER_FIELD[kind], f"the key of {kind} {owner_id!r} was destroyed")
             key_id, wrapped, kek_id = found
-            cached = self._cached(key_id)
+            cached = self.cached(key_id)
             if cached is not None:
                 return key_id, cached
-            key = self._unwrap(conn, tenant_id, kek_id, wrapped, _aad(kind, tenant_id, owner_id, key_id))
-            return key_id, self._remember(key_id, key)
+            key = self.open_wrapped(conn, tenant_id, kek_id, wrapped, key_aad(kind, tenant_id, owner_id, key_id))
+            return key_id, self.remember(key_id, key)
 
-        return self._retrying(
+        return self.retrying(
             lambda: next(rows, None) or conn.execute(select, (tenant_id, owner_id)).fetchone(), open_row
         )
 
     def key_by_id(self, conn: psycopg.Connection, tenant_id: str, key_id: str) -> bytes:
-        """The key a stored ciphertext names (a subject key, or a build key), for decryption.
+        """The key a stored ciphertext names (a version key, a build key, or the subject key that sealed
+        texts before version keys), for decryption.
 
         The key store is asked every time (one indexed lookup in the caller's transaction): a
         key destroyed by another process must stop decrypting here at once, whatever this
@@ -376,17 +358,27 @@ class KeyStore:
             return self.build_key(conn, tenant_id, key_id)
         keys = self.keys_by_id(conn, tenant_id, [key_id])
         if key_id not in keys:
-            raise KeyDestroyedError("key_id", f"subject key {key_id!r} does not exist")
+            raise KeyDestroyedError("key_id", f"key {key_id!r} does not exist")
         return keys[key_id]
 
     def keys_by_id(self, conn: psycopg.Connection, tenant_id: str, key_ids: list[str]) -> dict[str, bytes]:
-        """key_id -> subject key for those of `key_ids` that still exist (one query for all)."""
+        """key_id -> key, for those of `key_ids` that still exist: version keys, and subject keys (live
+        or retired) that sealed texts before version keys. One query per kind asked for."""
+        wanted = sorted(set(key_ids))
+        out = self.versions.open(conn, tenant_id, [k for k in wanted if k.startswith(VERSION_KEY_PREFIX)])
+        subjects = [k for k in wanted if not k.startswith(VERSION_KEY_PREFIX)]
+        if subjects:
+            out.update(self._subject_keys_by_id(conn, tenant_id, subjects))
+        return out
 
+    def _subject_keys_by_id(self, conn: psycopg.Connection, tenant_id: str, key_ids: list[str]) -> dict[str, bytes]:
         def read() -> list[Any]:
             return conn.execute(
                 "SELECT key_id, user_id, wrapped, kek_id FROM keystore.subject_keys"
-                " WHERE tenant_id = %s AND key_id = ANY(%s)",
-                (tenant_id, sorted(set(key_ids))),
+                " WHERE tenant_id = %(t)s AND key_id = ANY(%(k)s)"
+                " UNION ALL SELECT key_id, user_id, wrapped, kek_id FROM keystore.retired_keys"
+                " WHERE tenant_id = %(t)s AND key_id = ANY(%(k)s)",
+                {"t": tenant_id, "k": key_ids},
             ).fetchall()
 
         def open_rows(rows: list[Any]) -> dict[str, bytes]:
@@ -394,14 +386,14 @@ class KeyStore:
             for key_id, user_id, wrapped, kek_id in rows:
                 if wrapped is None:
                     continue
-                cached = self._cached(key_id)
+                cached = self.cached(key_id)
                 if cached is None:
-                    aad = _aad("subject", tenant_id, user_id, key_id)
-                    cached = self._remember(key_id, self._unwrap(conn, tenant_id, kek_id, wrapped, aad))
+                    aad = key_aad("subject", tenant_id, user_id, key_id)
+                    cached = self.remember(key_id, self.open_wrapped(conn, tenant_id, kek_id, wrapped, aad))
                 out[key_id] = cached
             return out
 
-        return self._retrying(read, open_rows)
+        return self.retrying(read, open_rows)
 
     # -- build keys ----------------------------------------------------------------------------------
 
@@ -411,7 +403,7 @@ class KeyStore:
         or deleting that row deletes the key in the same transaction (migration 0015's triggers).
         Never creates the tenant's key: a build for a destroyed or unknown tenant raises NotFoundError."""
         with self._wrapping(conn):
-            self._lock_shared(conn, tenant_id)
+            self.lock_shared(conn, tenant_id)
             kek_id, wrapping = self._current_wrapping(conn, tenant_id)
             key_id = BUILD_KEY_PREFIX + secrets.token_hex(12)
             key = crypto.new_key()
@@ -422,11 +414,11 @@ class KeyStore:
                     tenant_id,
                     key_id,
                     purpose,
-                    crypto.seal(wrapping, key, _aad("build", tenant_id, None, key_id)),
+                    crypto.seal(wrapping, key, key_aad("build", tenant_id, None, key_id)),
                     kek_id,
                 ),
             )
-        return key_id, self._remember(key_id, key)
+        return key_id, self.remember(key_id, key)
 
     def build_key(self, conn: psycopg.Connection, tenant_id: str, key_id: str) -> bytes:
         """A build key by id, if it still exists (asked in the caller's transaction every time)."""
@@ -440,27 +432,30 @@ class KeyStore:
         def open_row(row: Any) -> bytes:
             if row is None:
                 raise KeyDestroyedError("key_id", f"build key {key_id!r} does not exist")
-            cached = self._cached(key_id)
+            cached = self.cached(key_id)
             if cached is not None:
                 return cached
             wrapped, kek_id = row
-            return self._remember(
-                key_id, self._unwrap(conn, tenant_id, kek_id, wrapped, _aad("build", tenant_id, None, key_id))
+            return self.remember(
+                key_id, self.open_wrapped(conn, tenant_id, kek_id, wrapped, key_aad("build", tenant_id, None, key_id))
             )
 
-        return self._retrying(read, open_row)
+        return self.retrying(read, open_row)
 
     # -- destruction and rotation --------------------------------------------------------------------
 
     def destroy_subject_key(self, conn: psycopg.Connection, tenant_id: str, user_id: str) -> str | None:
-        """Delete the subject's wrapped key (crypto-shredding); returns the destroyed key id.
+        """Delete the subject's key, every version and group key of theirs and their retired key
+        (crypto-shredding); returns the destroyed subject key's id.
 
-        Copies of the wrapped key in PostgreSQL's history stay wrapped by the tenant's current KEK
+        Copies of the wrapped keys in PostgreSQL's history stay wrapped by the tenant's current KEK
         until the tenant's physical erasure rotates it."""
         row = conn.execute(
             "DELETE FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s RETURNING key_id",
             (tenant_id, user_id),
         ).fetchone()
+        self.versions.destroy_subject(conn, tenant_id, user_id)
+        conn.execute("DELETE FROM keystore.retired_keys WHERE tenant_id = %s AND user_id = %s", (tenant_id, user_id))
         self.forget_cached()
         return None if row is None else str(row[0])
 
@@ -470,51 +465,14 @@ class KeyStore:
         team key ids. Every wrapped copy anywhere is then wrapped by a KEK that no longer exists."""
         destroyed = [str(r[0]) for sql in _DESTROY_TENANT_SQL for r in conn.execute(sql, (tenant_id,)).fetchall()]
         conn.execute("DELETE FROM keystore.build_keys WHERE tenant_id = %s", (tenant_id,))
+        conn.execute("DELETE FROM keystore.retired_keys WHERE tenant_id = %s", (tenant_id,))
+        self.versions.destroy_tenant(conn, tenant_id)
         self.vault.destroy(tenant_id)
         self.forget_cached()
         return destroyed
 
-    def begin_rotation(self, conn: psycopg.Connection, tenant_id: str) -> Rotation | None:
-        """First half of a rotation of the tenant's KEK, in the caller's transaction: a new KEK joins
-        the vault (fsynced before anything names it), and the tenant key and every subject, team and
-        build key are rewrapped under it (tenants from before key vaults are converted here). The
-        caller commits, then calls `finish_rotation`. None when the tenant has no live tenant key.
-
-        Takes the tenant's rotation lock exclusively: a key being wrapped concurrently commits first
-        and is rewrapped here too, or waits and is wrapped under the new KEK."""
-        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 2))", (_rotation_lock(tenant_id),))
-        row = conn.execute(_TENANT_ROW, (tenant_id,)).fetchone()
-        if row is None or row[1] is None:
-            return None
-        tenant_key_id, tenant_key = self._open_tenant_row(tenant_id, row)
-        in_use = {str(r[0]) for r in conn.execute(_KEKS_IN_USE, {"t": tenant_id})}
-        previous = tuple(self.vault.kek_ids(tenant_id))
-        kek_id, kek = self.vault.introduce(tenant_id, keep=in_use)
-        self._remember("kek:" + kek_id, kek)
-        rewrapped: dict[str, int] = {}
-        for kind, (select, update) in _REWRAP_SQL.items():
-            ids: list[str] = []
-            blobs: list[bytes] = []
-            for owner, key_id, wrapped, old_kek in conn.execute(select, (tenant_id,)).fetchall():
-                aad = _aad(kind, tenant_id, owner, key_id)
-                wrapping = tenant_key if old_kek is None else self._kek(tenant_id, old_kek)
-                ids.append(key_id)
-                blobs.append(crypto.seal(kek, crypto.open_sealed(wrapping, bytes(wrapped), aad), aad))
-            if ids:
-                conn.execute(update, (kek_id, ids, blobs, tenant_id))
-            rewrapped[kind] = len(ids)
-        conn.execute(
-            "UPDATE keystore.tenant_keys SET wrapped = %s, kek_id = %s WHERE tenant_id = %s",
-            (crypto.seal(kek, tenant_key, crypto.aad("tenant-key", tenant_id, tenant_key_id)), kek_id, tenant_id),
-        )
-        rewrapped["tenant"] = 1
-        return Rotation(tenant_id=tenant_id, kek_id=kek_id, previous=previous, rewrapped=rewrapped)
-
-    def finish_rotation(self, rotation: Rotation) -> None:
-        """Second half, after the commit: the vault file is overwritten in place with the new KEK
-        only (both slots, fsynced), and this process forgets the old KEKs."""
-        self.vault.keep_only(rotation.tenant_id, rotation.kek_id)
+    def forget_keks(self, kek_ids: Iterable[str]) -> None:
+        """This process forgets these KEKs (rotated away)."""
         with self._lock:
-            for kek_id in rotation.previous:
-                if kek_id != rotation.kek_id:
-                    self._cache.pop("kek:" + kek_id, None)
+            for kek_id in kek_ids:
+                self._cache.pop("kek:" + kek_id, None)

@@ -39,6 +39,9 @@ PARTITIONED_TABLES: tuple[str, ...] = (
     "keystore.team_keys",
     "keystore.tenant_keys",
     "keystore.build_keys",
+    "keystore.group_keys",
+    "keystore.version_keys",
+    "keystore.retired_keys",
 )
 _FORKS = ("main", "fsm", "vm", "init")
 # The tenant's partition of each of `tables` that it has: parent, its oid and qualified name.

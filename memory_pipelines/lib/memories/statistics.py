@@ -73,7 +73,11 @@ class StatisticsMixin(TenantsMixin):
                      ON m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id
                      WHERE v.tenant_id = %(t)s AND v.version <> m.current_version AND v.superseded_at IS NULL),
                   (SELECT count(*) FROM memory.memory_versions v WHERE v.tenant_id = %(t)s AND NOT EXISTS (
-                     SELECT 1 FROM keystore.subject_keys k WHERE k.tenant_id = v.tenant_id AND k.key_id = v.key_id))
+                     SELECT 1 FROM keystore.version_keys k WHERE k.tenant_id = v.tenant_id AND k.key_id = v.key_id)
+                     AND NOT EXISTS (SELECT 1 FROM keystore.subject_keys k WHERE k.tenant_id = v.tenant_id
+                       AND k.key_id = v.key_id)
+                     AND NOT EXISTS (SELECT 1 FROM keystore.retired_keys k WHERE k.tenant_id = v.tenant_id
+                       AND k.key_id = v.key_id))
                 """,
                 {"t": tenant_id},
             ).fetchone()
@@ -81,5 +85,5 @@ class StatisticsMixin(TenantsMixin):
         return {
             "heads_without_current_version": row[0],
             "stale_versions_not_superseded": row[1],
-            "versions_without_subject_key": row[2],
+            "versions_without_key": row[2],
         }

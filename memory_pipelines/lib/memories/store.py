@@ -19,8 +19,8 @@ from memory_pipelines.lib.memories.export import EXPORT_BATCH, ExportMixin
 from memory_pipelines.lib.memories.keys import KeyStore
 from memory_pipelines.lib.memories.records import CurrentVersion, WriteResult
 from memory_pipelines.lib.memories.sealing import SealingMixin
-from memory_pipelines.lib.memories.sealing import _query_aad as _query_aad
-from memory_pipelines.lib.memories.sealing import _text_aad as _text_aad
+from memory_pipelines.lib.memories.sealing import query_aad as query_aad
+from memory_pipelines.lib.memories.sealing import text_aad as text_aad
 from memory_pipelines.lib.memories.statistics import StatisticsMixin
 from memory_pipelines.lib.memories.teams import TeamsMixin
 from memory_pipelines.lib.memories.tenants import TenantsMixin

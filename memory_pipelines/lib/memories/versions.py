@@ -14,7 +14,7 @@ from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, PermissionDeniedError
 from memory_pipelines.lib.memories import crypto, ordering
 from memory_pipelines.lib.memories.records import _iso
-from memory_pipelines.lib.memories.sealing import SealingMixin, _text_aad
+from memory_pipelines.lib.memories.sealing import SealingMixin, text_aad
 from memory_pipelines.lib.memories.tenants import TenantsMixin
 from memory_pipelines.lib.results import MemoryVersion, RollBack
 
@@ -94,24 +94,26 @@ class VersionsMixin(TenantsMixin, SealingMixin):
             (version, tenant_id, memory_id),
         )
 
-    @staticmethod
     def _insert_version_row(
+        self,
         conn: psycopg.Connection,
         *,
         tenant_id: str,
         memory_id: str,
         version: int,
-        key_id: str,
-        key: bytes,
+        user_id: str,
         text: str,
         text_mac: bytes,
         shareable: bool,
         category: str,
         confidence: float,
-        original_query_ct: bytes | None,
+        original_query: str | None,
         restored_from: int | None,
     ) -> None:
-        text_ct = crypto.seal(key, text.encode("utf-8"), _text_aad(tenant_id, memory_id, version))
+        """The version's row, its text and query sealed under a key of its own, made here."""
+        key_id, key = self.keys.versions.new_key(conn, tenant_id, user_id, memory_id, version)
+        text_ct = crypto.seal(key, text.encode("utf-8"), text_aad(tenant_id, memory_id, version))
+        original_query_ct = self._seal_query(key, tenant_id, memory_id, version, original_query)
         conn.execute(
             "INSERT INTO memory.memory_versions (tenant_id, memory_id, version, shareable, category, confidence,"
             " text_ct, text_mac, original_query_ct, key_id, restored_from)"
@@ -163,23 +165,20 @@ class VersionsMixin(TenantsMixin, SealingMixin):
             skipped = list(range(back_to + 1, current))
             previous = self._version_row(conn, tenant_id, memory_id, back_to)
             text = self._open_text(conn, previous)
-            key_id, key = self.keys.subject_key(conn, tenant_id, head["user_id"])
             version = self._next_version(conn, tenant_id, memory_id, current)
-            query_ct = self._reseal_query(conn, previous, key, version)
             self._supersede_and_point(conn, tenant_id, memory_id, version)
             self._insert_version_row(
                 conn,
                 tenant_id=tenant_id,
                 memory_id=memory_id,
                 version=version,
-                key_id=key_id,
-                key=key,
+                user_id=head["user_id"],
                 text=text,
                 text_mac=bytes(previous["text_mac"]),
                 shareable=previous["shareable"],
                 category=previous["category"],
                 confidence=previous["confidence"],
-                original_query_ct=query_ct,
+                original_query=self._open_query(conn, previous),
                 restored_from=back_to,
             )
             self._bump(conn, tenant_id)

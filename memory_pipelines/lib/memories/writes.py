@@ -1,4 +1,4 @@
-"""Writes: a new memory or a new version of one, sealed under its author's key, with the no-op rule
+"""Writes: a new memory or a new version of one, sealed under a key of its own, with the no-op rule
 (identical text and fields to a current version write nothing), bulk writes (lib/bulk_write.py),
 and the do-not-sell flags (CCPA opt-out) of a memory or a subject.
 """
@@ -88,7 +88,8 @@ class WritesMixin(VersionsMixin, TeamsMixin):
             ordering.lock_tenant_shared(conn, tenant_id)
             conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{tenant_id}\x1f{user_id}",))
             head, team_id = self._write_target(conn, tenant_id, user_id, memory_id, team_id)
-            key_id, key = self.keys.subject_key(conn, tenant_id, user_id)
+            # The subject key MACs the text (the no-op rule); the text is sealed under a key of its version.
+            _, key = self.keys.subject_key(conn, tenant_id, user_id)
             text_mac = crypto.mac(crypto.derive_key(key, b"memory-text-mac"), text.encode("utf-8"))
             if head is None:
                 head = self._head_by_mac(conn, tenant_id, user_id, team_id, text_mac)
@@ -98,8 +99,6 @@ class WritesMixin(VersionsMixin, TeamsMixin):
                     tenant_id=tenant_id,
                     user_id=user_id,
                     team_id=team_id,
-                    key_id=key_id,
-                    key=key,
                     text=text,
                     text_mac=text_mac,
                     shareable=bool(shareable),
@@ -112,8 +111,6 @@ class WritesMixin(VersionsMixin, TeamsMixin):
                 result = self._insert_version(
                     conn,
                     head=head,
-                    key_id=key_id,
-                    key=key,
                     text=text,
                     text_mac=text_mac,
                     shareable=shareable,
@@ -193,8 +190,6 @@ class WritesMixin(VersionsMixin, TeamsMixin):
         tenant_id: str,
         user_id: str,
         team_id: str | None,
-        key_id: str,
-        key: bytes,
         text: str,
         text_mac: bytes,
         shareable: bool,
@@ -214,14 +209,13 @@ class WritesMixin(VersionsMixin, TeamsMixin):
             tenant_id=tenant_id,
             memory_id=memory_id,
             version=1,
-            key_id=key_id,
-            key=key,
+            user_id=user_id,
             text=text,
             text_mac=text_mac,
             shareable=shareable,
             category=category,
             confidence=confidence,
-            original_query_ct=self._seal_query(key, tenant_id, memory_id, 1, original_query),
+            original_query=original_query,
             restored_from=None,
         )
         return WriteResult(tenant_id, memory_id, 1, user_id, team_id, True)
@@ -231,8 +225,6 @@ class WritesMixin(VersionsMixin, TeamsMixin):
         conn: psycopg.Connection,
         *,
         head: dict[str, Any],
-        key_id: str,
-        key: bytes,
         text: str,
         text_mac: bytes,
         shareable: bool | None,
@@ -255,9 +247,8 @@ class WritesMixin(VersionsMixin, TeamsMixin):
                 (do_not_sell, tenant_id, memory_id),
             )
             consent.record(conn, tenant_id, "MEMORY_DO_NOT_SELL", memory_id=memory_id, flag=do_not_sell)
-        same_query = original_query is None or original_query == self._open_query(
-            conn, {**head, "version": head["current_version"]}
-        )
+        head_version = {**head, "version": head["current_version"]}
+        same_query = original_query is None or original_query == self._open_query(conn, head_version)
         same = (
             bytes(head["text_mac"]) == text_mac
             and same_query
@@ -268,22 +259,16 @@ class WritesMixin(VersionsMixin, TeamsMixin):
                 tenant_id, memory_id, head["current_version"], head["user_id"], head["team_id"], flags_changed
             )
         version = self._next_version(conn, tenant_id, memory_id, head["current_version"])
-        query_ct = (
-            self._seal_query(key, tenant_id, memory_id, version, original_query)
-            if original_query is not None
-            else self._reseal_query(conn, head, key, version)
-        )
         self._supersede_and_point(conn, tenant_id, memory_id, version)
         self._insert_version_row(
             conn,
             tenant_id=tenant_id,
             memory_id=memory_id,
             version=version,
-            key_id=key_id,
-            key=key,
+            user_id=head["user_id"],
             text=text,
             text_mac=text_mac,
-            original_query_ct=query_ct,
+            original_query=self._open_query(conn, head_version) if original_query is None else original_query,
             restored_from=None,
             **new_fields,
         )

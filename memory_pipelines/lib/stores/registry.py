@@ -20,6 +20,7 @@ from typing import Any
 from memory_pipelines.lib.infra.errors import ServiceError
 
 __all__ = [
+    "ALL_SCOPES",
     "StoreCheck",
     "StoreSpec",
     "Synced",
@@ -39,6 +40,8 @@ __all__ = [
 COPY = 100
 PRIMARY = 900
 KEYS = 990
+# Every deletion scope (a StoreSpec's `key_erasure` when each of them destroys its key).
+ALL_SCOPES = ("MEMORY", "RETENTION", "SUBJECT", "TENANT")
 
 
 @dataclass
@@ -91,6 +94,11 @@ class StoreSpec:
     # Its rows a backup holds and a restore brings back, loaded after the memories: name -> (table,
     # [(column, Arrow type name, e.g. "string" for pa.string())]), read with a bound tenant id.
     backup_tables: dict[str, tuple[str, list[tuple[str, str]]]] = field(default_factory=dict, hash=False)
+    # Cryptographic erasure: the scopes whose deletion destroys the key every copy of this store is
+    # sealed (or MACed) under, so that no copy anywhere opens once the erasure has rotated the KEK;
+    # and, for the certificate, what seals its copies (or why nothing does).
+    key_erasure: tuple[str, ...] = ()
+    sealed_by: str = "nothing: its records are not sealed under a key of the scope"
 
 
 _lock = threading.RLock()

@@ -39,6 +39,7 @@ SPECS = (
         verification="no Parquet row of a target in the tenant partition",
         adapter="memory_pipelines.lib.stores.analytics.adapter:AnalyticsAdapter",
         order=70,
+        sealed_by="nothing: pseudonymised features (no text) in Parquet, in the clear",
         asset="analytics_memories",
         sync=sync,
         asset_description="Pseudonymised memory features for analysts (no text, no do-not-sell rows), Parquet per"

@@ -1,6 +1,8 @@
-"""Deletion adapter of the key store: the subject's key (SUBJECT) or every key of the tenant and its
-key vault file (TENANT). The tenant's KEK rotation, which makes wrapped copies in PostgreSQL's history
-useless, is the physical erasure's (lib/erasure.py), before this adapter compacts the key partitions."""
+"""Deletion adapter of the key store: the key of every forgotten version (every scope), the subject's
+keys (SUBJECT: subject key, group and version keys, retired key) or every key of the tenant and its key
+vault file (TENANT). The tenant's physical erasure (lib/forget/erasure.py) then gives groups that lost
+a member a new group key and rotates the KEK, which makes wrapped copies in PostgreSQL's history
+useless, before this adapter compacts the key partitions."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from memory_pipelines.lib.stores import bytescan
+from memory_pipelines.lib.stores import bytescan, lineage
 from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, run_count
 from memory_pipelines.lib.stores.derived import DerivedStores
 
@@ -19,20 +21,34 @@ __all__ = [
 ]
 
 STORE = "key_store"
-TABLES = ("keystore.subject_keys", "keystore.team_keys", "keystore.tenant_keys", "keystore.build_keys")
-_TENANT_KEYS = (
-    "SELECT key_id, wrapped FROM keystore.subject_keys WHERE tenant_id = %s"
-    " UNION ALL SELECT key_id, wrapped FROM keystore.team_keys WHERE tenant_id = %s"
-    " UNION ALL SELECT key_id, wrapped FROM keystore.tenant_keys WHERE tenant_id = %s"
-    " UNION ALL SELECT key_id, wrapped FROM keystore.build_keys WHERE tenant_id = %s"
+TABLES = (
+    "keystore.subject_keys",
+    "keystore.team_keys",
+    "keystore.tenant_keys",
+    "keystore.build_keys",
+    "keystore.group_keys",
+    "keystore.version_keys",
+    "keystore.retired_keys",
+)
+# Every key of the tenant, by the tables of TABLES (a build key lives and dies with its row's trigger).
+# Positional parameters throughout: verification joins every store's count_sql into one statement.
+_TENANT_KEYS = " UNION ALL ".join(f"SELECT key_id, wrapped FROM {t} WHERE tenant_id = %s" for t in TABLES)  # noqa: S608
+_TENANT_KEY_COUNT = "SELECT " + " + ".join(f"(SELECT count(*) FROM {t} WHERE tenant_id = %s)" for t in TABLES)  # noqa: S608
+# The keys of a batch that is not a TENANT scope: of its versions and of its SUBJECT scopes' subjects.
+# One shape for reading them and for counting what is left; parameters from `_scoped`.
+_SCOPED_KEYS = (
+    "SELECT k.key_id, k.wrapped FROM keystore.version_keys k JOIN unnest(%s::text[], %s::int[])"
+    " AS w(memory_id, version) ON k.memory_id = w.memory_id AND k.version = w.version WHERE k.tenant_id = %s"
+    " UNION ALL SELECT key_id, wrapped FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = ANY(%s)"
+    " UNION ALL SELECT key_id, wrapped FROM keystore.group_keys WHERE tenant_id = %s AND user_id = ANY(%s)"
+    " UNION ALL SELECT key_id, wrapped FROM keystore.retired_keys WHERE tenant_id = %s AND user_id = ANY(%s)"
 )
 
-_TENANT_KEY_COUNT = (
-    "SELECT (SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s)"
-    " + (SELECT count(*) FROM keystore.team_keys WHERE tenant_id = %s)"
-    " + (SELECT count(*) FROM keystore.tenant_keys WHERE tenant_id = %s)"
-    " + (SELECT count(*) FROM keystore.build_keys WHERE tenant_id = %s)"
-)
+
+def _scoped(ctx: Context) -> tuple[Any, ...]:
+    memory_ids, versions = lineage.pair_arrays(sorted(ctx.everything))
+    subjects = sorted(set(ctx.subjects()))
+    return (memory_ids, versions, ctx.tenant_id, *((ctx.tenant_id, subjects) * 3))
 
 
 class KeyStoreAdapter:
@@ -40,15 +56,8 @@ class KeyStoreAdapter:
 
     def _keys(self, conn: psycopg.Connection, ctx: Context) -> list[tuple[str, bytes | None]]:
         if ctx.tenant_scope:
-            return [(str(k), w) for k, w in conn.execute(_TENANT_KEYS, (ctx.tenant_id,) * 4)]
-        subjects = sorted(set(ctx.subjects()))
-        return [
-            (str(k), w)
-            for k, w in conn.execute(
-                "SELECT key_id, wrapped FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = ANY(%s)",
-                (ctx.tenant_id, subjects),
-            )
-        ]
+            return [(str(k), w) for k, w in conn.execute(_TENANT_KEYS, (ctx.tenant_id,) * len(TABLES))]
+        return [(str(k), w) for k, w in conn.execute(_SCOPED_KEYS, _scoped(ctx))]
 
     def find(self, conn: psycopg.Connection, ctx: Context) -> set[str]:
         return {key_id for key_id, _ in self._keys(conn, ctx)}
@@ -56,6 +65,8 @@ class KeyStoreAdapter:
     def delete(self, ctx: Context) -> None:
         keys = ctx.store.keys
         with ctx.store.transaction() as conn:
+            # Every scope: the key of each forgotten version (its group is rekeyed by the erasure).
+            keys.versions.destroy_versions(conn, ctx.tenant_id, sorted(ctx.everything))
             for job in ctx.jobs:
                 scope = job["scope"]
                 destroyed: list[str] = []
@@ -74,11 +85,8 @@ class KeyStoreAdapter:
 
     def count_sql(self, ctx: Context) -> tuple[str, tuple[Any, ...]]:
         if ctx.tenant_scope:
-            return _TENANT_KEY_COUNT, (ctx.tenant_id,) * 4
-        return (
-            "SELECT count(*) FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = ANY(%s)",
-            (ctx.tenant_id, sorted(set(ctx.subjects()))),
-        )
+            return _TENANT_KEY_COUNT, (ctx.tenant_id,) * len(TABLES)
+        return f"SELECT count(*) FROM ({_SCOPED_KEYS}) k", _scoped(ctx)  # noqa: S608 - constant text
 
     def count(self, ctx: Context) -> int:
         return run_count(ctx, self.count_sql(ctx))

@@ -39,6 +39,9 @@ SPECS = (
         verification="no posting for a target; keyword probes return no target",
         adapter="memory_pipelines.lib.stores.keyword.adapter:KeywordIndexAdapter",
         order=40,
+        key_erasure=("TENANT",),
+        sealed_by="MACs of tokens under the author's keyword key (versions only their author sees;"
+        " destroyed by SUBJECT) or the tenant's (the rest)",
         asset="keyword_index",
         sync=sync,
         asset_description="Exact-token search over current memories, as keyed hashes of tokens (no plaintext at rest).",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from memory_pipelines.lib.stores.registry import PRIMARY, StoreSpec
+from memory_pipelines.lib.stores.registry import ALL_SCOPES, PRIMARY, StoreSpec
 
 __all__ = [
     "SPECS",
@@ -28,6 +28,8 @@ SPECS = (
         verification="no memory_versions row of a target",
         adapter="memory_pipelines.lib.stores.primary.adapter:PrimaryAdapter",
         order=PRIMARY,
+        key_erasure=ALL_SCOPES,
+        sealed_by="each version's own key (versions written before version keys: their author's subject key)",
         derived=False,
         count=count,
     ),

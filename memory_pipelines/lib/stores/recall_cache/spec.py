@@ -16,6 +16,7 @@ SPECS = (
         verification="no cached answer naming a target version or asked by a forgotten subject",
         adapter="memory_pipelines.lib.stores.recall_cache.adapter:RecallCacheAdapter",
         order=10,
+        sealed_by="nothing to seal: cached answers name ids and versions only, keyed by a MAC of the query",
         restore_drop="DELETE FROM derived.recall_cache WHERE tenant_id = %(t)s"
         " AND encode(cache_key, 'hex') = ANY(%(ids)s)",
     ),

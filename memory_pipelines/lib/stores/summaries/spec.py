@@ -6,7 +6,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from memory_pipelines.lib.infra.progress import Progress, no_progress
-from memory_pipelines.lib.stores.registry import StoreCheck, StoreSpec, Synced
+from memory_pipelines.lib.stores.registry import ALL_SCOPES, StoreCheck, StoreSpec, Synced
 
 if TYPE_CHECKING:
     from memory_pipelines.lib.stores.derived import DerivedStores
@@ -54,6 +54,9 @@ SPECS = (
         locator_key="lineage(subject_summaries) -> subject:U",
         adapter="memory_pipelines.lib.stores.summaries.adapter:SubjectSummariesAdapter",
         order=50,
+        key_erasure=ALL_SCOPES,
+        sealed_by="a key of each build, destroyed by the next build or with the row (summaries built"
+        " before build keys: the subject's or team's key)",
         asset="subject_summaries",
         sync=partial(sync, scope="subject"),
         asset_description="What the assistant knows about each user, summarised per their mode, encrypted under"
@@ -76,6 +79,9 @@ SPECS = (
         locator_key="lineage(team_summaries) -> team:X",
         adapter="memory_pipelines.lib.stores.summaries.adapter:TeamSummariesAdapter",
         order=60,
+        key_erasure=ALL_SCOPES,
+        sealed_by="a key of each build, destroyed by the next build or with the row (summaries built"
+        " before build keys: the team's key)",
         asset="team_summaries",
         sync=partial(sync, scope="team"),
         asset_description="What each team has shared, summarised and encrypted under the team key.",

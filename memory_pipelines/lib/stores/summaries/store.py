@@ -333,12 +333,10 @@ class SummaryStore:
 
     def _key(self, conn: psycopg.Connection, tenant_id: str, scope: str, scope_id: str, key_id: str) -> bytes:
         """The key a stored summary names: its build's key, or (built before per-build keys) the
-        subject's or the team's key."""
+        subject's key by its id (retired once their texts are converted to version keys) or the team's."""
         keys = self.store.keys
-        if key_id.startswith(BUILD_KEY_PREFIX):
-            return keys.build_key(conn, tenant_id, key_id)
-        if scope == "subject":
-            return keys.subject_key(conn, tenant_id, scope_id, create=False)[1]
+        if key_id.startswith(BUILD_KEY_PREFIX) or scope == "subject":
+            return keys.key_by_id(conn, tenant_id, key_id)
         return keys.team_key(conn, tenant_id, scope_id, create=False)[1]
 
     @staticmethod

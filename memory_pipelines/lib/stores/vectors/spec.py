@@ -40,6 +40,7 @@ SPECS = (
         verification="collection.get(ids=targets) is empty; paraphrase probes return no target",
         adapter="memory_pipelines.lib.stores.vectors.adapter:ChromaAdapter",
         order=30,
+        sealed_by="nothing: Chroma stores embeddings in the clear (no documents)",
         asset="memory_embeddings",
         sync=sync,
         asset_description="Vectors of every current memory for semantic recall (Chroma, ids and scope only, no text).",

@@ -1,0 +1,264 @@
+"""Version keys: one data key per memory version, so forgetting a version destroys a key that no
+surviving memory needs, whatever the scope.
+
+A version's text and original query are sealed under its own key (`vk_`), wrapped by a group key
+(`gk_`) of its author; a group wraps at most GROUP_SIZE version keys and is wrapped by the tenant's
+key-encryption key like every other key of the tenant (lib/memories/keys.py). Forgetting a version
+deletes its key and marks its group; the tenant's physical erasure then gives the group's survivors a
+new group key and deletes the old one (`rekey`), in the transaction that rotates the KEK. From then
+on every copy PostgreSQL keeps of the forgotten ciphertext (WAL, dead tuples, pg_statistic, a
+replica, an archive) and every backup's copy is sealed under a key whose wrapped copies are all
+wrapped by keys that no longer exist anywhere. A KEK rotation rewraps group keys only, so its cost
+follows versions / GROUP_SIZE; a rekey rewraps at most GROUP_SIZE - 1 version keys per group.
+
+Lock order, against the erasure: the tenant's rotation lock (shared here, exclusive in a rotation)
+before any group row. A writer holds its group FOR KEY SHARE until it commits, so a rekey (which
+deletes the group) waits for the version keys being added and rewraps them too.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from memory_pipelines.lib.memories import crypto
+
+if TYPE_CHECKING:
+    from memory_pipelines.lib.memories.keys import KeyStore
+
+__all__ = [
+    "GROUP_KEY_PREFIX",
+    "GROUP_SIZE",
+    "VERSION_KEY_PREFIX",
+    "NewVersionKey",
+    "VersionKeys",
+]
+
+VERSION_KEY_PREFIX = "vk_"
+GROUP_KEY_PREFIX = "gk_"
+# Versions per group key: a rotation rewraps one key per group, a rekey after a forget rewraps the
+# group's survivors. Chosen by measurement (docs/performance.md, "Version keys").
+GROUP_SIZE = 256
+
+# The author's newest group that takes new members, with how many it has (held until commit). Every
+# table is bound to the tenant by value, so planning locks the tenant's partitions alone (another
+# tenant's compaction holds ACCESS EXCLUSIVE on its own).
+_OPEN_GROUP = (
+    "SELECT g.key_id, g.wrapped, g.kek_id, (SELECT count(*) FROM keystore.version_keys v"
+    " WHERE v.tenant_id = %(t)s AND v.group_key_id = g.key_id)"
+    " FROM keystore.group_keys g WHERE g.tenant_id = %(t)s AND g.user_id = %(u)s AND NOT g.rekey"
+    " ORDER BY g.created_at DESC, g.key_id DESC LIMIT 1 FOR KEY SHARE OF g"
+)
+_OPEN = (
+    "SELECT v.key_id, v.wrapped, g.key_id, g.user_id, g.wrapped, g.kek_id FROM keystore.version_keys v"
+    " JOIN keystore.group_keys g ON g.tenant_id = %(t)s AND g.key_id = v.group_key_id"
+    " WHERE v.tenant_id = %(t)s AND v.key_id = ANY(%(k)s)"
+)
+
+
+def _group_aad(tenant_id: str, user_id: str, key_id: str) -> bytes:
+    return crypto.aad("group-key", tenant_id, user_id, key_id)
+
+
+def _version_aad(tenant_id: str, key_id: str) -> bytes:
+    return crypto.aad("version-key", tenant_id, key_id)
+
+
+def _rewrap(old: bytes, new: bytes, wrapped: bytes, aad: bytes) -> bytes:
+    return crypto.seal(new, crypto.open_sealed(old, wrapped, aad), aad)
+
+
+@dataclass(frozen=True)
+class NewVersionKey:
+    """A version key made for one version, wrapped by its group key, not yet stored."""
+
+    key_id: str
+    key: bytes = field(repr=False)
+    group_key_id: str
+    wrapped: bytes
+
+
+class VersionKeys:
+    """Makes, opens, destroys and rekeys version keys and their group keys (see the module docstring).
+    `keys` is the tenant key store that wraps group keys under the tenant's KEK and caches unwrapped keys."""
+
+    def __init__(self, keys: KeyStore) -> None:
+        self.keys = keys
+
+    # -- new keys ------------------------------------------------------------------------------------
+
+    def allocate(self, conn: psycopg.Connection, tenant_id: str, user_id: str, count: int) -> list[NewVersionKey]:
+        """`count` new version keys of `user_id`, in the author's open group (new groups as they fill),
+        in the caller's transaction; stored by `insert`. The groups stay locked until it commits."""
+        self.keys.lock_shared(conn, tenant_id)  # before any group row: see the module docstring
+        made: list[NewVersionKey] = []
+        row = conn.execute(_OPEN_GROUP, {"t": tenant_id, "u": user_id}).fetchone()
+        while len(made) < count:
+            if row is None or int(row[3]) >= GROUP_SIZE:
+                row = self._new_group(conn, tenant_id, user_id)
+            group_id, wrapped, kek_id, members = str(row[0]), row[1], row[2], int(row[3])
+            group_key = self._group_key(conn, tenant_id, user_id, group_id, kek_id, wrapped)
+            take = min(count - len(made), GROUP_SIZE - members)
+            for _ in range(take):
+                key_id = VERSION_KEY_PREFIX + secrets.token_hex(12)
+                key = crypto.new_key()
+                made.append(
+                    NewVersionKey(key_id, key, group_id, crypto.seal(group_key, key, _version_aad(tenant_id, key_id)))
+                )
+            row = (group_id, wrapped, kek_id, members + take)
+        return made
+
+    def insert(self, conn: psycopg.Connection, tenant_id: str, rows: Sequence[tuple[NewVersionKey, str, int]]) -> bool:
+        """Store version keys for (key, memory_id, version) rows in the caller's transaction; False (and
+        nothing stored) when a group they are wrapped by was rekeyed away since `allocate`."""
+        if not rows:
+            return True
+        groups = sorted({key.group_key_id for key, _, _ in rows})
+        alive = conn.execute(
+            "SELECT key_id FROM keystore.group_keys WHERE tenant_id = %s AND key_id = ANY(%s) FOR KEY SHARE",
+            (tenant_id, groups),
+        ).fetchall()
+        if len(alive) != len(groups):
+            return False
+        with conn.cursor() as cur:
+            with cur.copy(
+                "COPY keystore.version_keys (tenant_id, key_id, group_key_id, memory_id, version, wrapped) FROM STDIN"
+            ) as copy:
+                for key, memory_id, version in rows:
+                    copy.write_row((tenant_id, key.key_id, key.group_key_id, memory_id, version, key.wrapped))
+        for key, _, _ in rows:
+            self.keys.remember(key.key_id, key.key)
+        return True
+
+    def new_key(
+        self, conn: psycopg.Connection, tenant_id: str, user_id: str, memory_id: str, version: int
+    ) -> tuple[str, bytes]:
+        """One version's key, made and stored in the caller's transaction: (key id, key)."""
+        (key,) = self.allocate(conn, tenant_id, user_id, 1)
+        stored = self.insert(conn, tenant_id, [(key, memory_id, version)])
+        assert stored  # its group is locked by this transaction since `allocate`
+        return key.key_id, key.key
+
+    def _new_group(self, conn: psycopg.Connection, tenant_id: str, user_id: str) -> tuple[str, bytes, str | None, int]:
+        with self.keys.wrapping(conn, tenant_id) as (kek_id, wrapping):
+            key_id = GROUP_KEY_PREFIX + secrets.token_hex(12)
+            key = crypto.new_key()
+            wrapped = crypto.seal(wrapping, key, _group_aad(tenant_id, user_id, key_id))
+            conn.execute(
+                "INSERT INTO keystore.group_keys (tenant_id, key_id, user_id, wrapped, kek_id)"
+                " VALUES (%s, %s, %s, %s, %s)",
+                (tenant_id, key_id, user_id, wrapped, kek_id),
+            )
+        self.keys.remember(key_id, key)
+        return key_id, wrapped, kek_id, 0
+
+    def _group_key(
+        self, conn: psycopg.Connection, tenant_id: str, user_id: str, key_id: str, kek_id: str | None, wrapped: Any
+    ) -> bytes:
+        cached = self.keys.cached(key_id)
+        if cached is not None:
+            return cached
+        key = self.keys.open_wrapped(conn, tenant_id, kek_id, wrapped, _group_aad(tenant_id, user_id, key_id))
+        return self.keys.remember(key_id, key)
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    def open(self, conn: psycopg.Connection, tenant_id: str, key_ids: Sequence[str]) -> dict[str, bytes]:
+        """key_id -> version key, for those of `key_ids` that still exist (one query for all). The key
+        store is asked every time; only unwrapping is cached."""
+        wanted = sorted(set(key_ids))
+        if not wanted:
+            return {}
+
+        def read() -> list[Any]:
+            return conn.execute(_OPEN, {"t": tenant_id, "k": wanted}).fetchall()
+
+        def open_rows(rows: list[Any]) -> dict[str, bytes]:
+            out: dict[str, bytes] = {}
+            for key_id, wrapped, group_id, user_id, group_wrapped, kek_id in rows:
+                key = self.keys.cached(key_id)
+                if key is None:
+                    group_key = self._group_key(conn, tenant_id, user_id, group_id, kek_id, group_wrapped)
+                    key = crypto.open_sealed(group_key, bytes(wrapped), _version_aad(tenant_id, key_id))
+                    self.keys.remember(key_id, key)
+                out[key_id] = key
+            return out
+
+        return self.keys.retrying(read, open_rows)
+
+    # -- destruction ---------------------------------------------------------------------------------
+
+    def destroy_versions(self, conn: psycopg.Connection, tenant_id: str, sources: Sequence[tuple[str, int]]) -> int:
+        """Delete the keys of these (memory_id, version) pairs and mark their groups for the next
+        erasure's rekey; returns the keys deleted."""
+        if not sources:
+            return 0
+        rows = conn.execute(
+            "DELETE FROM keystore.version_keys k USING unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
+            " WHERE k.tenant_id = %s AND k.memory_id = w.memory_id AND k.version = w.version"
+            " RETURNING k.key_id, k.group_key_id",
+            ([m for m, _ in sources], [v for _, v in sources], tenant_id),
+        ).fetchall()
+        groups = sorted({str(group) for _, group in rows})
+        if groups:
+            conn.execute(
+                "UPDATE keystore.group_keys SET rekey = true WHERE tenant_id = %s AND key_id = ANY(%s) AND NOT rekey",
+                (tenant_id, groups),
+            )
+        self.keys.forget_cached()
+        return len(rows)
+
+    @staticmethod
+    def destroy_subject(conn: psycopg.Connection, tenant_id: str, user_id: str) -> int:
+        """Delete every version key and group key of the subject; returns the version keys deleted."""
+        deleted = conn.execute(
+            "DELETE FROM keystore.version_keys v USING keystore.group_keys g WHERE v.tenant_id = %(t)s"
+            " AND g.tenant_id = %(t)s AND g.user_id = %(u)s AND v.group_key_id = g.key_id",
+            {"t": tenant_id, "u": user_id},
+        ).rowcount
+        conn.execute("DELETE FROM keystore.group_keys WHERE tenant_id = %s AND user_id = %s", (tenant_id, user_id))
+        return deleted
+
+    @staticmethod
+    def destroy_tenant(conn: psycopg.Connection, tenant_id: str) -> int:
+        deleted = conn.execute("DELETE FROM keystore.version_keys WHERE tenant_id = %s", (tenant_id,)).rowcount
+        conn.execute("DELETE FROM keystore.group_keys WHERE tenant_id = %s", (tenant_id,))
+        return deleted
+
+    def rekey(self, conn: psycopg.Connection, tenant_id: str) -> dict[str, int]:
+        """Every group with a destroyed member gets a new group key for its survivors, and the old one
+        is deleted; in the caller's transaction, which holds the tenant's rotation lock exclusively and
+        rotates the KEK before it commits. Returns counts: groups rekeyed, survivors rewrapped."""
+        dirty = conn.execute(
+            "SELECT key_id, user_id, wrapped, kek_id FROM keystore.group_keys WHERE tenant_id = %s AND rekey"
+            " ORDER BY key_id FOR UPDATE",
+            (tenant_id,),
+        ).fetchall()
+        rewrapped = 0
+        for group_id, user_id, wrapped, kek_id in dirty:
+            old = self._group_key(conn, tenant_id, user_id, group_id, kek_id, wrapped)
+            members = conn.execute(
+                "SELECT key_id, wrapped FROM keystore.version_keys WHERE tenant_id = %s AND group_key_id = %s",
+                (tenant_id, group_id),
+            ).fetchall()
+            if members:
+                new_id, _, _, _ = self._new_group(conn, tenant_id, user_id)
+                new = self.keys.cached(new_id)
+                assert new is not None  # remembered by _new_group
+                ids = [str(key_id) for key_id, _ in members]
+                blobs = [_rewrap(old, new, bytes(w), _version_aad(tenant_id, str(k))) for k, w in members]
+                conn.execute(
+                    "UPDATE keystore.version_keys k SET group_key_id = %s, wrapped = u.wrapped"
+                    " FROM unnest(%s::text[], %s::bytea[]) AS u(key_id, wrapped)"
+                    " WHERE k.tenant_id = %s AND k.key_id = u.key_id",
+                    (new_id, ids, blobs, tenant_id),
+                )
+                rewrapped += len(ids)
+            conn.execute("DELETE FROM keystore.group_keys WHERE tenant_id = %s AND key_id = %s", (tenant_id, group_id))
+        if dirty:
+            self.keys.forget_cached()
+        return {"groups": len(dirty), "rewrapped": rewrapped}
