@@ -367,6 +367,9 @@ def cmd_restore(args: argparse.Namespace) -> None:
 
 
 def cmd_keys(args: argparse.Namespace) -> None:
+    if args.keys_command == "convert":
+        _emit({"converted": _platform(args).convert_keys(tenant_id=args.tenant)})
+        return
     if args.subject is None and args.confirm != args.tenant:
         raise ValidationError("confirm", "shredding a whole tenant needs --confirm with the tenant id")
     _emit(_platform(args).shred_keys(tenant_id=args.tenant, subject=args.subject, confirm=args.confirm))
@@ -757,12 +760,16 @@ def _backup_and_retention_commands(add: Adder) -> None:
         "--restore-id", metavar="RESTORE_ID", help="id for the restore (r_...); one naming another restore is refused"
     )
 
-    keys = add("keys", cmd_keys, "crypto-shredding of a subject's or a whole tenant's keys")
+    keys = add("keys", cmd_keys, "crypto-shredding of keys; converting texts of older releases to version keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     shred = keys_sub.add_parser("shred", help="destroy the keys now (every backup of that scope becomes unreadable)")
     shred.add_argument("--tenant", required=True)
     shred.add_argument("--subject", help="only this subject's key (default: every key of the tenant)")
     shred.add_argument("--confirm", help="the tenant id again, to shred a whole tenant")
+    convert = keys_sub.add_parser(
+        "convert", help="seal texts an older release wrote under a key of their own version (resumable; reads go on)"
+    )
+    convert.add_argument("--tenant", help="only this tenant (default: every tenant with something to convert)")
 
     retention = add("retention", cmd_retention, "retention sweeps by policy (assets/retention_policies.yaml)")
     retention_sub = retention.add_subparsers(dest="retention_command", required=True, metavar="ACTION")

@@ -48,6 +48,7 @@ from memory_pipelines.lib.results import (
     DoNotSell,
     EvaluationTrend,
     ExportedVersion,
+    KeysConverted,
     KeysShredded,
     LeaseRevoked,
     LineageRecord,
@@ -604,6 +605,21 @@ class _Forgetting(_Parts):
         the same scope is requested (hidden at once)."""
         _check_tenant(tenant_id)
         return self.deletions.shred_keys(tenant_id=tenant_id, subject=subject, confirm=confirm)
+
+    def convert_keys(self, *, tenant_id: str | None = None) -> list[KeysConverted]:
+        """Seal texts written before version keys (an older release's) under keys of their own, tenant
+        by tenant (`tenant_id`: that tenant only); every read works throughout. Returns counts per
+        tenant converted: versions re-sealed, MACs recomputed, subject keys retired."""
+        from memory_pipelines.lib.memories.key_conversion import KeyConversion
+        from memory_pipelines.lib.stores.derived import convert_keys
+
+        if tenant_id is not None:
+            _check_tenant(tenant_id)
+        store = self.store
+        todo = KeyConversion(store.transaction, store.keys, backup_days=self.settings.backup_days).pending(
+            tenant_id=tenant_id
+        )
+        return [convert_keys(store, tenant_id=tenant, backup_days=self.settings.backup_days) for tenant in todo]
 
     def retention_preview(self, *, day: str | date) -> RetentionPreview:
         """What a retention sweep of `day` (YYYY-MM-DD, a future day too) would remove: counts only."""

@@ -31,6 +31,7 @@ def test_assets_partitions_and_checks(definitions):
         "deletion_canary",
         "memory_deletions",
         "physical_erasure",
+        "key_conversion",
         "tenant_backups",
         "memory_eval",
         "memory_drift",
@@ -73,6 +74,7 @@ def test_sensors_jobs_and_resources(definitions):
         "restored_tenants_backfill_sensor",
         "physical_erasure_sensor",
         "erasures_on_time_sensor",
+        "key_conversion_sensor",
     }
     assert {s.name for s in definitions.schedules} == {
         "canary_drill_schedule",
@@ -96,6 +98,8 @@ def test_sensors_jobs_and_resources(definitions):
     assert definitions.resolve_sensor_def("forget_requests_sensor").default_status == dg.DefaultSensorStatus.RUNNING
     erase = definitions.resolve_job_def("erase")
     assert erase.partitions_def.name == "tenants" and erase.executor_def.name == "in_process"
+    conversion = definitions.resolve_job_def("convert_keys")
+    assert conversion.partitions_def.name == "tenants" and conversion.executor_def.name == "in_process"
     erasure = definitions.resolve_assets_def("physical_erasure")
     assert {key.name for key in erasure.check_keys} == set()  # its check is standalone, per tenant
     assert "erasures_on_time" in {k.name for k in definitions.resolve_asset_graph().asset_check_keys}
@@ -239,7 +243,7 @@ def test_every_asset_and_job_has_a_domain_and_every_check_a_description(definiti
     assert [s.key.to_user_string() for s in specs if not s.tags.get("domain")] == []
     assert {s.tags["domain"] for s in specs} == {"memories", "derived", "forget", "backups", "evaluation"}
     jobs = [job for job in definitions.resolve_all_job_defs() if not job.name.startswith("__")]
-    assert len(jobs) == 9
+    assert len(jobs) == 10
     assert [job.name for job in jobs if not job.tags.get("domain")] == []
     graph = definitions.resolve_asset_graph()
     assert len(graph.asset_check_keys) == 12

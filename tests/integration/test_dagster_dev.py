@@ -131,6 +131,7 @@ def test_dev_in_the_background_shows_every_asset_and_ends_with_all_its_processes
             "memories",
             "memory_deletions",
             "physical_erasure",
+            "key_conversion",
             "deletion_canary",
             "tenant_backups",
             "memory_eval",

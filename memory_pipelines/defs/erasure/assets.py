@@ -4,6 +4,7 @@ from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.forget.erasure import ErasureIncomplete, ErasureService
 from memory_pipelines.lib.infra.progress import throttled
 from memory_pipelines.lib.infra.settings import Settings, lower_priority
+from memory_pipelines.lib.stores.derived import convert_keys
 from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
 from memory_pipelines.resources.derived import derived_stores
 
@@ -48,4 +49,30 @@ def physical_erasure(
             "not_scanned": dg.MetadataValue.json(scan.get("notScanned", [])),
             "seconds": dg.MetadataValue.json(report.get("seconds", {})),
         },
+    )
+
+
+@dg.asset(
+    partitions_def=tenants_partitions,
+    group_name="forget",
+    kinds={"postgres"},
+    owners=["team:memory-platform"],
+    deps=["memories"],
+    tags={"domain": "forget"},
+    description="Texts an older release sealed under their author's key, sealed again under keys of their own"
+    " versions (so forgetting any one destroys a key); resumable, reads go on meanwhile.",
+)
+def key_conversion(context: dg.AssetExecutionContext, memory_store: MemoryStoreResource) -> dg.MaterializeResult:
+    # The author keys that sealed those texts are retired until the backups holding such texts expire
+    # (lib/memories/key_conversion.py); a KEK rotation of this run or of the erasure then destroys them.
+    context.log.info(f"niceness {lower_priority(Settings.from_env())}")  # background: recalls come first
+    settings = memory_store.settings()
+    counts = convert_keys(
+        memory_store.store(),
+        tenant_id=context.partition_key,
+        backup_days=settings.backup_days,
+        progress=throttled(context.log.info),
+    )
+    return dg.MaterializeResult(
+        metadata={name: dg.MetadataValue.int(n) for name, n in counts.items() if isinstance(n, int)}
     )

@@ -10,3 +10,13 @@ physical_erasure_job = dg.define_asset_job(
     " COMPLETE deletions ERASED.",
     tags={"domain": "forget"},
 )
+
+KEY_CONVERSION_JOB = "convert_keys"
+
+key_conversion_job = dg.define_asset_job(
+    KEY_CONVERSION_JOB,
+    selection=dg.AssetSelection.assets("key_conversion"),
+    executor_def=dg.in_process_executor,
+    description="One tenant's texts written before version keys, sealed under keys of their own versions.",
+    tags={"domain": "forget"},
+)

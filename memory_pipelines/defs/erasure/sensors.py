@@ -4,10 +4,11 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from memory_pipelines.defs.erasure.checks import erasure_evaluation
-from memory_pipelines.defs.erasure.jobs import ERASURE_JOB, physical_erasure_job
+from memory_pipelines.defs.erasure.jobs import ERASURE_JOB, KEY_CONVERSION_JOB, key_conversion_job, physical_erasure_job
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.forget.canary import is_reserved_tenant
 from memory_pipelines.lib.forget.erasure import ErasureLedger
+from memory_pipelines.lib.memories.key_conversion import KeyConversion
 from memory_pipelines.resources import MemoryStoreResource
 
 _ACTIVE = {
@@ -17,6 +18,21 @@ _ACTIVE = {
     dg.DagsterRunStatus.STARTED,
     dg.DagsterRunStatus.CANCELING,
 }
+
+
+def _idle(context: dg.SensorEvaluationContext, job_name: str, tenants: list[str]) -> list[str]:
+    """Those of `tenants` that are partitions, not reserved (canary and evaluation tenants erase inside
+    their own drills), and have no run of `job_name` queued or running."""
+    known = set(context.instance.get_dynamic_partitions(tenants_partitions.name or "tenants"))
+    return [
+        tenant_id
+        for tenant_id in tenants
+        if tenant_id in known
+        and not is_reserved_tenant(tenant_id)
+        and not context.instance.get_run_records(
+            dg.RunsFilter(job_name=job_name, tags={"dagster/partition": tenant_id}, statuses=list(_ACTIVE)), limit=1
+        )
+    ]
 
 
 @dg.sensor(
@@ -29,21 +45,12 @@ _ACTIVE = {
 def physical_erasure_sensor(context: dg.SensorEvaluationContext, memory_store: MemoryStoreResource) -> dg.SensorResult:
     ledger = ErasureLedger(memory_store.store())
     now = datetime.now(UTC)
-    known = set(context.instance.get_dynamic_partitions(tenants_partitions.name or "tenants"))
-    requests = []
-    for tenant_id in ledger.due_tenants(now=now):
-        if is_reserved_tenant(tenant_id) or tenant_id not in known:
-            continue  # canary and evaluation tenants erase inside their own drills
-        active = context.instance.get_run_records(
-            dg.RunsFilter(job_name=ERASURE_JOB, tags={"dagster/partition": tenant_id}, statuses=list(_ACTIVE)),
-            limit=1,
-        )
-        if active:
-            continue
-        requests.append(
+    return dg.SensorResult(
+        run_requests=[
             dg.RunRequest(run_key=f"erasure:{tenant_id}:{now.strftime('%Y%m%dT%H%M')}", partition_key=tenant_id)
-        )
-    return dg.SensorResult(run_requests=requests)
+            for tenant_id in _idle(context, ERASURE_JOB, ledger.due_tenants(now=now))
+        ]
+    )
 
 
 @dg.sensor(
@@ -65,3 +72,22 @@ def erasures_on_time_sensor(context: dg.SensorEvaluationContext, memory_store: M
             events.append(evaluation)
         state[tenant_id] = outcome
     return dg.SensorResult(asset_events=events, cursor=json.dumps(state, sort_keys=True))
+
+
+@dg.sensor(
+    job=key_conversion_job,
+    minimum_interval_seconds=300,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="One `key_conversion` run per tenant holding texts an older release sealed under their author's"
+    " key, until none is left (after an upgrade; then it finds nothing).",
+)
+def key_conversion_sensor(context: dg.SensorEvaluationContext, memory_store: MemoryStoreResource) -> dg.SensorResult:
+    store = memory_store.store()
+    pending = KeyConversion(store.transaction, store.keys, backup_days=memory_store.settings().backup_days).pending()
+    now = datetime.now(UTC)
+    return dg.SensorResult(
+        run_requests=[
+            dg.RunRequest(run_key=f"keys:{tenant_id}:{now.strftime('%Y%m%dT%H%M')}", partition_key=tenant_id)
+            for tenant_id in _idle(context, KEY_CONVERSION_JOB, sorted(pending))
+        ]
+    )

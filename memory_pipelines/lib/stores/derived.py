@@ -13,8 +13,9 @@ from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.infra.services import Endpoints, chroma_heartbeat, ensure_chroma
 from memory_pipelines.lib.infra.settings import EMBEDDING_MODELS, ENV_EMBEDDING_MODEL, Settings
+from memory_pipelines.lib.memories.key_conversion import KeyConversion
 from memory_pipelines.lib.memories.store import MemoryStore
-from memory_pipelines.lib.results import LineageRecord, RecordSources
+from memory_pipelines.lib.results import KeysConverted, LineageRecord, RecordSources
 from memory_pipelines.lib.stores import lineage, registry
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
 from memory_pipelines.lib.stores.recall_cache.recall import Recaller, drop_cache
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # imported where made: a recall or a write needs neither pyar
 __all__ = [
     "DerivedStores",
     "chroma_url_for",
+    "convert_keys",
     "default_embedder",
     "open_derived",
     "summarizer_from",
@@ -81,6 +83,20 @@ def sync_keywords(store: MemoryStore, *, tenant_id: str) -> dict[str, int]:
     counts = KeywordIndex(store).sync(tenant_id=tenant_id)
     if counts["indexed"] or counts["removed"]:
         counts["recall_cache_dropped"] = drop_cache(store, tenant_id=tenant_id)
+    return counts
+
+
+def convert_keys(
+    store: MemoryStore, *, tenant_id: str, backup_days: int, progress: Progress = no_progress
+) -> KeysConverted:
+    """Seal the tenant's texts written before version keys under keys of their own and retire the
+    subject keys that sealed them (lib/memories/key_conversion.py); then sync its keyword index, which
+    rewrites the postings of each subject whose key was replaced. Counts only."""
+    counts = KeyConversion(store.transaction, store.keys, backup_days=backup_days).convert_tenant(
+        tenant_id=tenant_id, progress=progress
+    )
+    if counts["retired"]:
+        counts["postings_rekeyed"] = sync_keywords(store, tenant_id=tenant_id)["rekeyed"]
     return counts
 
 
