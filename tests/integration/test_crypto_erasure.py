@@ -226,26 +226,7 @@ def forgotten(world: World) -> dict[str, Forgotten]:
         found.scope = scope
         _sample(store, found, medical if scope == "RETENTION" else marked)
         every[scope] = found
-    with psycopg.connect(_admin(world.conninfo), autocommit=True) as conn:
-        conn.execute("CHECKPOINT")
-        socket_dir = str(conn.info.host)
-    subprocess.run(
-        [
-            str(PG_BIN / "pg_basebackup"),
-            "-h",
-            socket_dir,
-            "-U",
-            "postgres",
-            "-D",
-            str(world.copies[1]),
-            "-X",
-            "stream",
-            "-c",
-            "fast",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    _base_backup(_admin(world.conninfo), world.copies[1])
 
     service = DeletionService(world.derived)
     for scope, found in every.items():
@@ -270,6 +251,15 @@ def forgotten(world: World) -> dict[str, Forgotten]:
             found.erasure = {"incomplete": exc.hits}
     _archive_now(_admin(world.conninfo))
     return every
+
+
+def _base_backup(admin: str, to: Path) -> None:
+    """A base backup of the whole server (what point-in-time recovery starts from), after a CHECKPOINT."""
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+        socket_dir = str(conn.info.host)
+    command = [str(PG_BIN / "pg_basebackup"), "-h", socket_dir, "-U", "postgres", "-D", str(to), "-X", "stream"]
+    subprocess.run([*command, "-c", "fast"], check=True, capture_output=True)
 
 
 def _archive_now(admin: str) -> None:
@@ -350,7 +340,8 @@ def test_nothing_forgotten_opens_from_any_copy_postgresql_keeps(
 
 def test_no_statistic_of_a_sealed_column_is_kept(world: World, forgotten: dict[str, Forgotten]) -> None:
     """Both analyze paths ran (a bulk write's ANALYZE, autovacuum's after the single writes), and
-    pg_statistic holds no sample of a ciphertext, MAC or wrapped key: no bytea column of ours has one."""
+    pg_statistic holds no sampled ciphertext, MAC or wrapped key: no bytea column of ours is analyzed,
+    and what the planner knows of one holds no value."""
     with psycopg.connect(world.conninfo, autocommit=True) as conn:
         analyzed = conn.execute(
             "SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = 'memory' AND relname LIKE 'memory_versions%%'"
@@ -361,7 +352,17 @@ def test_no_statistic_of_a_sealed_column_is_kept(world: World, forgotten: dict[s
             " ON a.attrelid = s.starelid AND a.attnum = s.staattnum"
             " JOIN pg_catalog.pg_class c ON c.oid = s.starelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname IN ('memory', 'derived', 'keystore', 'control') AND a.atttypid = 'bytea'::regtype"
+            " AND (s.stavalues1 IS NOT NULL OR s.stavalues2 IS NOT NULL OR s.stavalues3 IS NOT NULL"
+            " OR s.stavalues4 IS NOT NULL OR s.stavalues5 IS NOT NULL)"
         ).fetchone()
+        # What the planner still knows of them: no value, a distinct fraction (a text MAC is unique).
+        estimates = conn.execute(
+            "SELECT s.stadistinct FROM pg_catalog.pg_statistic s JOIN pg_catalog.pg_attribute a"
+            " ON a.attrelid = s.starelid AND a.attnum = s.staattnum"
+            " WHERE s.starelid = memory.tenant_partition('memory.memory_versions'::regclass, %s)"
+            " AND a.attname = 'text_mac'",
+            (forgotten["MEMORY"].tenant,),
+        ).fetchall()
         targets = conn.execute(
             "SELECT count(*) FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
             " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname IN ('memory', 'derived',"
@@ -370,6 +371,7 @@ def test_no_statistic_of_a_sealed_column_is_kept(world: World, forgotten: dict[s
         ).fetchone()
     assert analyzed is not None and analyzed[0] >= 2  # a tenant's partition at least per surviving tenant
     assert (kept, targets) == ((0,), (0,))
+    assert estimates == [(-1.0,)]
 
 
 # -- an external PostgreSQL ------------------------------------------------------------------------
@@ -410,6 +412,8 @@ def test_on_an_external_server_nothing_forgotten_opens_from_its_files(external: 
         marked = written["marked"]
         found = _capture(store, tenant, [(m.memory_id, 1) for m in marked], [])
         _sample(store, found, marked)
+        backup = server.home.parent / "server-basebackup"  # the operator's, for point-in-time recovery
+        _base_backup(_admin(endpoints.store_conninfo), backup)
         service = DeletionService(derived)
         jobs = [service.request(tenant_id=tenant, memory_id=m.memory_id)["job_id"] for m in marked]
         service.run_batch(tenant_id=tenant, job_ids=jobs)
@@ -423,9 +427,9 @@ def test_on_an_external_server_nothing_forgotten_opens_from_its_files(external: 
             "physical": "NOT_SCANNED",
         }, proof["guarantees"]["primary"]
         _archive_now(_admin(endpoints.store_conninfo))  # what the server keeps, as its operator's archive has it
-        copies = [*home_files(server.pgdata), *home_files(server.home.parent / "server-archive")]
+        copies = [*home_files(server.pgdata), *home_files(server.home.parent / "server-archive"), *home_files(backup)]
         result = _attack(app.home, endpoints.store_conninfo, copies, found)
-        assert result["present"] == sorted(found.texts), result  # the control: its archive holds them
+        assert result["present"] == sorted(found.texts), result  # the control: its backup holds them
         assert (result["alive"], result["recovered"], result["opened"]) == ([], [], []), result
     finally:
         store.close()

@@ -538,6 +538,77 @@ def test_a_key_wrapped_while_a_rotation_waits_is_rewrapped_with_the_rest(world: 
         assert len(_fresh(world).keys.subject_key(conn, tenant, "carol", create=False)[1]) == crypto.KEY_BYTES
 
 
+def test_a_version_key_added_while_its_group_is_rekeyed_is_rewrapped_with_it(world: World) -> None:
+    """A writer holds the group it wraps a new version key with (FOR KEY SHARE, after the rotation lock,
+    shared) until it commits: the erasure's rekey of that group, after a member was forgotten, waits
+    for it and gives the new key the survivors' new group key. Nothing lands under a deleted group key."""
+    tenant = "t-" + uuid.uuid4().hex[:12]
+    store = world.store
+    kept = store.write(tenant_id=tenant, user_id="alice", text="alice keeps a red kayak")
+    gone = store.write(tenant_id=tenant, user_id="alice", text="alice hides a spare key under the mat")
+    with psycopg.connect(world.endpoints.store_conninfo) as writer:
+        [late] = store.keys.versions.allocate(writer, tenant, "alice", 1)  # in alice's group, held
+        service = DeletionService(world.derived)
+        job = service.request(tenant_id=tenant, memory_id=gone.memory_id)
+        service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])  # marks the group for its rekey
+        erasure = threading.Thread(target=ErasureService(world.derived).erase_tenant, kwargs={"tenant_id": tenant})
+        erasure.start()
+        erasure.join(2.0)
+        assert erasure.is_alive()  # the rekey waits for the writer
+        assert store.keys.versions.insert(writer, tenant, [(late, "m_" + "0" * 32, 1)])
+        writer.commit()
+    erasure.join(60)
+    assert not erasure.is_alive()
+    with store.transaction() as conn:
+        groups = conn.execute(
+            "SELECT key_id FROM keystore.group_keys WHERE tenant_id = %s AND user_id = 'alice'", (tenant,)
+        ).fetchall()
+        holding = conn.execute(
+            "SELECT DISTINCT group_key_id FROM keystore.version_keys WHERE tenant_id = %s", (tenant,)
+        ).fetchall()
+    assert late.group_key_id not in {g for (g,) in groups}  # the group that lost a member is gone
+    assert holding == groups and len(groups) == 1  # the survivor and the late key share its successor
+    fresh = _fresh(world)
+    with fresh.transaction() as conn:
+        assert fresh.keys.keys_by_id(conn, tenant, [late.key_id]) == {late.key_id: late.key}
+    assert fresh.open_texts(tenant_id=tenant, sources=[(kept.memory_id, 1)]) == {
+        (kept.memory_id, 1): "alice keeps a red kayak"
+    }
+
+
+def test_a_bulk_chunk_whose_group_was_rekeyed_after_it_was_sealed_is_sealed_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`write_many` seals a chunk before its transaction: an erasure that rekeys the group in between
+    (a member forgotten) leaves the chunk's keys wrapped by a deleted group key; the commit sees the
+    group gone, and the chunk is sealed again under the new one. Every item reads back."""
+    from memory_pipelines.lib.memories import bulk_write
+
+    tenant = "t-" + uuid.uuid4().hex[:12]
+    store = world.store
+    gone = store.write(tenant_id=tenant, user_id="alice", text="alice's locker code is 4417")
+    service = DeletionService(world.derived)
+    job = service.request(tenant_id=tenant, memory_id=gone.memory_id)
+    real = bulk_write.BulkWriter._seal
+    sealed = {"n": 0}
+
+    def seal_then_erase(self: Any, chunk: list[dict[str, Any]]) -> Any:
+        out = real(self, chunk)
+        sealed["n"] += 1
+        if sealed["n"] == 1:  # the group was chosen and the chunk sealed: now its rekey
+            service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+            ErasureService(world.derived).erase_tenant(tenant_id=tenant)
+        return out
+
+    monkeypatch.setattr(bulk_write.BulkWriter, "_seal", seal_then_erase)
+    written = store.write_many(
+        tenant_id=tenant, items=[{"user_id": "alice", "text": f"alice's note {i}"} for i in range(5)]
+    )
+    assert sealed["n"] == 2  # sealed once more after its group went
+    texts = _fresh(world).open_texts(tenant_id=tenant, sources=[(w.memory_id, 1) for w in written])
+    assert sorted(texts.values()) == [f"alice's note {i}" for i in range(5)]
+
+
 def test_kek_rotation_with_a_kms_master_key(world: World, kms_key: str) -> None:
     """The vault's KEKs are KMS data keys (bound to the tenant and their purpose); rotating them
     keeps everything readable through KMS, and a tenant's destruction removes its vault file."""

@@ -2,9 +2,10 @@
 
 ANALYZE (ours after bulk writes, autovacuum's on its own) copies up to 101 sampled values of each
 column into `pg_statistic`, a catalog no rewrite of the tenant's partitions touches. Migration 0021
-gives no statistic to any bytea column of ours (ciphertexts, MACs, wrapped keys); the erasure clears
-them again for the tenant's partitions (an operator's ALTER TABLE could have set a target) and
-rewrites `pg_statistic` so no dead tuple of it keeps an old sample. Then the byte scan reads every
+keeps every bytea column of ours (ciphertexts, MACs, wrapped keys) out of ANALYZE and gives it
+statistics without any value; the erasure does it again for the tenant's partitions (an operator's
+ALTER TABLE could have set a target) and rewrites `pg_statistic` so no dead tuple of it keeps an old
+sample. Then the byte scan reads every
 file of the data directory, catalogs, other databases and logs included, not a list of relations:
 a copy nobody listed is found where it lies. Files last written before the tenant existed cannot
 hold its data and are not read (their modification time is older than the tenant's creation).
@@ -53,22 +54,23 @@ class DataFiles:
 
 
 def clear_statistics(conninfo: str, tenant_id: str) -> dict[str, Any]:
-    """No statistic of a sealed column of the tenant's partitions (or their parents) is left, and
-    `pg_statistic` is rewritten (VACUUM FULL) so none lingers in a dead tuple. Counts only."""
+    """No sampled value of a sealed column of the tenant's partitions (or their parents) is left (their
+    statistics hold none: `memory.sealed_column_statistics`), and `pg_statistic` is rewritten (VACUUM
+    FULL) so none lingers in a dead tuple. Counts only."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         tables = [*partitions.PARTITIONED_TABLES, *partitions.tenant_partitions(conn, tenant_id).values()]
         row = conn.execute(
-            "SELECT coalesce(sum(memory.no_sealed_statistics(t::regclass)), 0) FROM unnest(%s::text[]) AS t",
+            "SELECT coalesce(sum(memory.sealed_column_statistics(t::regclass)), 0) FROM unnest(%s::text[]) AS t",
             (tables,),
         ).fetchone()
-        changed = int(row[0]) if row else 0
+        columns = int(row[0]) if row else 0
         # Only a superuser may rewrite a catalog (anyone else's VACUUM skips it with a warning): on a
         # managed server the catalogs are its operator's.
         superuser = conn.execute("SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user").fetchone()
         rewritten = bool(superuser and superuser[0])
         if rewritten:
             conn.execute("VACUUM FULL pg_catalog.pg_statistic")
-    return {"targetsReset": changed, "pgStatisticRewritten": rewritten}
+    return {"sealedColumns": columns, "pgStatisticRewritten": rewritten}
 
 
 def data_files(conninfo: str, tenant_id: str) -> DataFiles:

@@ -56,11 +56,13 @@ _TODO = (
     " JOIN memory.subjects s ON s.tenant_id = %(t)s AND s.user_id = u.user_id WHERE s.forgotten_at IS NULL"
     " ORDER BY u.user_id"
 )
-# The next of them: not being forgotten (a deletion removes it), its key still there (one whose key
-# is destroyed can never be read: a restore's replay or a deletion removes it).
+# The next of them: not being forgotten, nor its author (a deletion removes it), its key still there
+# (one whose key is destroyed can never be read: a restore's replay or a deletion removes it). Rows
+# are locked: a deletion's DELETE of one waits for the batch, whose keys it then finds and destroys.
 _BATCH = (
     "SELECT v.memory_id, v.version, v.text_ct, v.original_query_ct, v.key_id FROM memory.memory_versions v"
     " JOIN memory.memories m ON m.tenant_id = %(t)s AND m.memory_id = v.memory_id"
+    " JOIN memory.subjects s ON s.tenant_id = %(t)s AND s.user_id = m.user_id AND s.forgotten_at IS NULL"
     " WHERE v.tenant_id = %(t)s AND m.user_id = %(u)s AND v.key_id NOT LIKE 'vk\\_%%'"
     " AND NOT EXISTS (SELECT 1 FROM control.tombstones x WHERE x.tenant_id = %(t)s AND x.memory_id = v.memory_id"
     "  AND x.version = v.version)"
@@ -205,11 +207,13 @@ class KeyConversion:
             (tenant_id, user_id),
         )
         row = conn.execute(
-            "SELECT seals_text FROM keystore.subject_keys WHERE tenant_id = %s AND user_id = %s FOR UPDATE",
-            (tenant_id, user_id),
+            "SELECT k.seals_text FROM keystore.subject_keys k JOIN memory.subjects s ON s.tenant_id = %(t)s"
+            " AND s.user_id = k.user_id AND s.forgotten_at IS NULL WHERE k.tenant_id = %(t)s AND k.user_id = %(u)s"
+            " FOR UPDATE OF k",
+            {"t": tenant_id, "u": user_id},
         ).fetchone()
         if row is None:
-            return 0, 0  # destroyed meanwhile: their deletion removes the rest
+            return 0, 0  # being forgotten, or destroyed meanwhile: their deletion removes the rest
         retire = bool(row[0])
         if retire:
             self._new_subject_key(conn, tenant_id, user_id)

@@ -8,9 +8,9 @@ the memories only their author sees), group keys (each wraps the version keys th
 GROUP_SIZE memory versions of one author: lib/memories/version_keys.py), team keys (team summaries
 built before per-build keys), build keys (one per summary build or prompt snapshot, destroyed with
 the row they seal) and retired keys (subject keys that sealed texts before version keys, kept until
-the backups holding such texts expire). The physical erasure rotates the KEK (`begin_rotation`,
-commit, `finish_rotation`): whatever copies of wrapped keys PostgreSQL's WAL, dead tuples or replicas
-keep are wrapped by a KEK that no longer exists anywhere.
+the backups holding such texts expire). The physical erasure rotates the KEK
+(lib/memories/key_rotation.py): whatever copies of wrapped keys PostgreSQL's WAL, dead tuples or
+replicas keep are wrapped by a KEK that no longer exists anywhere.
 
 Rows written before key vaults carry no `kek_id`: such a tenant key is wrapped by the master key,
 such subject, team and build keys by the tenant key. They still open; the tenant's first rotation
