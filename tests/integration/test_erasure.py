@@ -90,8 +90,9 @@ def test_forget_completes_with_erasure_pending_then_the_erasure_run_proves_it(st
     # and the scan finds them (so a clean scan afterwards means something).
     fingerprints, before = erasure.scan(job_ids=[job["job_id"]], files=tenant_files(derived, tenant))
     assert len(fingerprints) >= 4  # two ciphertexts, their vectors, the wrapped key: two windows each
-    # The control: the deleted rows' bytes are still in PostgreSQL's files.
-    assert any("/base/" in path for path in before.hits), before.hits
+    # The control: the deleted records' bytes are still in the files (PostgreSQL's dead tuples, unless
+    # autovacuum pruned their pages first, which a parallel suite's timing allows; Chroma's).
+    assert before.hits, before.hits
 
     report = erasure.erase_tenant(tenant_id=tenant)
     assert report["erased"] == 1 and report["byteScan"]["hits"] == 0

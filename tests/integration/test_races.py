@@ -89,10 +89,10 @@ class SlowKeys(KeyStore):
         self.delay = delay
         self.inside = threading.Event()
 
-    def subject_key(self, conn: Any, tenant_id: str, user_id: str, *, create: bool = True) -> tuple[str, bytes]:
+    def for_writes(self, conn: Any, tenant_id: str, wanted: dict[str, int]) -> Any:
         self.inside.set()
         time.sleep(self.delay)
-        return super().subject_key(conn, tenant_id, user_id, create=create)
+        return super().for_writes(conn, tenant_id, wanted)
 
 
 def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:

@@ -547,7 +547,7 @@ def test_a_version_key_added_while_its_group_is_rekeyed_is_rewrapped_with_it(wor
     kept = store.write(tenant_id=tenant, user_id="alice", text="alice keeps a red kayak")
     gone = store.write(tenant_id=tenant, user_id="alice", text="alice hides a spare key under the mat")
     with psycopg.connect(world.endpoints.store_conninfo) as writer:
-        [late] = store.keys.versions.allocate(writer, tenant, "alice", 1)  # in alice's group, held
+        [late] = store.keys.versions.allocate(writer, tenant, {"alice": 1})["alice"]  # in alice's group, held
         service = DeletionService(world.derived)
         job = service.request(tenant_id=tenant, memory_id=gone.memory_id)
         service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])  # marks the group for its rekey
@@ -555,7 +555,7 @@ def test_a_version_key_added_while_its_group_is_rekeyed_is_rewrapped_with_it(wor
         erasure.start()
         erasure.join(2.0)
         assert erasure.is_alive()  # the rekey waits for the writer
-        assert store.keys.versions.insert(writer, tenant, [(late, "m_" + "0" * 32, 1)])
+        store.keys.versions.insert(writer, tenant, [(late, "m_" + "0" * 32, 1)])
         writer.commit()
     erasure.join(60)
     assert not erasure.is_alive()
@@ -576,17 +576,18 @@ def test_a_version_key_added_while_its_group_is_rekeyed_is_rewrapped_with_it(wor
     }
 
 
-def test_a_bulk_chunk_whose_group_was_rekeyed_after_it_was_sealed_is_sealed_again(
+def test_a_bulk_chunk_whose_group_is_rekeyed_before_its_commit_keeps_its_keys(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`write_many` seals a chunk before its transaction: an erasure that rekeys the group in between
-    (a member forgotten) leaves the chunk's keys wrapped by a deleted group key; the commit sees the
-    group gone, and the chunk is sealed again under the new one. Every item reads back."""
+    """`write_many` stores a chunk's version keys before the chunk's own transaction (out of the gate's
+    hold): an erasure that rekeys their group in between (a member forgotten) rewraps them with the
+    group's survivors, and every item reads back. Keys made for items already written are deleted."""
     from memory_pipelines.lib.memories import bulk_write
 
     tenant = "t-" + uuid.uuid4().hex[:12]
     store = world.store
     gone = store.write(tenant_id=tenant, user_id="alice", text="alice's locker code is 4417")
+    store.write(tenant_id=tenant, user_id="alice", text="alice's note 0")  # the same as an item below
     service = DeletionService(world.derived)
     job = service.request(tenant_id=tenant, memory_id=gone.memory_id)
     real = bulk_write.BulkWriter._seal
@@ -595,18 +596,22 @@ def test_a_bulk_chunk_whose_group_was_rekeyed_after_it_was_sealed_is_sealed_agai
     def seal_then_erase(self: Any, chunk: list[dict[str, Any]]) -> Any:
         out = real(self, chunk)
         sealed["n"] += 1
-        if sealed["n"] == 1:  # the group was chosen and the chunk sealed: now its rekey
+        if sealed["n"] == 1:  # the chunk's keys are made and stored, under alice's group: now its rekey
             service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
-            ErasureService(world.derived).erase_tenant(tenant_id=tenant)
+            report = ErasureService(world.derived).erase_tenant(tenant_id=tenant)
+            assert report["keys"]["rekeyed"]["groups"] == 1
         return out
 
     monkeypatch.setattr(bulk_write.BulkWriter, "_seal", seal_then_erase)
     written = store.write_many(
         tenant_id=tenant, items=[{"user_id": "alice", "text": f"alice's note {i}"} for i in range(5)]
     )
-    assert sealed["n"] == 2  # sealed once more after its group went
+    assert sealed["n"] == 1 and [w.changed for w in written] == [False, True, True, True, True]
     texts = _fresh(world).open_texts(tenant_id=tenant, sources=[(w.memory_id, 1) for w in written])
     assert sorted(texts.values()) == [f"alice's note {i}" for i in range(5)]
+    with store.transaction() as conn:
+        keys = conn.execute("SELECT count(*) FROM keystore.version_keys WHERE tenant_id = %s", (tenant,)).fetchone()
+    assert keys == (5,)  # one per version: none is left of the item that was already written
 
 
 def test_kek_rotation_with_a_kms_master_key(world: World, kms_key: str) -> None:

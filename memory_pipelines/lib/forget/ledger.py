@@ -317,10 +317,13 @@ class DeletionLedger:
             new_targets = []
             for job in jobs:
                 epoch, created = rows[job["job_id"]]
+                # Not counted (a job first frozen by a release before version keys): as if all were.
                 legacy = ((found or {}).get(job["job_id"]) or {}).get(LEGACY_SEALED)
                 job_targets = {
                     **job["targets"],
-                    "backups": _backup_status_of(backups, job["scope"]["type"], legacy=int(legacy or 0)),
+                    "backups": _backup_status_of(
+                        backups, job["scope"]["type"], legacy=len(targets[job["job_id"]]) if legacy is None else legacy
+                    ),
                     # Its own target: the bytes leave every file in the tenant's erasure run (erasure.py).
                     "physical": f"PENDING:{erase_by.isoformat()}",
                 }

@@ -191,31 +191,31 @@ class BulkWriter:
         """Outside any lock: new ids, sealed texts and text MACs for every item of the chunk."""
         from memory_pipelines.lib.memories.store import DEFAULT_CATEGORY, DEFAULT_CONFIDENCE, query_aad, text_aad
 
-        missing = sorted({item["user_id"] for item in chunk} - set(self._keys))
         wanted: dict[str, int] = {}
         for item in chunk:
             wanted[item["user_id"]] = wanted.get(item["user_id"], 0) + 1
-        version_keys: dict[str, list[NewVersionKey]] = {}
-        # Subject keys first, then groups (each may take the tenant's rotation lock): the groups stay
-        # in this transaction only while their keys are made; the commit checks they still exist.
+        memory_ids = [validation.new_memory_id() for _ in chunk]
+        # The authors' subject keys and version keys (one statement, and more when keys or groups are
+        # made); the version keys commit here, before their rows, out of the gate's hold: an erasure's
+        # rekey of their group from now on rewraps them with its other members, and those of items the
+        # commit finds already written are deleted there. A subject destroyed meanwhile takes them along
+        # (its groups go), and the commit finds its subject key changed.
         with self.store.transaction() as conn:
-            for user_id in missing:
-                self._keys[user_id] = self.store.keys.subject_key(conn, self.tenant_id, user_id)
-            for user_id in sorted(wanted):
-                version_keys[user_id] = self.store.keys.versions.allocate(
-                    conn, self.tenant_id, user_id, wanted[user_id]
-                )
+            made = self.store.keys.for_writes(conn, self.tenant_id, wanted)
+            for user_id, keys in made.items():
+                self._keys[user_id] = (keys.subject_key_id, keys.subject_key)
+            version_keys = [made[item["user_id"]].version_keys.pop() for item in chunk]
+            rows = [(key, memory_id, 1) for key, memory_id in zip(version_keys, memory_ids, strict=True)]
+            self.store.keys.versions.insert(conn, self.tenant_id, rows)
         tenant_id = self.tenant_id
         sealed = []
-        for item in chunk:
+        for item, memory_id, version_key in zip(chunk, memory_ids, version_keys, strict=True):
             user_id, team_id = item["user_id"], item.get("team_id")
             subject_key_id, subject_key = self._keys[user_id]
-            version_key = version_keys[user_id].pop()
             key = version_key.key
-            mac_key = self._mac_keys.get(user_id)
+            mac_key = self._mac_keys.get(subject_key_id)  # by key: a conversion may replace the subject's
             if mac_key is None:
-                mac_key = self._mac_keys[user_id] = crypto.derive_key(subject_key, b"memory-text-mac")
-            memory_id = validation.new_memory_id()
+                mac_key = self._mac_keys[subject_key_id] = crypto.derive_key(subject_key, b"memory-text-mac")
             query = item.get("original_query")
             text_mac = crypto.mac(mac_key, item["text"].encode("utf-8"))
             sealed.append(
@@ -275,22 +275,23 @@ class BulkWriter:
                 _SAME_TEXTS, (tenant_id, [s.text_mac for s in sealed])
             ):
                 existing[(user_id, team_id, bytes(text_mac))] = (memory_id, version)
-            results, heads, versions, keys = [], [], [], []
+            results, heads, versions, unused = [], [], [], []
             for s in sealed:
                 found = existing.get((s.user_id, s.team_id, s.text_mac))
                 if found is not None:
                     results.append(WriteResult(tenant_id, found[0], found[1], s.user_id, s.team_id, False))
+                    unused.append(s.version_key.key_id)
                     continue
                 memory_id = s.head[1]
                 existing[(s.user_id, s.team_id, s.text_mac)] = (memory_id, 1)
                 heads.append(s.head)
                 versions.append(s.version)
-                keys.append((s.version_key, memory_id, 1))
                 results.append(WriteResult(tenant_id, memory_id, 1, s.user_id, s.team_id, True))
+            if unused:  # made for items that were already written: never to seal anything
+                conn.execute(
+                    "DELETE FROM keystore.version_keys WHERE tenant_id = %s AND key_id = ANY(%s)", (tenant_id, unused)
+                )
             if heads:
-                # A group rekeyed away since the keys were made: seal again with new ones.
-                if not self.store.keys.versions.insert(conn, tenant_id, keys):
-                    return None  # nothing written yet: `insert` checks the groups before it stores
                 with conn.cursor() as cur:
                     with cur.copy(
                         "COPY memory.memories (tenant_id, memory_id, user_id, team_id, memory_type, do_not_sell,"

@@ -161,7 +161,7 @@ class KeyConversion:
         if not rows:
             return 0
         old = self.keys.keys_by_id(conn, tenant_id, [str(r[4]) for r in rows])
-        new = self.keys.versions.allocate(conn, tenant_id, user_id, len(rows))
+        new = self.keys.versions.allocate(conn, tenant_id, {user_id: len(rows)})[user_id]
         updates = []
         for (memory_id, version, text_ct, query_ct, key_id), made in zip(rows, new, strict=True):
             key = old[key_id]
@@ -177,10 +177,7 @@ class KeyConversion:
                     made.key_id,
                 )
             )
-        stored = self.keys.versions.insert(
-            conn, tenant_id, [(k, u[0], u[1]) for k, u in zip(new, updates, strict=True)]
-        )
-        assert stored  # its groups are locked by this transaction since `allocate`
+        self.keys.versions.insert(conn, tenant_id, [(k, u[0], u[1]) for k, u in zip(new, updates, strict=True)])
         conn.execute(
             "UPDATE memory.memory_versions v SET text_ct = u.text_ct, original_query_ct = u.query_ct, key_id = u.key_id"
             " FROM unnest(%s::text[], %s::int[], %s::bytea[], %s::bytea[], %s::text[])"

@@ -17,7 +17,8 @@ from psycopg import sql
 
 from memory_pipelines.lib.infra.errors import NotFoundError
 from memory_pipelines.lib.memories import crypto
-from memory_pipelines.lib.memories.keys import KeyStore, key_aad, rotation_lock
+from memory_pipelines.lib.memories.keys import KeyStore, key_aad
+from memory_pipelines.lib.memories.version_keys import rotation_lock
 
 __all__ = [
     "KeyRotation",

@@ -25,14 +25,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 
 from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.key_vault import KekUnavailable, KeyVault
-from memory_pipelines.lib.memories.version_keys import VERSION_KEY_PREFIX, VersionKeys
+from memory_pipelines.lib.memories.version_keys import VERSION_KEY_PREFIX, NewVersionKey, VersionKeys, rotation_lock
 
 __all__ = [
     "BUILD_KEY_PREFIX",
@@ -40,8 +40,8 @@ __all__ = [
     "KeyDestroyedError",
     "KeyStore",
     "T",
+    "WriteKeys",
     "key_aad",
-    "rotation_lock",
 ]
 
 T = TypeVar("T")
@@ -75,11 +75,15 @@ _DESTROY_TENANT_SQL = (
 # Tenant ids start with a letter or digit, so this can never collide with one.
 CONTROL_TENANT = "__control_plane__"
 BUILD_KEY_PREFIX = "bk_"
+_UNREAD = object()
 
 
-def rotation_lock(tenant_id: str) -> str:
-    """Advisory lock of a tenant's KEK: shared by whoever wraps a new key, exclusive for a rotation."""
-    return f"kek-rotation\x1f{tenant_id}"
+class WriteKeys(NamedTuple):
+    """What one author's write seals and MACs with (`KeyStore.for_writes`)."""
+
+    subject_key_id: str
+    subject_key: bytes
+    version_keys: list[NewVersionKey]
 
 
 def key_aad(kind: str, tenant_id: str, owner: str | None, key_id: str) -> bytes:
@@ -309,11 +313,25 @@ class KeyStore:
         """The data key of one team (team summaries built before per-build keys are sealed under it)."""
         return self._data_key(conn, "team", tenant_id, team_id, create=create)
 
+    def for_writes(self, conn: psycopg.Connection, tenant_id: str, wanted: dict[str, int]) -> dict[str, WriteKeys]:
+        """For each author of `wanted`: their subject key (made on first use) and that many new version
+        keys, in the caller's transaction. The subject key rows and the authors' open groups are read in
+        one statement (`VersionKeys.open_groups`): a write waits on every round trip."""
+        opened = self.versions.open_groups(conn, tenant_id, list(wanted))
+        subjects = {
+            user: self._data_key(conn, "subject", tenant_id, user, create=True, row=opened[user].subject_key)
+            for user in sorted(wanted)
+        }
+        made = self.versions.allocate(conn, tenant_id, wanted, opened)
+        return {user: WriteKeys(*subjects[user], made[user]) for user in sorted(wanted)}
+
     def _data_key(
-        self, conn: psycopg.Connection, kind: str, tenant_id: str, owner_id: str, *, create: bool
+        self, conn: psycopg.Connection, kind: str, tenant_id: str, owner_id: str, *, create: bool, row: Any = _UNREAD
     ) -> tuple[str, bytes]:
+        """`row`: the key's row (None: there is none) when the caller read it already."""
         select, insert, prefix = _DATA_KEY_SQL[kind]
-        row = conn.execute(select, (tenant_id, owner_id)).fetchone()
+        if row is _UNREAD:
+            row = conn.execute(select, (tenant_id, owner_id)).fetchone()
         if row is None:
             if not create:
                 raise NotFoundError(_OWNER_FIELD[kind], f"no {kind} key for {owner_id!r}")

@@ -30,9 +30,16 @@ from memory_pipelines.lib.memories import crypto
 if TYPE_CHECKING:
     from memory_pipelines.lib.memories.keys import KeyStore
 
+
+def rotation_lock(tenant_id: str) -> str:
+    """Advisory lock of a tenant's KEK: shared by whoever wraps a new key, exclusive for a rotation."""
+    return f"kek-rotation\x1f{tenant_id}"
+
+
 __all__ = [
     "GROUP_KEY_PREFIX",
     "GROUP_SIZE",
+    "INSERT_ONE",
     "VERSION_KEY_PREFIX",
     "NewVersionKey",
     "VersionKeys",
@@ -44,14 +51,29 @@ GROUP_KEY_PREFIX = "gk_"
 # group's survivors. Chosen by measurement (docs/performance.md, "Version keys").
 GROUP_SIZE = 256
 
-# The author's newest group that takes new members, with how many it has (held until commit). Every
-# table is bound to the tenant by value, so planning locks the tenant's partitions alone (another
-# tenant's compaction holds ACCESS EXCLUSIVE on its own).
-_OPEN_GROUP = (
-    "SELECT g.key_id, g.wrapped, g.kek_id, (SELECT count(*) FROM keystore.version_keys v"
-    " WHERE v.tenant_id = %(t)s AND v.group_key_id = g.key_id)"
-    " FROM keystore.group_keys g WHERE g.tenant_id = %(t)s AND g.user_id = %(u)s AND NOT g.rekey"
-    " ORDER BY g.created_at DESC, g.key_id DESC LIMIT 1 FOR KEY SHARE OF g"
+# Each author's newest group that takes new members, with how many it has (held until commit), in one
+# statement that takes the tenant's rotation lock first: the authors come out of a CTE that takes it,
+# and each group is read for one of them. Every table is bound to the tenant by value, so planning
+# locks the tenant's partitions alone (another tenant's compaction holds ACCESS EXCLUSIVE on its own).
+_OPEN_GROUPS = (
+    "WITH w AS MATERIALIZED (SELECT u.user_id FROM unnest(%(u)s::text[]) AS u(user_id),"
+    " pg_advisory_xact_lock_shared(hashtextextended(%(lock)s, 2)))"
+    " SELECT w.user_id, x.key_id, x.wrapped, x.kek_id, x.members, s.key_id, s.wrapped, s.kek_id FROM w"
+    " LEFT JOIN keystore.subject_keys s ON s.tenant_id = %(t)s AND s.user_id = w.user_id"
+    " LEFT JOIN LATERAL ("
+    "  SELECT g.key_id, g.wrapped, g.kek_id, (SELECT count(*) FROM keystore.version_keys v"
+    "   WHERE v.tenant_id = %(t)s AND v.group_key_id = g.key_id) AS members"
+    "  FROM keystore.group_keys g WHERE g.tenant_id = %(t)s AND g.user_id = w.user_id AND NOT g.rekey"
+    "  ORDER BY g.created_at DESC, g.key_id DESC LIMIT 1 FOR KEY SHARE OF g) x ON true"
+)
+_NEW_GROUPS = (
+    "INSERT INTO keystore.group_keys (tenant_id, key_id, user_id, wrapped, kek_id)"
+    " SELECT %s, k, u, w, %s FROM unnest(%s::text[], %s::text[], %s::bytea[]) AS x(k, u, w)"
+)
+# One version key, in the statement that inserts its version (`VersionKeys.params` binds it).
+INSERT_ONE = (
+    "INSERT INTO keystore.version_keys (tenant_id, key_id, group_key_id, memory_id, version, wrapped)"
+    " VALUES (%(vk_tenant)s, %(vk_key)s, %(vk_group)s, %(vk_memory)s, %(vk_version)s, %(vk_wrapped)s)"
 )
 _OPEN = (
     "SELECT v.key_id, v.wrapped, g.key_id, g.user_id, g.wrapped, g.kek_id FROM keystore.version_keys v"
@@ -73,6 +95,15 @@ def _rewrap(old: bytes, new: bytes, wrapped: bytes, aad: bytes) -> bytes:
 
 
 @dataclass(frozen=True)
+class OpenGroup:
+    """An author's newest group that takes members (None: none), locked by the reading transaction,
+    and the row of their subject key (None: they have none), read in the same statement."""
+
+    group: tuple[str, Any, str | None, int] | None  # key id, wrapped, KEK id, members
+    subject_key: tuple[str, Any, str | None] | None  # key id, wrapped, KEK id
+
+
+@dataclass(frozen=True)
 class NewVersionKey:
     """A version key made for one version, wrapped by its group key, not yet stored."""
 
@@ -91,39 +122,61 @@ class VersionKeys:
 
     # -- new keys ------------------------------------------------------------------------------------
 
-    def allocate(self, conn: psycopg.Connection, tenant_id: str, user_id: str, count: int) -> list[NewVersionKey]:
-        """`count` new version keys of `user_id`, in the author's open group (new groups as they fill),
-        in the caller's transaction; stored by `insert`. The groups stay locked until it commits."""
-        self.keys.lock_shared(conn, tenant_id)  # before any group row: see the module docstring
-        made: list[NewVersionKey] = []
-        row = conn.execute(_OPEN_GROUP, {"t": tenant_id, "u": user_id}).fetchone()
-        while len(made) < count:
-            if row is None or int(row[3]) >= GROUP_SIZE:
-                row = self._new_group(conn, tenant_id, user_id)
-            group_id, wrapped, kek_id, members = str(row[0]), row[1], row[2], int(row[3])
-            group_key = self._group_key(conn, tenant_id, user_id, group_id, kek_id, wrapped)
-            take = min(count - len(made), GROUP_SIZE - members)
-            for _ in range(take):
-                key_id = VERSION_KEY_PREFIX + secrets.token_hex(12)
-                key = crypto.new_key()
-                made.append(
-                    NewVersionKey(key_id, key, group_id, crypto.seal(group_key, key, _version_aad(tenant_id, key_id)))
-                )
-            row = (group_id, wrapped, kek_id, members + take)
-        return made
-
-    def insert(self, conn: psycopg.Connection, tenant_id: str, rows: Sequence[tuple[NewVersionKey, str, int]]) -> bool:
-        """Store version keys for (key, memory_id, version) rows in the caller's transaction; False (and
-        nothing stored) when a group they are wrapped by was rekeyed away since `allocate`."""
-        if not rows:
-            return True
-        groups = sorted({key.group_key_id for key, _, _ in rows})
-        alive = conn.execute(
-            "SELECT key_id FROM keystore.group_keys WHERE tenant_id = %s AND key_id = ANY(%s) FOR KEY SHARE",
-            (tenant_id, groups),
+    def open_groups(self, conn: psycopg.Connection, tenant_id: str, users: Sequence[str]) -> dict[str, OpenGroup]:
+        """Each author's open group (locked until the transaction ends, after the tenant's rotation lock)
+        and subject key row, in one statement."""
+        rows = conn.execute(
+            _OPEN_GROUPS, {"t": tenant_id, "u": sorted(set(users)), "lock": rotation_lock(tenant_id)}
         ).fetchall()
-        if len(alive) != len(groups):
-            return False
+        return {
+            str(user_id): OpenGroup(
+                None if group_id is None else (str(group_id), wrapped, kek_id, int(members)),
+                None if key_id is None else (str(key_id), key_wrapped, key_kek),
+            )
+            for user_id, group_id, wrapped, kek_id, members, key_id, key_wrapped, key_kek in rows
+        }
+
+    def allocate(
+        self,
+        conn: psycopg.Connection,
+        tenant_id: str,
+        wanted: dict[str, int],
+        opened: dict[str, OpenGroup] | None = None,
+    ) -> dict[str, list[NewVersionKey]]:
+        """For each author of `wanted`, that many new version keys, in their open group (new groups as
+        they fill), in the caller's transaction; stored by `insert` (or with the version, `INSERT_ONE`).
+        The groups stay locked until it commits. `opened`: their `open_groups`, when already read (the
+        authors' subject keys must exist before a group is made: the tenant key comes with the first)."""
+        users = sorted(wanted)
+        opened = opened if opened is not None else self.open_groups(conn, tenant_id, users)
+        groups: dict[str, list[tuple[str, bytes, int]]] = {}  # user -> (group id, group key, room), in order
+        needed: dict[str, int] = {}
+        for user_id in users:
+            found = opened[user_id].group
+            room = 0 if found is None else GROUP_SIZE - found[3]
+            if found is not None and room > 0:
+                key = self._group_key(conn, tenant_id, user_id, found[0], found[2], found[1])
+                groups[user_id] = [(found[0], key, room)]
+            missing = wanted[user_id] - max(room, 0)
+            if missing > 0:
+                needed[user_id] = -(-missing // GROUP_SIZE)
+        for user_id, made in self._new_groups(conn, tenant_id, needed).items():
+            groups.setdefault(user_id, []).extend((group_id, key, GROUP_SIZE) for group_id, key in made)
+        out: dict[str, list[NewVersionKey]] = {}
+        for user_id in users:
+            keys: list[NewVersionKey] = []
+            for group_id, group_key, room in groups[user_id]:
+                for _ in range(min(room, wanted[user_id] - len(keys))):
+                    key_id = VERSION_KEY_PREFIX + secrets.token_hex(12)
+                    key = crypto.new_key()
+                    wrapped = crypto.seal(group_key, key, _version_aad(tenant_id, key_id))
+                    keys.append(NewVersionKey(key_id, key, group_id, wrapped))
+            out[user_id] = keys
+        return out
+
+    def insert(self, conn: psycopg.Connection, tenant_id: str, rows: Sequence[tuple[NewVersionKey, str, int]]) -> None:
+        """Store version keys for (key, memory_id, version) rows, in the transaction of their `allocate`
+        (which holds their groups)."""
         with conn.cursor() as cur:
             with cur.copy(
                 "COPY keystore.version_keys (tenant_id, key_id, group_key_id, memory_id, version, wrapped) FROM STDIN"
@@ -132,29 +185,44 @@ class VersionKeys:
                     copy.write_row((tenant_id, key.key_id, key.group_key_id, memory_id, version, key.wrapped))
         for key, _, _ in rows:
             self.keys.remember(key.key_id, key.key)
-        return True
 
-    def new_key(
-        self, conn: psycopg.Connection, tenant_id: str, user_id: str, memory_id: str, version: int
-    ) -> tuple[str, bytes]:
-        """One version's key, made and stored in the caller's transaction: (key id, key)."""
-        (key,) = self.allocate(conn, tenant_id, user_id, 1)
-        stored = self.insert(conn, tenant_id, [(key, memory_id, version)])
-        assert stored  # its group is locked by this transaction since `allocate`
-        return key.key_id, key.key
+    def new_key(self, conn: psycopg.Connection, tenant_id: str, user_id: str) -> NewVersionKey:
+        """One version key of `user_id`, for the caller to store with its version (`INSERT_ONE`, `params`)."""
+        (key,) = self.allocate(conn, tenant_id, {user_id: 1})[user_id]
+        self.keys.remember(key.key_id, key.key)
+        return key
 
-    def _new_group(self, conn: psycopg.Connection, tenant_id: str, user_id: str) -> tuple[str, bytes, str | None, int]:
+    @staticmethod
+    def params(tenant_id: str, key: NewVersionKey, memory_id: str, version: int) -> dict[str, Any]:
+        """The parameters of `INSERT_ONE`."""
+        return {
+            "vk_tenant": tenant_id,
+            "vk_key": key.key_id,
+            "vk_group": key.group_key_id,
+            "vk_memory": memory_id,
+            "vk_version": version,
+            "vk_wrapped": key.wrapped,
+        }
+
+    def _new_groups(
+        self, conn: psycopg.Connection, tenant_id: str, needed: dict[str, int]
+    ) -> dict[str, list[tuple[str, bytes]]]:
+        """user -> that many new group keys of theirs, (id, key), made in one insert under the KEK."""
+        if not needed:
+            return {}
+        made: dict[str, list[tuple[str, bytes]]] = {}
+        ids, users, blobs = [], [], []
         with self.keys.wrapping(conn, tenant_id) as (kek_id, wrapping):
-            key_id = GROUP_KEY_PREFIX + secrets.token_hex(12)
-            key = crypto.new_key()
-            wrapped = crypto.seal(wrapping, key, _group_aad(tenant_id, user_id, key_id))
-            conn.execute(
-                "INSERT INTO keystore.group_keys (tenant_id, key_id, user_id, wrapped, kek_id)"
-                " VALUES (%s, %s, %s, %s, %s)",
-                (tenant_id, key_id, user_id, wrapped, kek_id),
-            )
-        self.keys.remember(key_id, key)
-        return key_id, wrapped, kek_id, 0
+            for user_id, count in sorted(needed.items()):
+                for _ in range(count):
+                    key_id = GROUP_KEY_PREFIX + secrets.token_hex(12)
+                    key = self.keys.remember(key_id, crypto.new_key())
+                    made.setdefault(user_id, []).append((key_id, key))
+                    ids.append(key_id)
+                    users.append(user_id)
+                    blobs.append(crypto.seal(wrapping, key, _group_aad(tenant_id, user_id, key_id)))
+            conn.execute(_NEW_GROUPS, (tenant_id, kek_id, ids, users, blobs))
+        return made
 
     def _group_key(
         self, conn: psycopg.Connection, tenant_id: str, user_id: str, key_id: str, kek_id: str | None, wrapped: Any
@@ -246,9 +314,7 @@ class VersionKeys:
                 (tenant_id, group_id),
             ).fetchall()
             if members:
-                new_id, _, _, _ = self._new_group(conn, tenant_id, user_id)
-                new = self.keys.cached(new_id)
-                assert new is not None  # remembered by _new_group
+                [(new_id, new)] = self._new_groups(conn, tenant_id, {user_id: 1})[user_id]
                 ids = [str(key_id) for key_id, _ in members]
                 blobs = [_rewrap(old, new, bytes(w), _version_aad(tenant_id, str(k))) for k, w in members]
                 conn.execute(

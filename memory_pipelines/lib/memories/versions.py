@@ -16,7 +16,16 @@ from memory_pipelines.lib.memories import crypto, ordering
 from memory_pipelines.lib.memories.records import _iso
 from memory_pipelines.lib.memories.sealing import SealingMixin, text_aad
 from memory_pipelines.lib.memories.tenants import TenantsMixin
+from memory_pipelines.lib.memories.version_keys import INSERT_ONE, NewVersionKey, VersionKeys
 from memory_pipelines.lib.results import MemoryVersion, RollBack
+
+# A version and its key, in one statement (one round trip: a write waits on each).
+_INSERT_VERSION = (
+    "WITH k AS (" + INSERT_ONE + ") INSERT INTO memory.memory_versions (tenant_id, memory_id, version,"  # noqa: S608
+    " shareable, category, confidence, text_ct, text_mac, original_query_ct, key_id, restored_from)"
+    " VALUES (%(t)s, %(m)s, %(v)s, %(shareable)s, %(category)s, %(confidence)s, %(text_ct)s, %(text_mac)s,"
+    " %(query_ct)s, %(key_id)s, %(restored_from)s)"
+)
 
 __all__ = [
     "VersionsMixin",
@@ -101,7 +110,7 @@ class VersionsMixin(TenantsMixin, SealingMixin):
         tenant_id: str,
         memory_id: str,
         version: int,
-        user_id: str,
+        key: NewVersionKey,
         text: str,
         text_mac: bytes,
         shareable: bool,
@@ -110,27 +119,26 @@ class VersionsMixin(TenantsMixin, SealingMixin):
         original_query: str | None,
         restored_from: int | None,
     ) -> None:
-        """The version's row, its text and query sealed under a key of its own, made here."""
-        key_id, key = self.keys.versions.new_key(conn, tenant_id, user_id, memory_id, version)
-        text_ct = crypto.seal(key, text.encode("utf-8"), text_aad(tenant_id, memory_id, version))
-        original_query_ct = self._seal_query(key, tenant_id, memory_id, version, original_query)
+        """The version's row, its text and query sealed under `key`, a key of its own (from
+        `KeyStore.for_writes` or `VersionKeys.new_key`), stored in the same statement."""
+        made = key
+        self.keys.remember(made.key_id, made.key)
         conn.execute(
-            "INSERT INTO memory.memory_versions (tenant_id, memory_id, version, shareable, category, confidence,"
-            " text_ct, text_mac, original_query_ct, key_id, restored_from)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (
-                tenant_id,
-                memory_id,
-                version,
-                shareable,
-                category,
-                confidence,
-                text_ct,
-                text_mac,
-                original_query_ct,
-                key_id,
-                restored_from,
-            ),
+            _INSERT_VERSION,
+            {
+                "t": tenant_id,
+                "m": memory_id,
+                "v": version,
+                "shareable": shareable,
+                "category": category,
+                "confidence": confidence,
+                "text_ct": crypto.seal(made.key, text.encode("utf-8"), text_aad(tenant_id, memory_id, version)),
+                "text_mac": text_mac,
+                "query_ct": self._seal_query(made.key, tenant_id, memory_id, version, original_query),
+                "key_id": made.key_id,
+                "restored_from": restored_from,
+                **VersionKeys.params(tenant_id, made, memory_id, version),
+            },
         )
 
     def rollback(self, *, tenant_id: str, memory_id: str, user_id: str) -> RollBack:
@@ -172,7 +180,7 @@ class VersionsMixin(TenantsMixin, SealingMixin):
                 tenant_id=tenant_id,
                 memory_id=memory_id,
                 version=version,
-                user_id=head["user_id"],
+                key=self.keys.versions.new_key(conn, tenant_id, head["user_id"]),
                 text=text,
                 text_mac=bytes(previous["text_mac"]),
                 shareable=previous["shareable"],

@@ -15,6 +15,7 @@ from memory_pipelines.lib.memories import consent, crypto, ordering
 from memory_pipelines.lib.memories.bulk_write import BulkWriter, check_items
 from memory_pipelines.lib.memories.records import WriteResult
 from memory_pipelines.lib.memories.teams import TeamsMixin
+from memory_pipelines.lib.memories.version_keys import NewVersionKey
 from memory_pipelines.lib.memories.versions import VersionsMixin
 from memory_pipelines.lib.memories.visibility import _NOT_TOMBSTONED
 from memory_pipelines.lib.results import DoNotSell
@@ -89,7 +90,7 @@ class WritesMixin(VersionsMixin, TeamsMixin):
             conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{tenant_id}\x1f{user_id}",))
             head, team_id = self._write_target(conn, tenant_id, user_id, memory_id, team_id)
             # The subject key MACs the text (the no-op rule); the text is sealed under a key of its version.
-            _, key = self.keys.subject_key(conn, tenant_id, user_id)
+            _, key, (version_key,) = self.keys.for_writes(conn, tenant_id, {user_id: 1})[user_id]
             text_mac = crypto.mac(crypto.derive_key(key, b"memory-text-mac"), text.encode("utf-8"))
             if head is None:
                 head = self._head_by_mac(conn, tenant_id, user_id, team_id, text_mac)
@@ -99,6 +100,7 @@ class WritesMixin(VersionsMixin, TeamsMixin):
                     tenant_id=tenant_id,
                     user_id=user_id,
                     team_id=team_id,
+                    version_key=version_key,
                     text=text,
                     text_mac=text_mac,
                     shareable=bool(shareable),
@@ -111,6 +113,7 @@ class WritesMixin(VersionsMixin, TeamsMixin):
                 result = self._insert_version(
                     conn,
                     head=head,
+                    version_key=version_key,
                     text=text,
                     text_mac=text_mac,
                     shareable=shareable,
@@ -190,6 +193,7 @@ class WritesMixin(VersionsMixin, TeamsMixin):
         tenant_id: str,
         user_id: str,
         team_id: str | None,
+        version_key: NewVersionKey,
         text: str,
         text_mac: bytes,
         shareable: bool,
@@ -209,7 +213,7 @@ class WritesMixin(VersionsMixin, TeamsMixin):
             tenant_id=tenant_id,
             memory_id=memory_id,
             version=1,
-            user_id=user_id,
+            key=version_key,
             text=text,
             text_mac=text_mac,
             shareable=shareable,
@@ -225,6 +229,7 @@ class WritesMixin(VersionsMixin, TeamsMixin):
         conn: psycopg.Connection,
         *,
         head: dict[str, Any],
+        version_key: NewVersionKey,
         text: str,
         text_mac: bytes,
         shareable: bool | None,
@@ -265,7 +270,7 @@ class WritesMixin(VersionsMixin, TeamsMixin):
             tenant_id=tenant_id,
             memory_id=memory_id,
             version=version,
-            user_id=head["user_id"],
+            key=version_key,
             text=text,
             text_mac=text_mac,
             original_query=self._open_query(conn, head_version) if original_query is None else original_query,
