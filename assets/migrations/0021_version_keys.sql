@@ -100,13 +100,15 @@ BEGIN
         EXECUTE format('SELECT count(*), count(%1$I), count(DISTINCT %1$I), avg(octet_length(%1$I)) FROM %2$I.%3$I%4$s',
                        col.attname, col.nspname, col.relname, sample)
             INTO seen, nonnull, different, width;
+        -- Nothing to measure yet (a new partition): the planner's defaults, until the next call.
+        CONTINUE WHEN nonnull = 0;
         PERFORM pg_catalog.pg_restore_attribute_stats(
             'schemaname', col.nspname::text, 'relname', col.relname::text, 'attname', col.attname::text,
             'inherited', false,
-            'null_frac', (CASE WHEN seen = 0 THEN 0 ELSE (seen - nonnull)::real / seen END)::real,
+            'null_frac', ((seen - nonnull)::real / seen)::real,
             'avg_width', coalesce(round(width), 32)::integer,
             -- As a fraction of the rows (negative), so it follows the table's growth; all distinct: unique.
-            'n_distinct', (CASE WHEN nonnull = 0 OR different::real / nonnull > 0.9 THEN -1
+            'n_distinct', (CASE WHEN different::real / nonnull > 0.9 THEN -1
                                 ELSE -(different::real / nonnull) END)::real);
     END LOOP;
     RETURN columns;

@@ -26,6 +26,7 @@ __all__ = [
     "drop_tenant",
     "ensure_tenant",
     "estimated_rows",
+    "sealed_statistics",
     "tenant_files",
     "tenant_partitions",
 ]
@@ -155,6 +156,16 @@ def analyze_tenant(conn: psycopg.Connection, tenant_id: str) -> list[str]:
     for table in _SHARED_TABLES:
         conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(*table.split("."))))
     return [part.qualified for part in parts.values()] + list(_SHARED_TABLES)
+
+
+def sealed_statistics(conn: psycopg.Connection, tenant_id: str, table: str) -> None:
+    """Measure again what the planner knows of the sealed (bytea) columns of the tenant's partition of
+    `table`, without any value (migration 0021's `memory.sealed_column_statistics`): after a store wrote
+    many rows there, which ANALYZE never samples."""
+    _check_tables([table])
+    part = _partitions(conn, tenant_id, [table]).get(table)
+    if part is not None:
+        conn.execute("SELECT memory.sealed_column_statistics(%s::oid::regclass)", (part.oid,))
 
 
 def compact_tenant(

@@ -30,26 +30,28 @@ from memory_pipelines.lib.memories import crypto
 if TYPE_CHECKING:
     from memory_pipelines.lib.memories.keys import KeyStore
 
-
-def rotation_lock(tenant_id: str) -> str:
-    """Advisory lock of a tenant's KEK: shared by whoever wraps a new key, exclusive for a rotation."""
-    return f"kek-rotation\x1f{tenant_id}"
-
-
 __all__ = [
     "GROUP_KEY_PREFIX",
     "GROUP_SIZE",
     "INSERT_ONE",
     "VERSION_KEY_PREFIX",
     "NewVersionKey",
+    "OpenGroup",
     "VersionKeys",
+    "rotation_lock",
 ]
 
 VERSION_KEY_PREFIX = "vk_"
 GROUP_KEY_PREFIX = "gk_"
 # Versions per group key: a rotation rewraps one key per group, a rekey after a forget rewraps the
-# group's survivors. Chosen by measurement (docs/performance.md, "Version keys").
+# group's survivors. Chosen by measurement (README, "Performance": version keys).
 GROUP_SIZE = 256
+
+
+def rotation_lock(tenant_id: str) -> str:
+    """Advisory lock of a tenant's KEK: shared by whoever wraps a new key, exclusive for a rotation."""
+    return f"kek-rotation\x1f{tenant_id}"
+
 
 # Each author's newest group that takes new members, with how many it has (held until commit), in one
 # statement that takes the tenant's rotation lock first: the authors come out of a CTE that takes it,

@@ -27,7 +27,7 @@ from psycopg.rows import dict_row
 
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import NotFoundError
-from memory_pipelines.lib.memories import crypto, ordering
+from memory_pipelines.lib.memories import crypto, ordering, partitions
 from memory_pipelines.lib.memories.store import CurrentVersion, MemoryStore, visible_candidates_sql
 from memory_pipelines.lib.stores import lineage
 
@@ -121,6 +121,8 @@ _SEARCH_AMONG = {
     for scope in (None, *validation.SHARING_MODES)
 }
 _TOKEN = re.compile(r"\w+", re.UNICODE)
+# Postings a sync writes before it measures again how often a token MAC repeats (a sample: tens of ms).
+STATISTICS_AFTER = 1_000
 _STOPWORDS = frozenset(
     "a an and are as at be but by for from has have he her his i in is it its me my of on or our she so "
     "that the their them they this to was we were what when where which who will with you your".split()
@@ -180,6 +182,9 @@ class KeywordIndex:
             indexed += chunk_indexed
             rekeyed += chunk_rekeyed
             postings += chunk_postings
+        if postings >= STATISTICS_AFTER:  # how often a token MAC repeats, for the planner (no MAC kept)
+            with self.store.transaction() as conn:
+                partitions.sealed_statistics(conn, tenant_id, "derived.keyword_postings")
         return {
             "records": len(current),
             "indexed": indexed,
