@@ -539,9 +539,9 @@ def test_a_key_wrapped_while_a_rotation_waits_is_rewrapped_with_the_rest(world: 
 
 
 def test_a_version_key_added_while_its_group_is_rekeyed_is_rewrapped_with_it(world: World) -> None:
-    """A writer holds the group it wraps a new version key with (FOR KEY SHARE, after the rotation lock,
-    shared) until it commits: the erasure's rekey of that group, after a member was forgotten, waits
-    for it and gives the new key the survivors' new group key. Nothing lands under a deleted group key."""
+    """A writer takes the tenant's rotation lock (shared) before it reads its group and holds it until
+    it commits: the erasure's rekey of that group, after a member was forgotten, waits for it and gives
+    the new key the survivors' new group key. Nothing lands under a deleted group key."""
     tenant = "t-" + uuid.uuid4().hex[:12]
     store = world.store
     kept = store.write(tenant_id=tenant, user_id="alice", text="alice keeps a red kayak")
@@ -573,6 +573,45 @@ def test_a_version_key_added_while_its_group_is_rekeyed_is_rewrapped_with_it(wor
         assert fresh.keys.keys_by_id(conn, tenant, [late.key_id]) == {late.key_id: late.key}
     assert fresh.open_texts(tenant_id=tenant, sources=[(kept.memory_id, 1)]) == {
         (kept.memory_id, 1): "alice keeps a red kayak"
+    }
+
+
+def test_a_write_during_a_rekey_waits_and_lands_in_the_new_group(world: World) -> None:
+    """The other order: a rotation (with the rekey of a group that lost a member) holds the rotation
+    lock; a write of that group's author waits for it, then finds the old group gone and wraps its key
+    under the survivors' new group key."""
+    tenant = "t-" + uuid.uuid4().hex[:12]
+    store = world.store
+    gone = store.write(tenant_id=tenant, user_id="alice", text="alice hides a spare key under the mat")
+    service = DeletionService(world.derived)
+    job = service.request(tenant_id=tenant, memory_id=gone.memory_id)
+    store.write(tenant_id=tenant, user_id="alice", text="alice keeps a red kayak")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    with store.transaction() as conn:
+        [(old,)] = conn.execute("SELECT key_id FROM keystore.group_keys WHERE tenant_id = %s", (tenant,)).fetchall()
+    rotations = KeyRotation(store.keys)
+    with psycopg.connect(world.endpoints.store_conninfo) as rotating:
+        rotation = rotations.begin(rotating, tenant)  # rekeyed and rewrapped, not committed
+        assert rotation is not None and rotation.rekeyed == {"groups": 1, "rewrapped": 1}
+        out: dict[str, Any] = {}
+        writer = threading.Thread(
+            target=lambda: out.update(w=store.write(tenant_id=tenant, user_id="alice", text="alice paints"))
+        )
+        writer.start()
+        writer.join(2.0)
+        assert writer.is_alive()  # waits for the rotation lock, before reading any group
+        rotating.commit()
+    rotations.finish(rotation)
+    writer.join(30)
+    with store.transaction() as conn:
+        groups = {g for (g,) in conn.execute("SELECT key_id FROM keystore.group_keys WHERE tenant_id = %s", (tenant,))}
+        [(group,)] = conn.execute(
+            "SELECT group_key_id FROM keystore.version_keys WHERE tenant_id = %s AND memory_id = %s",
+            (tenant, out["w"].memory_id),
+        ).fetchall()
+    assert old not in groups and group in groups
+    assert _fresh(world).open_texts(tenant_id=tenant, sources=[(out["w"].memory_id, 1)]) == {
+        (out["w"].memory_id, 1): "alice paints"
     }
 
 

@@ -11,9 +11,11 @@ replica, an archive) and every backup's copy is sealed under a key whose wrapped
 wrapped by keys that no longer exist anywhere. A KEK rotation rewraps group keys only, so its cost
 follows versions / GROUP_SIZE; a rekey rewraps at most GROUP_SIZE - 1 version keys per group.
 
-Lock order, against the erasure: the tenant's rotation lock (shared here, exclusive in a rotation)
-before any group row. A writer holds its group FOR KEY SHARE until it commits, so a rekey (which
-deletes the group) waits for the version keys being added and rewraps them too.
+Ordering, against the erasure: a writer takes the tenant's rotation lock (shared) before it reads its
+group, in the statement that reads it, and holds it until it commits; a rotation, and the rekey in it,
+holds it exclusively. So a rekey never meets a version key being added to its group: it starts after
+the writer committed (and rewraps that key with the others) or the writer starts after it (and finds
+the group gone). No group row is locked (a row lock would write WAL at every write).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from memory_pipelines.lib.memories import crypto
+from memory_pipelines.lib.memories.key_vault import retrying
 
 if TYPE_CHECKING:
     from memory_pipelines.lib.memories.keys import KeyStore
@@ -53,10 +56,10 @@ def rotation_lock(tenant_id: str) -> str:
     return f"kek-rotation\x1f{tenant_id}"
 
 
-# Each author's newest group that takes new members, with how many it has (held until commit), in one
-# statement that takes the tenant's rotation lock first: the authors come out of a CTE that takes it,
-# and each group is read for one of them. Every table is bound to the tenant by value, so planning
-# locks the tenant's partitions alone (another tenant's compaction holds ACCESS EXCLUSIVE on its own).
+# Each author's newest group that takes new members, with how many it has, in one statement that takes
+# the tenant's rotation lock first: the authors come out of a CTE that takes it, and each group is read
+# for one of them. Every table is bound to the tenant by value, so planning locks the tenant's
+# partitions alone (another tenant's compaction holds ACCESS EXCLUSIVE on its own).
 _OPEN_GROUPS = (
     "WITH w AS MATERIALIZED (SELECT u.user_id FROM unnest(%(u)s::text[]) AS u(user_id),"
     " pg_advisory_xact_lock_shared(hashtextextended(%(lock)s, 2)))"
@@ -66,7 +69,7 @@ _OPEN_GROUPS = (
     "  SELECT g.key_id, g.wrapped, g.kek_id, (SELECT count(*) FROM keystore.version_keys v"
     "   WHERE v.tenant_id = %(t)s AND v.group_key_id = g.key_id) AS members"
     "  FROM keystore.group_keys g WHERE g.tenant_id = %(t)s AND g.user_id = w.user_id AND NOT g.rekey"
-    "  ORDER BY g.created_at DESC, g.key_id DESC LIMIT 1 FOR KEY SHARE OF g) x ON true"
+    "  ORDER BY g.created_at DESC, g.key_id DESC LIMIT 1) x ON true"
 )
 _NEW_GROUPS = (
     "INSERT INTO keystore.group_keys (tenant_id, key_id, user_id, wrapped, kek_id)"
@@ -98,7 +101,7 @@ def _rewrap(old: bytes, new: bytes, wrapped: bytes, aad: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class OpenGroup:
-    """An author's newest group that takes members (None: none), locked by the reading transaction,
+    """An author's newest group that takes members (None: none), read under the tenant's rotation lock,
     and the row of their subject key (None: they have none), read in the same statement."""
 
     group: tuple[str, Any, str | None, int] | None  # key id, wrapped, KEK id, members
@@ -125,8 +128,8 @@ class VersionKeys:
     # -- new keys ------------------------------------------------------------------------------------
 
     def open_groups(self, conn: psycopg.Connection, tenant_id: str, users: Sequence[str]) -> dict[str, OpenGroup]:
-        """Each author's open group (locked until the transaction ends, after the tenant's rotation lock)
-        and subject key row, in one statement."""
+        """Each author's open group and subject key row, in one statement that first takes the tenant's
+        rotation lock (shared, until the transaction ends: no rekey of these groups meanwhile)."""
         rows = conn.execute(
             _OPEN_GROUPS, {"t": tenant_id, "u": sorted(set(users)), "lock": rotation_lock(tenant_id)}
         ).fetchall()
@@ -147,7 +150,7 @@ class VersionKeys:
     ) -> dict[str, list[NewVersionKey]]:
         """For each author of `wanted`, that many new version keys, in their open group (new groups as
         they fill), in the caller's transaction; stored by `insert` (or with the version, `INSERT_ONE`).
-        The groups stay locked until it commits. `opened`: their `open_groups`, when already read (the
+        No rekey touches the groups until it commits. `opened`: their `open_groups`, when already read (the
         authors' subject keys must exist before a group is made: the tenant key comes with the first)."""
         users = sorted(wanted)
         opened = opened if opened is not None else self.open_groups(conn, tenant_id, users)
@@ -258,7 +261,7 @@ class VersionKeys:
                 out[key_id] = key
             return out
 
-        return self.keys.retrying(read, open_rows)
+        return retrying(read, open_rows)
 
     # -- destruction ---------------------------------------------------------------------------------
 
