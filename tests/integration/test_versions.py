@@ -1,9 +1,12 @@
 """Versions, history and rollback on the real embedded PostgreSQL."""
 
+import threading
+
 import psycopg
 import pytest
 
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError
+from memory_pipelines.lib.memories.records import WriteResult
 from tests.conftest import row_counts
 
 
@@ -152,3 +155,25 @@ def test_rewriting_the_same_text_and_original_query_is_a_no_op(store, tenant):
     assert (again.memory_id, again.version, again.changed) == (first.memory_id, 1, False)
     changed = store.write(tenant_id=tenant, user_id="alice", text="Likes tea", original_query="beverages?")
     assert (changed.version, changed.changed) == (2, True)
+
+
+def test_a_first_write_waits_for_a_tenant_another_transaction_is_creating_and_lands_in_it(store, tenant):
+    # The write makes and reads its tenant's row in one statement. A tenant another transaction made
+    # while that statement waited is not in its snapshot: it must be read again, not called unknown.
+    with psycopg.connect(store.conninfo) as other:
+        other.execute("INSERT INTO memory.tenants (tenant_id, sharing_mode) VALUES (%s, 'shared_pool')", (tenant,))
+        results: list[WriteResult] = []
+        writer = threading.Thread(
+            target=lambda: results.append(store.write(tenant_id=tenant, user_id="alice", text="first of the tenant"))
+        )
+        writer.start()
+        writer.join(1.0)
+        assert writer.is_alive(), "the write should wait for the other transaction's tenant row"
+        other.commit()
+        writer.join(30)
+    assert not writer.is_alive()
+    (written,) = results
+    assert written.version == 1
+    assert store.require_tenant(tenant_id=tenant) == "shared_pool"  # the other transaction's row, kept
+    visible = store.list_visible(tenant_id=tenant, user_id="alice")
+    assert [(m["memory_id"], m["text"]) for m in visible] == [(written.memory_id, "first of the tenant")]

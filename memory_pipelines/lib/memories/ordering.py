@@ -24,6 +24,7 @@ __all__ = [
     "hidden_sources",
     "lock_tenant_exclusive",
     "lock_tenant_shared",
+    "lock_writer",
     "tenant_closed",
 ]
 
@@ -34,6 +35,16 @@ Source = tuple[str, int]
 def lock_tenant_shared(conn: psycopg.Connection, tenant_id: str) -> None:
     """Writers, builds and permits: held until the transaction ends; waits for an acceptance in progress."""
     conn.execute("SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 1))", (GATE_PREFIX + tenant_id,))
+
+
+def lock_writer(conn: psycopg.Connection, tenant_id: str, user_id: str) -> None:
+    """A single write: the tenant's gate shared, then its author's write lock (two identical concurrent
+    writes make one memory), both until the transaction ends, in one round trip."""
+    # A select list is evaluated left to right: the gate first, as everywhere else.
+    conn.execute(
+        "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 1)), pg_advisory_xact_lock(hashtextextended(%s, 0))",
+        (GATE_PREFIX + tenant_id, f"{tenant_id}\x1f{user_id}"),
+    )
 
 
 def lock_tenant_exclusive(conn: psycopg.Connection, tenant_id: str) -> None:

@@ -5,6 +5,9 @@ deleted, is not behind the restore gate; a subject is not being forgotten).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import psycopg
 
 from memory_pipelines.lib.infra import validation
@@ -19,6 +22,30 @@ __all__ = [
 ]
 
 
+# The tenant made when new and its row read, in one round trip (a write waits on each). The statement's
+# SELECT does not see a row its own INSERT made (one snapshot): that row comes from RETURNING.
+_ENSURE_TENANT = (
+    "WITH made AS (INSERT INTO memory.tenants (tenant_id) VALUES (%(t)s) ON CONFLICT (tenant_id) DO NOTHING"
+    " RETURNING sharing_mode, deleted_at, restoring_since)"
+    " SELECT true, sharing_mode, deleted_at, restoring_since FROM made UNION ALL"
+    " SELECT false, sharing_mode, deleted_at, restoring_since FROM memory.tenants WHERE tenant_id = %(t)s"
+)
+
+
+def _usable_mode(tenant_id: str, row: Sequence[Any] | None) -> str:
+    """The sharing mode of a tenant row (sharing_mode, deleted_at, restoring_since) that may be used."""
+    if row is None:
+        raise NotFoundError("tenant", f"unknown tenant {tenant_id!r}")
+    if row[1] is not None:
+        raise NotFoundError("tenant", f"tenant {tenant_id!r} was deleted")
+    if row[2] is not None:
+        # The restore gate: nothing is read or written until the journal replay is verified.
+        raise ConflictError(
+            "tenant", f"tenant {tenant_id!r} is being restored; it reopens once the restore is verified"
+        )
+    return str(row[0])
+
+
 class TenantsMixin(ConnectionsMixin):
     """Tenants, their sharing mode and change sequence, and subjects."""
 
@@ -31,13 +58,13 @@ class TenantsMixin(ConnectionsMixin):
 
     @staticmethod
     def _ensure_tenant(conn: psycopg.Connection, tenant_id: str) -> None:
-        created = conn.execute(
-            "INSERT INTO memory.tenants (tenant_id) VALUES (%s) ON CONFLICT (tenant_id) DO NOTHING RETURNING 1",
-            (tenant_id,),
-        ).fetchone()
-        if created is not None:
+        row = conn.execute(_ENSURE_TENANT, {"t": tenant_id}).fetchone()
+        if row is None:  # made by a transaction that committed while this statement waited for it
+            TenantsMixin._tenant_mode(conn, tenant_id)
+            return
+        if row[0]:
             validation.check_new_tenant(tenant_id)  # raising rolls the insert back
-        TenantsMixin._tenant_mode(conn, tenant_id)  # refuses a deleted tenant
+        _usable_mode(tenant_id, row[1:])  # refuses a deleted tenant
 
     @staticmethod
     def _ensure_subject(conn: psycopg.Connection, tenant_id: str, user_id: str) -> None:
@@ -56,16 +83,7 @@ class TenantsMixin(ConnectionsMixin):
         row = conn.execute(
             "SELECT sharing_mode, deleted_at, restoring_since FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)
         ).fetchone()
-        if row is None:
-            raise NotFoundError("tenant", f"unknown tenant {tenant_id!r}")
-        if row[1] is not None:
-            raise NotFoundError("tenant", f"tenant {tenant_id!r} was deleted")
-        if row[2] is not None:
-            # The restore gate: nothing is read or written until the journal replay is verified.
-            raise ConflictError(
-                "tenant", f"tenant {tenant_id!r} is being restored; it reopens once the restore is verified"
-            )
-        return str(row[0])
+        return _usable_mode(tenant_id, row)
 
     def create_tenant(self, *, tenant_id: str, sharing_mode: str = "strict") -> TenantMode:
         """Create a tenant (idempotent); an existing tenant keeps its data and gets `sharing_mode`."""

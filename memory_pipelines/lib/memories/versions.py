@@ -19,12 +19,20 @@ from memory_pipelines.lib.memories.tenants import TenantsMixin
 from memory_pipelines.lib.memories.version_keys import INSERT_ONE, NewVersionKey, VersionKeys
 from memory_pipelines.lib.results import MemoryVersion, RollBack
 
-# A version and its key, in one statement (one round trip: a write waits on each).
-_INSERT_VERSION = (
-    "WITH k AS (" + INSERT_ONE + ") INSERT INTO memory.memory_versions (tenant_id, memory_id, version,"  # noqa: S608
+# A version and its key, in one statement (one round trip: a write waits on each); a new memory's first
+# version with the memory's row too (its foreign key is checked when the statement ends).
+_VERSION_ROW = (
+    " INSERT INTO memory.memory_versions (tenant_id, memory_id, version,"
     " shareable, category, confidence, text_ct, text_mac, original_query_ct, key_id, restored_from)"
     " VALUES (%(t)s, %(m)s, %(v)s, %(shareable)s, %(category)s, %(confidence)s, %(text_ct)s, %(text_mac)s,"
     " %(query_ct)s, %(key_id)s, %(restored_from)s)"
+)
+_INSERT_VERSION = "WITH k AS (" + INSERT_ONE + ")" + _VERSION_ROW
+_INSERT_MEMORY = (
+    "WITH k AS (" + INSERT_ONE + "), m AS ("  # noqa: S608 - constant text
+    "INSERT INTO memory.memories (tenant_id, memory_id, user_id, team_id,"
+    " memory_type, current_version, do_not_sell) VALUES (%(t)s, %(m)s, %(user)s, %(team)s, %(type)s, 1, %(dns)s))"
+    + _VERSION_ROW
 )
 
 __all__ = [
@@ -118,14 +126,17 @@ class VersionsMixin(TenantsMixin, SealingMixin):
         confidence: float,
         original_query: str | None,
         restored_from: int | None,
+        memory: dict[str, Any] | None = None,
     ) -> None:
         """The version's row, its text and query sealed under `key`, a key of its own (from
-        `KeyStore.for_writes` or `VersionKeys.new_key`), stored in the same statement."""
+        `KeyStore.for_writes` or `VersionKeys.new_key`), stored in the same statement; with `memory`
+        (user, team, type, dns), the row of the new memory whose first version it is, too."""
         made = key
         self.keys.remember(made.key_id, made.key)
         conn.execute(
-            _INSERT_VERSION,
+            _INSERT_VERSION if memory is None else _INSERT_MEMORY,
             {
+                **(memory or {}),
                 "t": tenant_id,
                 "m": memory_id,
                 "v": version,

@@ -84,10 +84,9 @@ class WritesMixin(VersionsMixin, TeamsMixin):
         validation.check_optional_bool("do_not_sell", do_not_sell)
 
         with self.transaction() as conn:
-            # Ordered against deletion acceptance and the restore gate (see lib/ordering.py); then
+            # Ordered against deletion acceptance and the restore gate (lib/memories/ordering.py); then
             # serialised per subject, so two identical concurrent writes make one memory.
-            ordering.lock_tenant_shared(conn, tenant_id)
-            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{tenant_id}\x1f{user_id}",))
+            ordering.lock_writer(conn, tenant_id, user_id)
             head, team_id = self._write_target(conn, tenant_id, user_id, memory_id, team_id)
             # The subject key MACs the text (the no-op rule); the text is sealed under a key of its version.
             _, key, (version_key,) = self.keys.for_writes(conn, tenant_id, {user_id: 1})[user_id]
@@ -203,11 +202,7 @@ class WritesMixin(VersionsMixin, TeamsMixin):
         do_not_sell: bool,
     ) -> WriteResult:
         memory_id = validation.new_memory_id()
-        conn.execute(
-            "INSERT INTO memory.memories (tenant_id, memory_id, user_id, team_id, memory_type, current_version,"
-            " do_not_sell) VALUES (%s, %s, %s, %s, %s, 1, %s)",
-            (tenant_id, memory_id, user_id, team_id, "personal" if team_id is None else "team_shared", do_not_sell),
-        )
+        memory_type = "personal" if team_id is None else "team_shared"
         self._insert_version_row(
             conn,
             tenant_id=tenant_id,
@@ -221,6 +216,7 @@ class WritesMixin(VersionsMixin, TeamsMixin):
             confidence=confidence,
             original_query=original_query,
             restored_from=None,
+            memory={"user": user_id, "team": team_id, "type": memory_type, "dns": do_not_sell},
         )
         return WriteResult(tenant_id, memory_id, 1, user_id, team_id, True)
 
