@@ -17,6 +17,7 @@ entry names; what it lacks is only what was destroyed. It:
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import mmap
 from collections.abc import Iterable, Iterator, Mapping
@@ -32,6 +33,8 @@ from memory_pipelines.lib.memories import crypto
 _NONCE = 12
 _SEALED_MIN = 1 + _NONCE + 16
 WRAPPED_KEY_BYTES = 1 + _NONCE + crypto.KEY_BYTES + 16
+# A value stored inline fits one 8 KiB page; a larger one is TOASTed in chunks no carving joins.
+_INLINE_MAX = 8192
 # Key kinds that wrap other keys (a version key seals texts, a subject key MACs them: neither wraps).
 _WRAPPING_KINDS = ("master", "kek", "tenant", "group")
 
@@ -86,7 +89,11 @@ def sealed_candidates(data: bytes, *, length: int | None = None) -> Iterator[byt
             if v & 3 == 0 and (v >> 2) > 4:
                 sizes.append((v >> 2) - 4)
         for size in sizes:
-            if size < _SEALED_MIN or (length is not None and size != length) or p + size > len(data):
+            if (
+                not _SEALED_MIN <= size <= _INLINE_MAX
+                or (length is not None and size != length)
+                or p + size > len(data)
+            ):
                 continue
             if (p, size) not in seen:
                 seen.add((p, size))
@@ -313,8 +320,13 @@ class Attacker:
         opened: dict[str, str] = {}
         for path in files:
             data = _read(path)
-            blobs = set(sealed_candidates(data)) if lengths is None else _carve_sizes(data, set(lengths))
+            blobs = sealed_candidates(data) if lengths is None else iter(_carve_sizes(data, set(lengths)))
+            tried: set[bytes] = set()  # digests, not the blobs: a WAL segment holds thousands of candidates
             for blob in blobs:
+                digest = hashlib.blake2b(blob, digest_size=16).digest()
+                if digest in tried:
+                    continue
+                tried.add(digest)
                 for name, aad in targets.items():
                     if name in opened:
                         continue

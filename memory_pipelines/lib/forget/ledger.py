@@ -296,10 +296,7 @@ class DeletionLedger:
     ) -> list[dict[str, Any]]:
         """Mark verified jobs COMPLETE with their proofs, in one transaction (one statement per kind
         of row for all the jobs); returns the proofs."""
-        for job in jobs:
-            statuses = [str(job["targets"].get(spec.name, "PENDING")) for spec in registry.stores()]
-            if not all(status.startswith("DONE:") for status in statuses):
-                raise DeletionBlocked("targets", "TARGET_NOT_DONE", "a store has not confirmed its deletion")
+        _require_every_store_done(jobs)
         proofs = []
         job_ids = [job["job_id"] for job in jobs]
         adapter_versions = {spec.name: spec.adapter_version for spec in registry.stores()}
@@ -366,6 +363,13 @@ class DeletionLedger:
             job["targets"] = job_targets
             job["state"] = "COMPLETE"  # only once the transaction committed
         return proofs
+
+
+def _require_every_store_done(jobs: list[DeletionJob]) -> None:
+    for job in jobs:
+        statuses = [str(job["targets"].get(spec.name, "PENDING")) for spec in registry.stores()]
+        if not all(status.startswith("DONE:") for status in statuses):
+            raise DeletionBlocked("targets", "TARGET_NOT_DONE", "a store has not confirmed its deletion")
 
 
 class DeletionRequests(DeletionLedger):

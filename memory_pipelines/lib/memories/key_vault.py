@@ -24,10 +24,10 @@ import hashlib
 import json
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from memory_pipelines.lib.infra.errors import ConflictError, ServiceError
 from memory_pipelines.lib.memories import crypto
@@ -38,6 +38,7 @@ __all__ = [
     "VAULT_BYTES",
     "KekUnavailable",
     "KeyVault",
+    "retrying",
     "vault_name",
 ]
 
@@ -51,6 +52,22 @@ MAX_KEKS = 4  # the current KEK, one being introduced, and leftovers of interrup
 
 class KekUnavailable(ConflictError):
     """The KEK a wrapped key names is not in the vault (rotated away since it was read, or destroyed)."""
+
+
+T = TypeVar("T")
+
+
+def retrying(read: Callable[[], Any], open_row: Callable[[Any], T]) -> T:
+    """open_row(read()); if the row's KEK was rotated away between the two, read it once more
+    (a new statement sees the rotation's rows) and open that."""
+    for attempt in range(2):
+        row = read()
+        try:
+            return open_row(row)
+        except KekUnavailable:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)

@@ -23,15 +23,15 @@ import contextlib
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import psycopg
 
 from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError
 from memory_pipelines.lib.memories import crypto
-from memory_pipelines.lib.memories.key_vault import KekUnavailable, KeyVault
+from memory_pipelines.lib.memories.key_vault import KeyVault, retrying
 from memory_pipelines.lib.memories.version_keys import VERSION_KEY_PREFIX, NewVersionKey, VersionKeys, rotation_lock
 
 __all__ = [
@@ -39,12 +39,10 @@ __all__ = [
     "CONTROL_TENANT",
     "KeyDestroyedError",
     "KeyStore",
-    "T",
     "WriteKeys",
     "key_aad",
+    "lock_shared",
 ]
-
-T = TypeVar("T")
 
 
 class KeyDestroyedError(NotFoundError):
@@ -91,6 +89,11 @@ def key_aad(kind: str, tenant_id: str, owner: str | None, key_id: str) -> bytes:
     if kind == "build":
         return crypto.aad("build-key", tenant_id, key_id)
     return crypto.aad(f"{kind}-key", tenant_id, owner or "", key_id)
+
+
+def lock_shared(conn: psycopg.Connection, tenant_id: str) -> None:
+    # Held until commit: a rotation (exclusive) waits for this new row, then rewraps it too.
+    conn.execute("SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 2))", (rotation_lock(tenant_id),))
 
 
 class KeyStore:
@@ -149,7 +152,7 @@ class KeyStore:
         """(KEK id, KEK) to wrap a new key of the tenant with, under the shared rotation lock, in a
         transaction that lasts until the block ends (the caller inserts the new row inside it)."""
         with self._wrapping(conn):
-            self.lock_shared(conn, tenant_id)
+            lock_shared(conn, tenant_id)
             yield self._current_wrapping(conn, tenant_id)
 
     @contextlib.contextmanager
@@ -159,11 +162,6 @@ class KeyStore:
         idle = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         with conn.transaction() if idle else contextlib.nullcontext():
             yield
-
-    @staticmethod
-    def lock_shared(conn: psycopg.Connection, tenant_id: str) -> None:
-        # Held until commit: a rotation (exclusive) waits for this new row, then rewraps it too.
-        conn.execute("SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 2))", (rotation_lock(tenant_id),))
 
     def _current_wrapping(self, conn: psycopg.Connection, tenant_id: str) -> tuple[str | None, bytes]:
         """The key new keys of the tenant are wrapped with, under the shared rotation lock: its KEK,
@@ -180,19 +178,6 @@ class KeyStore:
         wrapping = self.tenant_key(conn, tenant_id, create=False)[1] if kek_id is None else self.kek(tenant_id, kek_id)
         return crypto.open_sealed(wrapping, bytes(wrapped), aad)
 
-    @staticmethod
-    def retrying(read: Callable[[], Any], open_row: Callable[[Any], T]) -> T:
-        """open_row(read()); if the row's KEK was rotated away between the two, read it once more
-        (a new statement sees the rotation's rows) and open that."""
-        for attempt in range(2):
-            row = read()
-            try:
-                return open_row(row)
-            except KekUnavailable:
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
-
     # -- tenant keys -------------------------------------------------------------------------------
 
     def tenant_key(self, conn: psycopg.Connection, tenant_id: str, *, create: bool = True) -> tuple[str, bytes]:
@@ -203,7 +188,7 @@ class KeyStore:
                 raise NotFoundError("tenant", f"no key for tenant {tenant_id!r}")
             return self._create_tenant_key(conn, tenant_id)
         rows = iter([row])
-        return self.retrying(
+        return retrying(
             lambda: next(rows, None) or conn.execute(_TENANT_ROW, (tenant_id,)).fetchone(),
             lambda found: self._open_tenant_row(tenant_id, found),
         )
@@ -233,7 +218,7 @@ class KeyStore:
 
     def _create_tenant_key(self, conn: psycopg.Connection, tenant_id: str) -> tuple[str, bytes]:
         with self._wrapping(conn):
-            self.lock_shared(conn, tenant_id)
+            lock_shared(conn, tenant_id)
             kek_id, kek = self.vault.current(tenant_id, create=True)
             self.remember("kek:" + kek_id, kek)
             key = crypto.new_key()
@@ -336,7 +321,7 @@ class KeyStore:
             if not create:
                 raise NotFoundError(_OWNER_FIELD[kind], f"no {kind} key for {owner_id!r}")
             with self._wrapping(conn):
-                self.lock_shared(conn, tenant_id)
+                lock_shared(conn, tenant_id)
                 tenant_key_id, _ = self.tenant_key(conn, tenant_id)
                 kek_id, wrapping = self._current_wrapping(conn, tenant_id)
                 key_id = prefix + secrets.token_hex(12)
@@ -360,9 +345,7 @@ class KeyStore:
             key = self.open_wrapped(conn, tenant_id, kek_id, wrapped, key_aad(kind, tenant_id, owner_id, key_id))
             return key_id, self.remember(key_id, key)
 
-        return self.retrying(
-            lambda: next(rows, None) or conn.execute(select, (tenant_id, owner_id)).fetchone(), open_row
-        )
+        return retrying(lambda: next(rows, None) or conn.execute(select, (tenant_id, owner_id)).fetchone(), open_row)
 
     def key_by_id(self, conn: psycopg.Connection, tenant_id: str, key_id: str) -> bytes:
         """The key a stored ciphertext names (a version key, a build key, or the subject key that sealed
@@ -411,7 +394,7 @@ class KeyStore:
                 out[key_id] = cached
             return out
 
-        return self.retrying(read, open_rows)
+        return retrying(read, open_rows)
 
     # -- build keys ----------------------------------------------------------------------------------
 
@@ -421,7 +404,7 @@ class KeyStore:
         or deleting that row deletes the key in the same transaction (migration 0015's triggers).
         Never creates the tenant's key: a build for a destroyed or unknown tenant raises NotFoundError."""
         with self._wrapping(conn):
-            self.lock_shared(conn, tenant_id)
+            lock_shared(conn, tenant_id)
             kek_id, wrapping = self._current_wrapping(conn, tenant_id)
             key_id = BUILD_KEY_PREFIX + secrets.token_hex(12)
             key = crypto.new_key()
@@ -458,7 +441,7 @@ class KeyStore:
                 key_id, self.open_wrapped(conn, tenant_id, kek_id, wrapped, key_aad("build", tenant_id, None, key_id))
             )
 
-        return self.retrying(read, open_row)
+        return retrying(read, open_row)
 
     # -- destruction and rotation --------------------------------------------------------------------
 
