@@ -35,6 +35,19 @@ def _idle(context: dg.SensorEvaluationContext, job_name: str, tenants: list[str]
     ]
 
 
+def _one_run_each(
+    context: dg.SensorEvaluationContext, job_name: str, prefix: str, tenants: list[str], now: datetime
+) -> dg.SensorResult:
+    """A run of `job_name` for each idle one of `tenants`, keyed by the minute (a tick repeated within
+    it asks for nothing new)."""
+    return dg.SensorResult(
+        run_requests=[
+            dg.RunRequest(run_key=f"{prefix}:{tenant_id}:{now.strftime('%Y%m%dT%H%M')}", partition_key=tenant_id)
+            for tenant_id in _idle(context, job_name, tenants)
+        ]
+    )
+
+
 @dg.sensor(
     job=physical_erasure_job,
     minimum_interval_seconds=60,
@@ -45,12 +58,7 @@ def _idle(context: dg.SensorEvaluationContext, job_name: str, tenants: list[str]
 def physical_erasure_sensor(context: dg.SensorEvaluationContext, memory_store: MemoryStoreResource) -> dg.SensorResult:
     ledger = ErasureLedger(memory_store.store())
     now = datetime.now(UTC)
-    return dg.SensorResult(
-        run_requests=[
-            dg.RunRequest(run_key=f"erasure:{tenant_id}:{now.strftime('%Y%m%dT%H%M')}", partition_key=tenant_id)
-            for tenant_id in _idle(context, ERASURE_JOB, ledger.due_tenants(now=now))
-        ]
-    )
+    return _one_run_each(context, ERASURE_JOB, "erasure", ledger.due_tenants(now=now), now)
 
 
 @dg.sensor(
@@ -84,10 +92,4 @@ def erasures_on_time_sensor(context: dg.SensorEvaluationContext, memory_store: M
 def key_conversion_sensor(context: dg.SensorEvaluationContext, memory_store: MemoryStoreResource) -> dg.SensorResult:
     store = memory_store.store()
     pending = KeyConversion(store.transaction, store.keys, backup_days=memory_store.settings().backup_days).pending()
-    now = datetime.now(UTC)
-    return dg.SensorResult(
-        run_requests=[
-            dg.RunRequest(run_key=f"keys:{tenant_id}:{now.strftime('%Y%m%dT%H%M')}", partition_key=tenant_id)
-            for tenant_id in _idle(context, KEY_CONVERSION_JOB, sorted(pending))
-        ]
-    )
+    return _one_run_each(context, KEY_CONVERSION_JOB, "keys", sorted(pending), datetime.now(UTC))

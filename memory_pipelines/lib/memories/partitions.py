@@ -19,6 +19,7 @@ from psycopg import sql
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, ValidationError
 
 __all__ = [
+    "KEY_TABLES",
     "PARTITIONED_TABLES",
     "CompactionLockTimeout",
     "analyze_tenant",
@@ -31,11 +32,8 @@ __all__ = [
     "tenant_partitions",
 ]
 
-PARTITIONED_TABLES: tuple[str, ...] = (
-    "memory.memory_versions",
-    "derived.keyword_postings",
-    "derived.summaries",
-    "derived.prompt_snapshots",
+# Every table of wrapped keys: the key store's records, its deletion's and its verification's.
+KEY_TABLES: tuple[str, ...] = (
     "keystore.subject_keys",
     "keystore.team_keys",
     "keystore.tenant_keys",
@@ -43,6 +41,13 @@ PARTITIONED_TABLES: tuple[str, ...] = (
     "keystore.group_keys",
     "keystore.version_keys",
     "keystore.retired_keys",
+)
+PARTITIONED_TABLES: tuple[str, ...] = (
+    "memory.memory_versions",
+    "derived.keyword_postings",
+    "derived.summaries",
+    "derived.prompt_snapshots",
+    *KEY_TABLES,
 )
 _FORKS = ("main", "fsm", "vm", "init")
 # The tenant's partition of each of `tables` that it has: parent, its oid and qualified name.

@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 
+from memory_pipelines.lib.memories.partitions import KEY_TABLES
 from memory_pipelines.lib.stores import bytescan, lineage
 from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, run_count
 from memory_pipelines.lib.stores.derived import DerivedStores
@@ -21,15 +22,7 @@ __all__ = [
 ]
 
 STORE = "key_store"
-TABLES = (
-    "keystore.subject_keys",
-    "keystore.team_keys",
-    "keystore.tenant_keys",
-    "keystore.build_keys",
-    "keystore.group_keys",
-    "keystore.version_keys",
-    "keystore.retired_keys",
-)
+TABLES = KEY_TABLES
 # Every key of the tenant, by the tables of TABLES (a build key lives and dies with its row's trigger).
 # Positional parameters throughout: verification joins every store's count_sql into one statement.
 _TENANT_KEYS = " UNION ALL ".join(f"SELECT key_id, wrapped FROM {t} WHERE tenant_id = %s" for t in TABLES)  # noqa: S608
