@@ -15,6 +15,7 @@ import os
 import secrets
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -42,6 +43,7 @@ __all__ = [
     "new_key",
     "open_sealed",
     "seal",
+    "sealer",
 ]
 
 KEY_BYTES = 32
@@ -61,6 +63,18 @@ def seal(key: bytes, plaintext: bytes, aad: bytes) -> bytes:
     """AES-256-GCM with a random nonce; output is format byte + nonce + ciphertext/tag."""
     nonce = secrets.token_bytes(_NONCE_BYTES)
     return _FORMAT + nonce + AESGCM(key).encrypt(nonce, plaintext, aad)
+
+
+def sealer(key: bytes) -> Callable[[bytes, bytes], bytes]:
+    """`seal` under one key for many plaintexts: (plaintext, aad) -> blob, the cipher set up once
+    (a bulk write wraps up to 256 version keys under one group key)."""
+    cipher = AESGCM(key)
+
+    def seal_one(plaintext: bytes, aad: bytes) -> bytes:
+        nonce = secrets.token_bytes(_NONCE_BYTES)
+        return _FORMAT + nonce + cipher.encrypt(nonce, plaintext, aad)
+
+    return seal_one
 
 
 def open_sealed(key: bytes, blob: bytes, aad: bytes) -> bytes:

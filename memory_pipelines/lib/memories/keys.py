@@ -165,11 +165,19 @@ class KeyStore:
 
     def _current_wrapping(self, conn: psycopg.Connection, tenant_id: str) -> tuple[str | None, bytes]:
         """The key new keys of the tenant are wrapped with, under the shared rotation lock: its KEK,
-        or (a tenant not yet rotated since key vaults) its tenant key."""
-        _, tenant_key = self.tenant_key(conn, tenant_id, create=False)
-        row = conn.execute("SELECT kek_id FROM keystore.tenant_keys WHERE tenant_id = %s", (tenant_id,)).fetchone()
-        kek_id = None if row is None else row[0]
-        return (None, tenant_key) if kek_id is None else (str(kek_id), self.kek(tenant_id, str(kek_id)))
+        or (a tenant not yet rotated since key vaults) its tenant key; from one read of the tenant's row
+        (NotFoundError without one, KeyDestroyedError when its key was destroyed)."""
+
+        def open_row(row: Any) -> tuple[str | None, bytes]:
+            _, tenant_key = self._open_tenant_row(tenant_id, row)
+            kek_id = row[3]
+            return (None, tenant_key) if kek_id is None else (str(kek_id), self.kek(tenant_id, str(kek_id)))
+
+        row = conn.execute(_TENANT_ROW, (tenant_id,)).fetchone()
+        if row is None:
+            raise NotFoundError("tenant", f"no key for tenant {tenant_id!r}")
+        rows = iter([row])
+        return retrying(lambda: next(rows, None) or conn.execute(_TENANT_ROW, (tenant_id,)).fetchone(), open_row)
 
     def open_wrapped(
         self, conn: psycopg.Connection, tenant_id: str, kek_id: str | None, wrapped: Any, aad: bytes

@@ -171,11 +171,11 @@ class VersionKeys:
         for user_id in users:
             keys: list[NewVersionKey] = []
             for group_id, group_key, room in groups[user_id]:
+                wrap = crypto.sealer(group_key)
                 for _ in range(min(room, wanted[user_id] - len(keys))):
                     key_id = VERSION_KEY_PREFIX + secrets.token_hex(12)
                     key = crypto.new_key()
-                    wrapped = crypto.seal(group_key, key, _version_aad(tenant_id, key_id))
-                    keys.append(NewVersionKey(key_id, key, group_id, wrapped))
+                    keys.append(NewVersionKey(key_id, key, group_id, wrap(key, _version_aad(tenant_id, key_id))))
             out[user_id] = keys
         return out
 
