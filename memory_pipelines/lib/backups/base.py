@@ -3,20 +3,22 @@ directory, the retention in days, and the test hooks called between a restore's 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from memory_pipelines.lib.backups.storage import BackupStorage
-from memory_pipelines.lib.infra.owner_only import private_dir
+from memory_pipelines.lib.infra import artifacts
 from memory_pipelines.lib.memories.store import MemoryStore
 
 __all__ = [
+    "LEGACY_SCRATCH",
     "BackupServiceBase",
     "Hook",
 ]
+
+# What releases before announced artifacts left in the staging directory (mkdtemp's names).
+LEGACY_SCRATCH = ("scratch-*",)
 
 Hook = Callable[[str], None]
 
@@ -31,14 +33,13 @@ class BackupServiceBase:
     hooks: dict[str, Hook]
 
     @contextmanager
-    def _scratch(self) -> Iterator[Path]:
-        # Scratch files hold ciphertext columns and ids only; they are removed whatever happens.
-        private_dir(self.staging)
-        path = Path(tempfile.mkdtemp(prefix="scratch-", dir=self.staging))  # mkdtemp: 0700
-        try:
+    def _scratch(self, tenant_id: str) -> Iterator[Path]:
+        """A scratch directory of the tenant's (ciphertext columns and ids), announced before it is made
+        (lib/infra/artifacts.py): removed when the block ends, or by the next sweep once its process is
+        gone, whatever killed it. Every backup and restore sweeps first."""
+        artifacts.sweep(self.staging, legacy=LEGACY_SCRATCH)
+        with artifacts.artifact(self.staging, "scratch-", owner=tenant_id, directory=True) as path:
             yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
 
     def _hook(self, step: str) -> None:
         if step in self.hooks:

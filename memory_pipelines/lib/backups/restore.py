@@ -129,7 +129,7 @@ class BackupRestore(RestoreLoading, BackupListing):
         manifest = self._backup_row(tenant_id, backup_id)
         if restore_id is not None:
             self.check_restore_id(tenant_id=tenant_id, backup_id=backup_id, restore_id=restore_id)
-        with self._tenant_lock(tenant_id, lock_timeout), self._scratch() as scratch:
+        with self._tenant_lock(tenant_id, lock_timeout), self._scratch(tenant_id) as scratch:
             self._require_restorable(tenant_id)
             tables = self._fetch_and_open(manifest, scratch)
             restore_id = restore_id or "r_" + secrets.token_hex(8)

@@ -20,6 +20,7 @@ from memory_pipelines.lib.backups import restore_replay
 from memory_pipelines.lib.backups import tables as backup_tables
 from memory_pipelines.lib.backups.archive import SealedManifest, _object_aad, _wrap_aad
 from memory_pipelines.lib.backups.base import BackupServiceBase
+from memory_pipelines.lib.infra import faults
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.infra.progress import Progress
 from memory_pipelines.lib.memories import crypto, ordering
@@ -36,6 +37,7 @@ class RestoreLoading(BackupServiceBase):
 
     def _fetch_and_open(self, manifest: SealedManifest, scratch: Path) -> dict[str, pa.Table]:
         archive = self._fetch_archive(manifest, scratch)
+        faults.point("restore.fetched")
         folder = scratch / "snapshot"
         with tarfile.open(archive) as tar:
             tar.extractall(folder, filter="data")

@@ -6,8 +6,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
+from memory_pipelines.lib.infra import artifacts, faults
 from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError
-from memory_pipelines.lib.infra.owner_only import private_dir, private_file
+from memory_pipelines.lib.infra.owner_only import private_file
 
 __all__ = [
     "LIFECYCLE_RULE_ID",
@@ -47,11 +48,12 @@ class LocalBackupStorage:
 
     def put_file(self, name: str, path: Path) -> None:
         target = self._path(name)
-        private_dir(target.parent)
-        tmp = target.with_name(target.name + ".part")
-        shutil.copyfile(path, tmp)
-        private_file(tmp)
-        tmp.replace(target)
+        # Copied under an announced name (lib/infra/artifacts.py), renamed into place when whole.
+        with artifacts.artifact(target.parent, target.name + ".part-") as tmp:
+            shutil.copyfile(path, tmp)
+            private_file(tmp)
+            faults.point("storage.put.copied")
+            tmp.replace(target)
 
     def get_file(self, name: str, path: Path) -> None:
         source = self._path(name)

@@ -26,7 +26,7 @@ from memory_pipelines.lib.backups.archive import (
     _wrap_aad,
 )
 from memory_pipelines.lib.backups.base import BackupServiceBase
-from memory_pipelines.lib.infra import validation
+from memory_pipelines.lib.infra import faults, validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.memories import consent, crypto
@@ -116,7 +116,7 @@ class BackupTaking(BackupServiceBase):
 
     def _take(self, tenant_id: str, backup_id: str, created: datetime, progress: Progress) -> SealedManifest:
         """Snapshot, seal and upload; returns the manifest."""
-        with self._scratch() as scratch:
+        with self._scratch(tenant_id) as scratch:
             snapshot = scratch / "snapshot"
             snapshot.mkdir()
             with self.store.transaction() as conn:
@@ -151,6 +151,7 @@ class BackupTaking(BackupServiceBase):
                 conn.execute(
                     "UPDATE control.backups SET snapshot_at = %s WHERE backup_id = %s", (snapshot_at, backup_id)
                 )
+            faults.point("backup.snapshot_written")
             archive = scratch / "snapshot.tar"
             with tarfile.open(archive, "w") as tar:
                 for name in order:
@@ -180,7 +181,9 @@ class BackupTaking(BackupServiceBase):
             del object_key
             manifest_file = scratch / "manifest.json"
             manifest_file.write_text(json.dumps(manifest, indent=2))
+            faults.point("backup.sealed")
             self.storage.put_file(str(manifest["object"]), sealed)
+            faults.point("backup.object_uploaded")
             self.storage.put_file(f"{tenant_id}/{backup_id}.manifest.json", manifest_file)
         return manifest
 

@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 
 from memory_pipelines.lib.forget import datadir, guarantees, wal
-from memory_pipelines.lib.infra import validation
+from memory_pipelines.lib.infra import home, validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.infra.settings import Settings
@@ -48,7 +48,7 @@ class ErasureIncomplete(MemoryPipelinesError):
     def __init__(self, hits: dict[str, int]) -> None:
         self.hits = hits
         files = ", ".join(f"{path} ({n})" for path, n in sorted(hits.items())[:5])
-        super().__init__("physical_erasure", f"{len(hits)} file(s) still hold erased data: {files}")
+        super().__init__("physical_erasure", f"{len(hits)} file(s) still hold erased data or are in use: {files}")
 
 
 def _now() -> datetime:
@@ -124,6 +124,7 @@ class ErasureService(ErasureLedger):
         if not jobs:
             return {"tenant_id": tenant_id, "jobs": [], "erased": 0}
         job_ids = [job["job_id"] for job in jobs]
+        swept = home.sweep(self.settings)  # a killed process's scratch may hold what was forgotten
         # Before the rewrites: the rows rewrapped under the new KEK leave dead tuples wrapped by the
         # old one, which the key store's compaction then removes.
         keys = self.rotate_keys(tenant_id)
@@ -140,8 +141,14 @@ class ErasureService(ErasureLedger):
         purged = wal.purge(self.store.conninfo)
         data = datadir.data_files(self.store.conninfo, tenant_id)
         rewritten = time.perf_counter()
+        # Every file under HOME, not only those the stores name: a copy nobody listed is scanned too
+        # (less other tenants' live data that may equal this tenant's: the stores name it).
+        foreign = tuple(d for e in erasures.values() for d in e.foreign)
         files: set[Path] = (
-            {f for e in erasures.values() for f in e.files} | set(data.files) | set(wal.files(purged.directory))
+            {f for e in erasures.values() for f in e.files}
+            | set(data.files)
+            | set(wal.files(purged.directory))
+            | home.files(self.settings, skip=foreign)
         )
         with self.store.transaction() as conn:
             base = bytescan.base_from_key(self.store.keys.control_key(conn))
@@ -152,7 +159,9 @@ class ErasureService(ErasureLedger):
             exclude=live,
             progress=lambda done, total: progress(done, total, "erasure scan"),
         )
-        leftovers = {name: e.leftovers for name, e in erasures.items() if e.leftovers}
+        # A scratch copy still being made or read (a backup of the tenant running meanwhile) may hold
+        # what was forgotten, and no scan can say what it will hold: no ERASED until it is gone.
+        busy = home.live_artifacts(self.settings, owner=tenant_id)
         report: dict[str, Any] = {
             "tenant_id": tenant_id,
             "jobs": job_ids,
@@ -164,6 +173,8 @@ class ErasureService(ErasureLedger):
                 "hits": sum(result.hits.values()),
                 "sharedWithLiveData": len(live & set(fingerprints)),
                 "notScanned": _not_scanned(erasures, purged, data),
+                "leftoversRemoved": len(swept),
+                "artifactsInUse": len(busy),
                 "scanned": result.areas(_root(files)),
                 "dataDirectory": data.report(),
             },
@@ -177,25 +188,28 @@ class ErasureService(ErasureLedger):
                 "scan": round(time.perf_counter() - rewritten, 3),
             },
         }
-        if not result.clean or leftovers:
-            with self.store.transaction() as conn:
-                for job_id in job_ids:
-                    self._audit(conn, job_id, tenant_id, "erasure_failed", {"byteScan": report["byteScan"]})
-            raise ErasureIncomplete(
-                {
-                    **{_relative(path): n for path, n in result.hits.items()},
-                    **{f"{k} (records)": n for k, n in leftovers.items()},
-                }
-            )
-        erased = _now()
+        unerased = _unerased(result, erasures, busy)
+        if unerased:
+            self._refuse(tenant_id, report, unerased)
         # Keys are gone for good once the KEK is rotated, or when the tenant's keys and vault file are.
         report["keysGone"] = bool(keys.get("rotated")) or not keys.get("vaultFile", True)
         report["scannedStores"] = {name: e.scanned for name, e in erasures.items()}
+        return self._mark_all_erased(tenant_id, report)
+
+    def _refuse(self, tenant_id: str, report: dict[str, Any], hits: dict[str, int]) -> NoReturn:
+        """Audit the failed erasure of each job of `report` and raise: nothing is marked."""
         with self.store.transaction() as conn:
-            for job_id in job_ids:
+            for job_id in report["jobs"]:
+                self._audit(conn, job_id, tenant_id, "erasure_failed", {"byteScan": report["byteScan"]})
+        raise ErasureIncomplete(hits)
+
+    def _mark_all_erased(self, tenant_id: str, report: dict[str, Any]) -> dict[str, Any]:
+        erased = _now()
+        with self.store.transaction() as conn:
+            for job_id in report["jobs"]:
                 self._mark_erased(conn, job_id, tenant_id, erased, report)
-            conn.execute("DELETE FROM control.erasure_fingerprints WHERE job_id = ANY(%s)", (job_ids,))
-        report["erased"] = len(job_ids)
+            conn.execute("DELETE FROM control.erasure_fingerprints WHERE job_id = ANY(%s)", (report["jobs"],))
+        report["erased"] = len(report["jobs"])
         report["erasedAt"] = erased.isoformat()
         return report
 
@@ -283,6 +297,16 @@ class ErasureService(ErasureLedger):
             "INSERT INTO control.audit (job_id, tenant_id, event, state, detail) VALUES (%s, %s, %s, 'COMPLETE', %s)",
             (job_id, tenant_id, event, json.dumps(detail)),
         )
+
+
+def _unerased(result: bytescan.ScanResult, erasures: dict[str, Erasure], busy: list[Path]) -> dict[str, int]:
+    """What stops the jobs being marked ERASED: files with hits, records a store still holds, artifacts
+    of the tenant in use."""
+    return {
+        **{_relative(path): n for path, n in result.hits.items() if n},
+        **{f"{name} (records)": e.leftovers for name, e in erasures.items() if e.leftovers},
+        **{f"{_relative(str(path))} (in use)": 1 for path in busy},
+    }
 
 
 def _not_scanned(erasures: dict[str, Erasure], purged: wal.WalPurge, data: datadir.DataFiles) -> list[str]:

@@ -43,6 +43,7 @@ from psycopg import sql
 
 from memory_pipelines.lib.infra import chroma_proxy, machine, migrations, processes
 from memory_pipelines.lib.infra.errors import ServiceError
+from memory_pipelines.lib.infra.home import sweep as sweep_leftovers
 from memory_pipelines.lib.infra.owner_only import private_dir, private_file, traversable_dir
 from memory_pipelines.lib.infra.paths import ASSETS_DIR
 from memory_pipelines.lib.infra.settings import (
@@ -751,6 +752,7 @@ def ensure_services(settings: Settings, *, migrate: bool = True) -> Endpoints:
                 raise ServiceError("postgres", f"cannot connect to the memory database: {exc}") from exc
         chroma_url, chroma_embedded = _ensure_chroma(settings)
         install_dagster_yaml(settings.dagster_home)
+        sweep_leftovers(settings)  # what a killed process left: every command starts clean
     dagster_url = export_dagster_url(dagster_url)
     return Endpoints(
         store_conninfo=store,

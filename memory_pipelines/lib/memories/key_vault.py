@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from memory_pipelines.lib.infra import artifacts, faults
 from memory_pipelines.lib.infra.errors import ConflictError, ServiceError
 from memory_pipelines.lib.memories import crypto
 
@@ -155,19 +156,18 @@ class KeyVault:
         self._ensure_directory()
         kek_id, _, entry = self._new_entry(tenant_id)
         doc = _Document(generation=1, current=kek_id, keks={kek_id: {**entry, "since": 1}})
-        temporary = self.directory / f".{secrets.token_hex(8)}.tmp"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.pwrite(fd, _slot(doc) + bytes(_SLOT), 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(temporary, self.path(tenant_id))  # fails if another process linked first
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(temporary)
+        # Announced (lib/infra/artifacts.py): a copy of a KEK left by a crash here would outlive the
+        # KEK's rotation, so the next command's sweep removes it.
+        with artifacts.artifact(self.directory, "new-") as temporary:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.pwrite(fd, _slot(doc) + bytes(_SLOT), 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            faults.point("vault.create.written")
+            with contextlib.suppress(FileExistsError):
+                os.link(temporary, self.path(tenant_id))  # fails if another process linked first
         self._sync_directory()
         found = self._load(tenant_id)
         if found is None or found.current is None:

@@ -116,6 +116,9 @@ class Erasure:
     # vector): present legitimately, so a deleted copy of them can be neither proven nor disproven.
     live: set[bytes] = field(default_factory=set)
     leftovers: int = 0  # records the store itself still lists after the rewrite (must be 0)
+    # Directories holding other tenants' live data, which may equal this tenant's byte for byte (two
+    # tenants' same text embeds to the same vector): left out of the HOME-wide scan.
+    foreign: list[Path] = field(default_factory=list)
     detail: dict[str, Any] = field(default_factory=dict)
 
 

@@ -165,5 +165,6 @@ class ChromaAdapter:
             scanned=derived.vectors.path is not None,
             live=live,
             leftovers=orphans,
+            foreign=derived.vectors.foreign_segments(tenant_id),
             detail={"orphan_log_rows": orphans},
         )

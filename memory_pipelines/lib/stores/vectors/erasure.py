@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from memory_pipelines.lib.infra import faults
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.stores.vectors.client import (
     ERASURES,
@@ -111,12 +112,30 @@ class VectorErasure(ChromaCollections):
         client = self.client()
         name = collection_name(tenant_id)
         with self._tenant_lock(tenant_id, exclusive=True):
+            staged = self._drop_staging(tenant_id)
             existing = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
-            if name not in existing:
-                return False
-            self._call("deleting the collection", lambda: client.delete_collection(name=name))
-            if self.url is not None and self.path is not None:
+            found = name in existing
+            if found:
+                self._call("deleting the collection", lambda: client.delete_collection(name=name))
+            if (found or staged) and self.url is not None and self.path is not None:
                 remove_orphan_segments(self.path)  # a server leaves the deleted collection's files
+        return found
+
+    def _drop_staging(self, tenant_id: str) -> bool:
+        """Delete the tenant's rebuild collection, if a rebuild left one; the caller holds the tenant's
+        lock exclusively, so no rebuild runs and one found is a dead rebuild's. True when one was.
+
+        A rebuild killed before it deleted the old collection leaves a partial copy; one killed between
+        that and the rename leaves the whole copy and no collection under the tenant's name. Either
+        is dropped, never renamed into place: a forget accepted since then found no vector under the
+        tenant's name and deleted none, so the copy may hold what it forgot. The next sync embeds the
+        tenant's current versions again."""
+        client = self.client()
+        staging = collection_name(tenant_id) + _STAGING
+        names = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+        if staging not in names:
+            return False
+        self._call("deleting a dead rebuild", lambda: client.delete_collection(name=staging))
         return True
 
     @_serialized
@@ -135,17 +154,15 @@ class VectorErasure(ChromaCollections):
         """Copy the live vectors, a page at a time, into a new collection that then takes the name.
 
         Pages keep memory flat and each get() under SQLite's variable limit (one get() of a tenant
-        past ~32,000 vectors fails with "too many SQL variables"). A run that dies midway leaves the
-        old collection whole and a partial copy, which the next rebuild drops first."""
+        past ~32,000 vectors fails with "too many SQL variables"). A run that dies midway leaves a
+        copy under the staging name, which the next rebuild, erasure or drop removes (_drop_staging)."""
         client = self.client()
         name = collection_name(tenant_id)
         staging = name + _STAGING
         col = self.collection(tenant_id)
         metadata = dict(col.metadata or {})
         metadata[ERASURES] = int(metadata.get(ERASURES, 0)) + 1  # other embedded clients reload
-        names = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
-        if staging in names:
-            self._call("deleting a partial rebuild", lambda: client.delete_collection(name=staging))
+        self._drop_staging(tenant_id)
         fresh = self._call(
             "creating the rebuilt collection",
             lambda: client.create_collection(name=staging, metadata=metadata, embedding_function=None),
@@ -167,7 +184,9 @@ class VectorErasure(ChromaCollections):
             # Background work on a shared server: as long idle as busy, so other tenants' queries
             # find it free half the time (the erasure has hours; a recall has milliseconds).
             time.sleep(time.monotonic() - started)
+        faults.point("vectors.rebuild.copied")
         self._call("deleting the old collection", lambda: client.delete_collection(name=name))
+        faults.point("vectors.rebuild.old_deleted")
         self._call("renaming the rebuilt collection", lambda: fresh.modify(name=name))
         return copied
 
@@ -246,6 +265,7 @@ class VectorErasure(ChromaCollections):
         if self.path is None:
             return 0, []
         with self._tenant_lock(tenant_id, exclusive=True):
+            self._drop_staging(tenant_id)
             if self.existing(tenant_id) is not None:
                 self._rebuild(tenant_id)
             # The server wrote the new index's whole capacity from malloc'd memory: clear what no
@@ -282,6 +302,19 @@ class VectorErasure(ChromaCollections):
                 ).fetchone()
                 orphans = int(row[0]) if row else 0
         return live, orphans
+
+    def foreign_segments(self, tenant_id: str) -> list[Path]:
+        """Segment directories of every other collection: their elements are other tenants' vectors
+        (their unused capacity is cleared by `_scrub_others`), so a byte scan of this tenant's erasure
+        leaves them out (an identical text elsewhere embeds to an identical vector)."""
+        if self.path is None or not (self.path / "chroma.sqlite3").exists():
+            return []
+        own = collection_name(tenant_id)
+        with sqlite3.connect(str(self.path / "chroma.sqlite3"), timeout=30) as db:
+            rows = db.execute(
+                "SELECT c.name, s.id FROM segments s JOIN collections c ON s.collection = c.id"
+            ).fetchall()
+        return [self.path / str(s) for name, s in rows if str(name).removesuffix(_STAGING) != own]
 
     def segments(self, tenant_id: str) -> list[Path]:
         """Directories of the tenant's collection's segments (those a server has written files into)."""

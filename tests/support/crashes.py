@@ -1,0 +1,58 @@
+"""The crash tests' harness: a step of a lifecycle operation run in a child process on a HOME and
+killed (SIGKILL) at a named point of our code (memory_pipelines/lib/infra/faults.py), as the OOM
+killer or a power cut would end it; then what the next command finds is checked.
+
+`run_killed` insists the child died at the point: a point renamed or never reached fails the test
+instead of passing it without a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from memory_pipelines.lib.infra.faults import ENV_CRASH_AT
+
+# What each child runs first: the Python API on the HOME it is given.
+PRELUDE = "from memory_pipelines import MemoryPlatform\nmp = MemoryPlatform.from_env()\n"
+
+
+def _run(home: Path, code: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        env={**os.environ, "MEMORY_PIPELINES_HOME": str(home), **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_killed(home: Path, point: str, code: str, *, env: dict[str, str] | None = None, timeout: float = 300) -> None:
+    """Run `code` (after PRELUDE, `mp` in scope) in a child killed at `point` (`name` or `name#n`)."""
+    proc = _run(home, code, {**(env or {}), ENV_CRASH_AT: point}, timeout)
+    assert proc.returncode == -signal.SIGKILL, (
+        f"the child was not killed at {point} (exit {proc.returncode}):\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}"
+    )
+
+
+def run_ok(home: Path, code: str, *, env: dict[str, str] | None = None, timeout: float = 300) -> str:
+    """Run `code` (after PRELUDE) in a child that must succeed; returns its stdout."""
+    proc = _run(home, code, env or {}, timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def artifacts_under(root: Path) -> list[Path]:
+    """Every announced artifact's lock file under `root` (lib/infra/artifacts.py), and anything named
+    like a scratch directory or a partial upload: what a crash leaves if nobody sweeps."""
+    found = []
+    for path in root.rglob("*"):
+        name = path.name
+        if name.endswith(".artifact") or name.startswith("scratch-") or ".part" in name:
+            found.append(path)
+    return sorted(found)
