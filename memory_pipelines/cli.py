@@ -25,7 +25,14 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from memory_pipelines.lib.infra import validation
-from memory_pipelines.lib.infra.errors import MemoryPipelinesError, NotFoundError, ValidationError
+from memory_pipelines.lib.infra.errors import (
+    MemoryPipelinesError,
+    NotFoundError,
+    PartialWriteError,
+    ResourceExhaustedError,
+    ValidationError,
+    resource_exhausted,
+)
 from memory_pipelines.lib.infra.owner_only import restrict_umask
 from memory_pipelines.lib.infra.paths import PROJECT_ROOT
 from memory_pipelines.lib.infra.progress import ENV_VERBOSE
@@ -258,9 +265,9 @@ def cmd_materialize(args: argparse.Namespace) -> None:
     result = materialize(_settings(args), args.tenant, select)
     _emit(result)
     if not result["success"]:
-        from memory_pipelines.materialize import failure_message
+        from memory_pipelines.materialize import run_failed
 
-        raise MemoryPipelinesError("run", f"run {result['run_id']} failed: {failure_message(result['failures'])}")
+        raise run_failed("run", result["failures"], prefix=f"run {result['run_id']} failed: ")
 
 
 def cmd_summary(args: argparse.Namespace) -> None:
@@ -296,21 +303,42 @@ def cmd_forget(args: argparse.Namespace) -> None:
         basis=args.basis,
     )
     if args.wait and job["state"] != "COMPLETE":
-        _emit({**_wait_for(args, job), "duplicate": job["duplicate"]})
+        try:
+            waited = _wait_for(args, job)
+        except Exception as exc:
+            # Accepted and hidden already: whatever stopped the wait, the caller learns which job to follow.
+            raise _after_acceptance(exc, job) from exc
+        _emit({**waited, "duplicate": job["duplicate"]})
     else:
         _emit(job)
+
+
+def _after_acceptance(exc: Exception, job: Mapping[str, Any]) -> MemoryPipelinesError:
+    """`exc` (as the CLI reports it) naming the accepted job, which `deletion status` or `deletion retry` follow."""
+    cause: MemoryPipelinesError | None = resource_exhausted(exc)
+    if cause is None:
+        internal = MemoryPipelinesError("internal", f"{type(exc).__name__}: {exc}")
+        cause = exc if isinstance(exc, MemoryPipelinesError) else internal
+    kind = ResourceExhaustedError if isinstance(cause, ResourceExhaustedError) else MemoryPipelinesError
+    error = kind(
+        cause.field,
+        f"{cause.message} (deletion job {job['job_id']} was accepted and its scope is hidden from every read;"
+        f" `deletion retry {job['job_id']}` runs it again)",
+    )
+    error.exit_code = cause.exit_code
+    return error
 
 
 def cmd_deletion(args: argparse.Namespace) -> None:
     if args.deletion_command == "erase":
         # A Dagster run (physical erasure), as the erasure sensor launches it.
-        from memory_pipelines.materialize import failure_message, run_erasure
+        from memory_pipelines.materialize import run_erasure, run_failed
 
         _platform(args).require_tenant(tenant_id=args.tenant)  # an unknown tenant is not made a partition
         result = run_erasure(_settings(args), args.tenant)
         _emit(result)
         if not result["success"]:
-            raise MemoryPipelinesError("physical_erasure", failure_message(result["failures"]))
+            raise run_failed("physical_erasure", result["failures"])
         return
     # Reading jobs needs only the control plane, not Chroma or the embedding model.
     platform = _platform(args)
@@ -335,14 +363,14 @@ def cmd_backup(args: argparse.Namespace) -> None:
         _emit(_platform(args).sweep_backups())
     else:
         # A Dagster run of the `backup` job (what the nightly schedule launches).
-        from memory_pipelines.materialize import failure_message, run_backup
+        from memory_pipelines.materialize import run_backup, run_failed
 
         if not args.tenant:
             raise ValidationError("tenant", "is required: backup --tenant T")
         _platform(args).require_tenant(tenant_id=args.tenant)
         result = run_backup(_settings(args), args.tenant)
         if not result["success"]:
-            raise MemoryPipelinesError("backup", failure_message(result["failures"]))
+            raise run_failed("backup", result["failures"])
         _emit(result)
 
 
@@ -357,12 +385,12 @@ def cmd_restore(args: argparse.Namespace) -> None:
         _emit(platform.request_restore(tenant_id=args.tenant, backup_id=args.backup, restore_id=args.restore_id))
         return
     # A Dagster run of the `restore` job (what the restore sensor launches); bad ids fail before it starts.
-    from memory_pipelines.materialize import failure_message, run_restore
+    from memory_pipelines.materialize import run_failed, run_restore
 
     platform.check_restore(tenant_id=args.tenant, backup_id=args.backup, restore_id=args.restore_id)
     result = run_restore(_settings(args), args.tenant, args.backup, restore_id=args.restore_id)
     if not result["success"] or result["report"] is None:
-        raise MemoryPipelinesError("restore", failure_message(result["failures"]))
+        raise run_failed("restore", result["failures"])
     _emit({**result["report"], "run_id": result["run_id"]})
 
 
@@ -387,7 +415,7 @@ def cmd_retention(args: argparse.Namespace) -> None:
         _emit(_platform(args).sweep_retention(day=day, run=False))
         return
     # One Dagster run of the `retention` job per tenant partition (what the daily schedule launches).
-    from memory_pipelines.materialize import failure_message, run_retention
+    from memory_pipelines.materialize import run_failed, run_retention
 
     retention.load_policies()  # a broken policy file fails here, naming its line
     if day < retention.FIRST_DAY:
@@ -400,7 +428,7 @@ def cmd_retention(args: argparse.Namespace) -> None:
         tenants = [t["tenant_id"] for t in platform.tenants() if not validation.is_reserved_tenant(t["tenant_id"])]
     result = run_retention(_settings(args), day, tenants)
     if not result["success"]:
-        raise MemoryPipelinesError("retention", failure_message(result["failures"]))
+        raise run_failed("retention", result["failures"])
     _emit(result)
 
 
@@ -429,12 +457,12 @@ def cmd_explain(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     if args.eval_command == "run":
         # A Dagster run materializing memory_eval and memory_drift for the month's partition.
-        from memory_pipelines.materialize import failure_message, run_evaluation
+        from memory_pipelines.materialize import run_evaluation, run_failed
 
         month = _month(args.month)
         result = run_evaluation(_settings(args), month)
         if not result["success"]:
-            raise MemoryPipelinesError("eval", failure_message(result["failures"]))
+            raise run_failed("eval", result["failures"])
         _emit(result)
         return
     from memory_pipelines.lib.evaluation.evaluator import check_mode
@@ -885,8 +913,10 @@ def _main(argv: Sequence[str] | None) -> int:
                 warnings.simplefilter("ignore")
             args.handler(args)
     except MemoryPipelinesError as exc:
-        _error(exc.field, exc.message)
-        return exc.exit_code
+        exhausted = resource_exhausted(exc) if not isinstance(exc, PartialWriteError) else None
+        shown = exhausted if exhausted is not None else exc
+        _error(shown.field, shown.message)
+        return shown.exit_code
     except DecryptionError as exc:
         _error("ciphertext", str(exc))
         return 7
@@ -896,6 +926,10 @@ def _main(argv: Sequence[str] | None) -> int:
         _error("interrupted", "stopped by the user")
         return 130
     except Exception as exc:
+        exhausted = resource_exhausted(exc)
+        if exhausted is not None:
+            _error(exhausted.field, exhausted.message)
+            return exhausted.exit_code
         # A bug, not bad input: one line by default; the traceback when asked for.
         if os.environ.get(ENV_DEBUG) == "1":
             traceback.print_exc()

@@ -30,7 +30,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 import psycopg
 
 from memory_pipelines.lib.infra import progress
-from memory_pipelines.lib.infra.errors import ServiceError, ValidationError
+from memory_pipelines.lib.infra.errors import (
+    MemoryPipelinesError,
+    ResourceExhaustedError,
+    ServiceError,
+    ValidationError,
+)
 from memory_pipelines.lib.infra.owner_only import private_dir
 from memory_pipelines.lib.infra.paths import PROJECT_ROOT
 from memory_pipelines.lib.infra.settings import ENV_HOME, Settings
@@ -444,6 +449,29 @@ def _root_cause(error: Any) -> str:
     return text if qualified.endswith(str(chosen.cls_name)) and text else f"{qualified}: {text}".strip(": ")
 
 
+# Serialized errors that say the machine ran out of something (disk, memory, descriptors, connections).
+_EXHAUSTED_CLASSES = frozenset(
+    {
+        "DiskFull",
+        "OutOfMemory",
+        "TooManyConnections",
+        "ConfigurationLimitExceeded",
+        "MemoryError",
+        "ResourceExhaustedError",
+    }
+)
+_EXHAUSTED_ERRNOS = ("[Errno 28]", "[Errno 122]", "[Errno 12]", "[Errno 24]", "[Errno 23]")
+
+
+def _exhausted(error: Any) -> bool:
+    """Whether a serialized error, or one in its chain, is a resource running out."""
+    while error is not None:
+        if str(error.cls_name) in _EXHAUSTED_CLASSES or any(e in str(error.message) for e in _EXHAUSTED_ERRNOS):
+            return True
+        error = error.cause
+    return False
+
+
 def _message_line(error: Any) -> tuple[str, str]:
     """("module.Class", "message") from the last line of a serialized error's message."""
     lines = str(error.message).strip().splitlines()
@@ -494,7 +522,10 @@ def read_run(instance: DagsterInstance, run_id: str, leave_out: Sequence[str] = 
         elif event.event_type == dg.DagsterEventType.STEP_OUTPUT:
             outcome.outputs[str(event.step_key)] = _values(data.metadata)  # type: ignore[union-attr]
         elif event.event_type == dg.DagsterEventType.STEP_FAILURE and data.error is not None:  # type: ignore[union-attr]
-            outcome.failures.append({"step": event.step_key, "error": _root_cause(data.error)})  # type: ignore[union-attr]
+            failed = data.error  # type: ignore[union-attr]
+            outcome.failures.append(
+                {"step": event.step_key, "error": _root_cause(failed), "resources": _exhausted(failed)}
+            )
         elif event.event_type == dg.DagsterEventType.RUN_FAILURE:
             error = getattr(data, "error", None)
             run_failure = _root_cause(error) if error is not None else event.message
@@ -535,6 +566,17 @@ def failure_message(failures: list[dict[str, Any]]) -> str:
     the runs' full output went when it was not shown."""
     message = "; ".join(f["error"] for f in failures) or "run failed"
     return f"{message} (run output: {_run_log})" if _run_log is not None and not verbose() else message
+
+
+def run_failed(field: str, failures: list[dict[str, Any]], *, prefix: str = "") -> MemoryPipelinesError:
+    """The error a command reports for a failed run: exit 9 (ResourceExhaustedError) when a step ran out
+    of disk, memory, descriptors or connections, else 1."""
+    message = prefix + failure_message(failures)
+    if any(f.get("resources") for f in failures):
+        return ResourceExhaustedError(
+            field, f"{message}; nothing acknowledged was lost: free it and run the same command again"
+        )
+    return MemoryPipelinesError(field, message)
 
 
 def _job_name(job: Any) -> str:

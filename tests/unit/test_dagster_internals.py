@@ -304,7 +304,7 @@ def test_reading_a_run_from_the_event_log() -> None:
         bad = dg.materialize([broken], instance=test_instance, raise_on_error=False)
         failed = read_run(test_instance, bad.run_id)
         pinned(
-            failed.failures == [{"step": "broken", "error": "broken on purpose"}],
+            failed.failures == [{"step": "broken", "error": "broken on purpose", "resources": False}],
             "a failed step's error (SerializableErrorInfo.message/cls_name/cause)",
             failed.failures,
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 from memory_pipelines.lib.results import MemoryWrite
 
 __all__ = [
@@ -10,8 +12,10 @@ __all__ = [
     "NotFoundError",
     "PartialWriteError",
     "PermissionDeniedError",
+    "ResourceExhaustedError",
     "ServiceError",
     "ValidationError",
+    "resource_exhausted",
 ]
 
 
@@ -54,6 +58,53 @@ class ServiceError(MemoryPipelinesError):
     """An engine (PostgreSQL, KMS) could not be reached or refused to serve."""
 
     exit_code = 6
+
+
+class ResourceExhaustedError(MemoryPipelinesError):
+    """The machine ran out of something (disk, memory, file descriptors, connections): nothing acknowledged
+    is lost, and the same command can run again once it is freed."""
+
+    exit_code = 9
+
+
+# What each exhausted resource is called, by errno and by PostgreSQL SQLSTATE (class 53).
+_ERRNOS = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.ENOMEM: "out of memory",
+    errno.EMFILE: "too many open files in this process",
+    errno.ENFILE: "too many open files on this machine",
+}
+_SQLSTATES = {
+    "53100": "PostgreSQL's disk is full",
+    "53200": "PostgreSQL is out of memory",
+    "53300": "PostgreSQL has no connection left",
+    "53400": "PostgreSQL reached a configured limit",
+}
+
+
+def resource_exhausted(exc: BaseException) -> ResourceExhaustedError | None:
+    """`exc` as a ResourceExhaustedError when it, or an exception it was raised from or during, says a
+    resource ran out (an OSError's errno, a PostgreSQL error of class 53, MemoryError); else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ResourceExhaustedError):
+            return current
+        what = None
+        if isinstance(current, MemoryError):
+            what = "out of memory"
+        elif isinstance(current, OSError) and current.errno in _ERRNOS:
+            what = _ERRNOS[current.errno] + (f" ({current.filename})" if current.filename else "")
+        elif str(getattr(current, "sqlstate", "") or "") in _SQLSTATES:
+            what = _SQLSTATES[str(getattr(current, "sqlstate", ""))]
+        if what is not None:
+            return ResourceExhaustedError(
+                "resources", f"{what}; nothing acknowledged was lost: free it and run the same command again"
+            )
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class PartialWriteError(MemoryPipelinesError):
