@@ -23,12 +23,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from memory_pipelines.lib.infra.code_runtime import runtime_dir, sweep_records
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.infra.owner_only import replace_private_file
 from memory_pipelines.lib.infra.paths import PROJECT_ROOT
@@ -78,17 +78,6 @@ class WarmServer:
             time.sleep(0.1)
 
 
-def _runtime_dir() -> Path | None:
-    """/tmp/mp-code-<uid>, 0700 and ours, or None when it is not (then no warm server)."""
-    path = Path(tempfile.gettempdir()) / f"mp-code-{os.geteuid()}"
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700)
-    info = path.lstat()
-    if not path.is_dir() or path.is_symlink() or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        return None
-    return path
-
-
 def _identity(settings: Settings) -> str:
     """A hash of HOME, the interpreter, the code and the environment a server would serve."""
     digest = hashlib.sha256()
@@ -130,7 +119,7 @@ def _alive(socket: Path, pid: int) -> bool:
 def warm_server(settings: Settings, *, log: Path) -> WarmServer | None:
     """The HOME's warm code server for this code and environment, started when none answers; None
     when no private runtime directory can be had (the caller then starts a server of its own)."""
-    runtime = _runtime_dir()
+    runtime = runtime_dir()
     if runtime is None:
         return None
     idle = positive_int(ENV_IDLE_SECONDS, os.environ.get(ENV_IDLE_SECONDS), DEFAULT_IDLE_SECONDS, unit="seconds")
@@ -151,29 +140,10 @@ def warm_server(settings: Settings, *, log: Path) -> WarmServer | None:
                     return WarmServer(socket=socket, pid=pid, workspace_file=workspace)
         for stale in (socket, record):
             stale.unlink(missing_ok=True)
-        _sweep(runtime, keep=record)
+        sweep_records(runtime, keep=record)
         pid = _start(socket, idle, log)
         replace_private_file(record, json.dumps({"pid": pid, "home": str(settings.home), "started": time.time()}))
         return WarmServer(socket=socket, pid=pid, workspace_file=workspace)
-
-
-def _sweep(runtime: Path, keep: Path) -> None:
-    """Remove the files of servers that have ended (idle, stopped, or of a HOME deleted since), each
-    under its own lock, skipping any another command holds; lock files stay (one may be waited on)."""
-    for record in runtime.glob("*.json"):
-        if record == keep:
-            continue
-        fd = os.open(record.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.kill(int(json.loads(record.read_text())["pid"]), 0)
-        except ProcessLookupError:
-            for suffix in (".sock", ".yaml", ".json"):
-                record.with_suffix(suffix).unlink(missing_ok=True)
-        except (BlockingIOError, ValueError, OSError, KeyError):
-            pass  # busy, unreadable or alive: not ours to remove
-        finally:
-            os.close(fd)
 
 
 def _start(socket: Path, idle: int, log: Path) -> int:

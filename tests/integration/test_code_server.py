@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memory_pipelines.lib.infra import processes, services
+from memory_pipelines.lib.infra import code_runtime, processes, services
 from tests.conftest import CLI, run_cli, settings_for
 
 # Servers that must outlive a slow command on a loaded machine, and one that must end by itself soon.
@@ -92,5 +92,34 @@ def test_without_a_private_runtime_directory_a_command_runs_its_own_server(tmp_p
         assert result["success"] and result["assets"]["memory_embeddings"]["embedded"] == 1
         assert list(runtime.iterdir()) == []
         assert processes.home_processes(home) == []  # its own server ended before it returned
+    finally:
+        services.stop_services(settings_for(home))
+
+
+def _records_naming(home: Path) -> list[str]:
+    runtime = code_runtime.runtime_dir()
+    assert runtime is not None
+    named = []
+    for record in runtime.glob("*.json"):
+        try:
+            if json.loads(record.read_text()).get("home") == str(home):
+                named.append(record.name)
+        except (OSError, ValueError):
+            continue
+    return named
+
+
+@pytest.mark.slow
+def test_stop_leaves_no_record_of_its_code_servers_outside_home(tmp_path):
+    """Issue 33: the record of a stopped code server (/tmp/mp-code-<uid>/<hash>.json: its pid and the
+    HOME) stayed after `stop`, naming a dead process and the HOME, until another command swept it."""
+    home = tmp_path / "home"
+    try:
+        ok(run_cli("tenant", "create", "--tenant", "acme", home=home))
+        assert ok(run_cli("materialize", "--tenant", "acme", home=home, env=IDLE))["success"]
+        assert len(code_servers(home)) == 1 and len(_records_naming(home)) == 1, "the control"
+        stopped = ok(run_cli("stop", home=home))
+        assert stopped["stopped"] and code_servers(home) == []
+        assert _records_naming(home) == []
     finally:
         services.stop_services(settings_for(home))

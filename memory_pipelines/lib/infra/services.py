@@ -41,7 +41,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from memory_pipelines.lib.infra import chroma_proxy, machine, migrations, processes
+from memory_pipelines.lib.infra import chroma_proxy, code_runtime, machine, migrations, processes
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.infra.home import sweep as sweep_leftovers
 from memory_pipelines.lib.infra.owner_only import private_dir, private_file, traversable_dir
@@ -790,6 +790,9 @@ def stop_services(settings: Settings, timeout: float = processes.STOP_SECONDS) -
 def _stop_dagster(settings: Settings, timeout: float) -> dict[str, object]:
     found = processes.home_processes(settings.home)
     ended = processes.end_processes(found, timeout)
+    runtime = code_runtime.runtime_dir()
+    if runtime is not None:
+        code_runtime.sweep_records(runtime)  # the records of the code servers just ended (in /tmp)
     return {
         "stopped": any(entry["ended"] for entry in ended),
         "processes": ended,

@@ -1,0 +1,51 @@
+"""The runtime directory of the warm code servers (memory_pipelines/code_server.py): per server, a
+record (pid, HOME), its socket, its workspace file and a lock, in /tmp/mp-code-<uid>. Here, not in
+code_server.py, so `stop` can remove what the servers it ended leave, without importing Dagster."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from memory_pipelines.lib.infra.processes import read_proc
+
+__all__ = [
+    "runtime_dir",
+    "sweep_records",
+]
+
+
+def runtime_dir() -> Path | None:
+    """/tmp/mp-code-<uid>, 0700 and ours, or None when it is not (then no warm server)."""
+    path = Path(tempfile.gettempdir()) / f"mp-code-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat()
+    if not path.is_dir() or path.is_symlink() or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        return None
+    return path
+
+
+def sweep_records(runtime: Path, keep: Path | None = None) -> None:
+    """Remove the files of servers that have ended (idle, stopped, or of a HOME deleted since), each
+    under its own lock, skipping any another command holds; lock files stay (one may be waited on)."""
+    for record in runtime.glob("*.json"):
+        if record == keep:
+            continue
+        fd = os.open(record.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            pid = int(json.loads(record.read_text())["pid"])
+        except (BlockingIOError, ValueError, OSError, KeyError):
+            os.close(fd)
+            continue  # busy or unreadable: not ours to remove
+        try:
+            if read_proc(pid) is None:  # gone, or a zombie nobody has collected yet
+                for suffix in (".sock", ".yaml", ".json"):
+                    record.with_suffix(suffix).unlink(missing_ok=True)
+        finally:
+            os.close(fd)
