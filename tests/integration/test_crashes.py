@@ -251,3 +251,60 @@ def test_the_same_text_in_another_tenant_does_not_stop_an_erasure_that_scans_all
     result = json.loads(out.strip().splitlines()[-1])
     assert result["found"], "the control: the forgotten vector's very bytes are in the other tenant's files"
     assert result["erased"] == 1 and result["physical"].startswith("ERASED:")
+
+
+def _restore_state(settings: Settings, tenant: str) -> dict[str, object]:
+    out = run_ok(
+        settings.home,
+        f"""
+        import json
+        with mp.store.transaction() as conn:
+            closed = conn.execute(
+                "SELECT restoring_since IS NOT NULL FROM memory.tenants WHERE tenant_id = %s", ({tenant!r},)
+            ).fetchone()[0]
+            states = [r[0] for r in conn.execute(
+                "SELECT state FROM control.restores WHERE tenant_id = %s ORDER BY created_at", ({tenant!r},)
+            )]
+        print(json.dumps({{"closed": closed, "states": states}}))
+        """,
+    )
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("point", ["restore.gate_closed", "restore.loaded", "restore.replayed"])
+def test_a_restore_killed_behind_its_gate_reopens_the_tenant_at_the_next_command(
+    home: tuple[Settings, Endpoints], point: str
+) -> None:
+    """Finding 4: a restore killed after closing its gate stayed RUNNING, and every read and forget of
+    the tenant failed (exit 5, "being restored") until someone ran the restore again or `--reopen`. Its
+    load is one transaction, which died with it: the next command reopens the tenant on the rows it had,
+    and the restore is INTERRUPTED, which the same restore id may run again."""
+    settings, _ = home
+    tenant = _tenant()
+    out = run_ok(
+        settings.home,
+        f"""
+        import json
+        mp.write(tenant_id={tenant!r}, user_id="alice", text="alice keeps bees on the roof")
+        backup = mp.backup(tenant_id={tenant!r})
+        mp.write(tenant_id={tenant!r}, user_id="alice", text="alice sold the bees in May")
+        print(json.dumps(backup["backup_id"]))
+        """,
+    )
+    backup_id = json.loads(out.strip().splitlines()[-1])
+    run_killed(settings.home, point, f"mp.restore(tenant_id={tenant!r}, backup_id={backup_id!r})")
+    assert _restore_state(settings, tenant) == {"closed": True, "states": ["RUNNING"]}, "the control"
+    listed = run_cli("list", "--tenant", tenant, "--user", "alice", home=settings.home)
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 2  # the rows it had: the load never committed
+    assert _restore_state(settings, tenant) == {"closed": False, "states": ["INTERRUPTED"]}
+    again = run_ok(
+        settings.home,
+        f"""
+        import json
+        print(json.dumps(mp.restore(tenant_id={tenant!r}, backup_id={backup_id!r})["state"]))
+        """,
+    )
+    assert json.loads(again.strip().splitlines()[-1]) == "COMPLETE"
+    listed = run_cli("list", "--tenant", tenant, "--user", "alice", home=settings.home)
+    assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 1, listed.stderr

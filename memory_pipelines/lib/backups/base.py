@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from memory_pipelines.lib.backups.storage import BackupStorage
-from memory_pipelines.lib.infra import artifacts
+from memory_pipelines.lib.infra import artifacts, faults
 from memory_pipelines.lib.memories.store import MemoryStore
 
 __all__ = [
@@ -42,5 +42,6 @@ class BackupServiceBase:
             yield path
 
     def _hook(self, step: str) -> None:
+        faults.point("restore." + step)
         if step in self.hooks:
             self.hooks[step](step)

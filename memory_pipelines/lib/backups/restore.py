@@ -18,7 +18,7 @@ import psycopg
 from memory_pipelines.lib.backups import restore_replay
 from memory_pipelines.lib.backups.listing import BackupListing
 from memory_pipelines.lib.backups.restore_load import RestoreLoading
-from memory_pipelines.lib.infra import validation
+from memory_pipelines.lib.infra import faults, validation
 from memory_pipelines.lib.infra.errors import ConflictError, MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.infra.settings import Settings
@@ -53,13 +53,13 @@ def check_restore_id(value: object) -> str:
 
 def _restore_id_clash(row: tuple[Any, ...] | None, tenant_id: str, backup_id: str, restore_id: str) -> str | None:
     """Why `restore_id` cannot name this restore (None when it can: it is new, or it is this very
-    restore's request or a retry of it after BLOCKED). Another tenant is never named."""
+    restore's request or a retry of it after BLOCKED or INTERRUPTED). Another tenant is never named."""
     if row is None:
         return None
     owner, backup, state = row
     if owner != tenant_id:
         return f"restore_id {restore_id} is taken by another restore; leave it empty for a new id"
-    if backup == backup_id and state in ("REQUESTED", "BLOCKED"):
+    if backup == backup_id and state in ("REQUESTED", "BLOCKED", "INTERRUPTED"):
         return None
     return (
         f"restore_id {restore_id} is taken by a {state} restore of {tenant_id!r} from {backup};"
@@ -139,6 +139,7 @@ class BackupRestore(RestoreLoading, BackupListing):
                 ordering.lock_tenant_exclusive(conn, tenant_id)
                 self._claim(conn, tenant_id, backup_id, restore_id)
                 conn.execute("UPDATE memory.tenants SET restoring_since = now() WHERE tenant_id = %s", (tenant_id,))
+            faults.point("restore.gate_closed")
             report: RestoreReport = {"restore_id": restore_id, "tenant_id": tenant_id, "backup_id": backup_id}
             owed: restore_replay.Owed = {}
             try:
@@ -240,7 +241,7 @@ class BackupRestore(RestoreLoading, BackupListing):
 
     @contextmanager
     def _tenant_lock(self, tenant_id: str, timeout: float) -> Iterator[None]:
-        lock_key = f"forget\x1f{tenant_id}"
+        lock_key = ordering.run_lock(tenant_id)
         conn = psycopg.connect(self.store.conninfo, autocommit=True)
         try:
             deadline = time.monotonic() + timeout

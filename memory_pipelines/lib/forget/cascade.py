@@ -44,6 +44,7 @@ from memory_pipelines.lib.forget.targets import Probes
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.memories import ordering
 from memory_pipelines.lib.results import DeletionJob
 from memory_pipelines.lib.stores import lineage, registry
 from memory_pipelines.lib.stores.adapter import Context, Lineage, Source, edges_left_sql, lineage_map
@@ -208,7 +209,7 @@ class DeletionCascade:
         validation.check_id("tenant", tenant_id)
         for job_id in job_ids:
             validation.check_id("job_id", job_id)
-        lock_key = f"forget\x1f{tenant_id}"
+        lock_key = ordering.run_lock(tenant_id)
         try:
             lock_conn = psycopg.connect(self.store.conninfo, autocommit=True)
         except psycopg.OperationalError as exc:

@@ -29,6 +29,7 @@ from memory_pipelines.lib.infra import home, validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.memories import ordering
 from memory_pipelines.lib.memories.key_rotation import KeyRotation
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.stores import bytescan, registry
@@ -111,7 +112,7 @@ class ErasureService(ErasureLedger):
         """
         validation.check_id("tenant", tenant_id)
         started = time.perf_counter()
-        lock_key = f"forget\x1f{tenant_id}"
+        lock_key = ordering.run_lock(tenant_id)
         with psycopg.connect(self.store.conninfo, autocommit=True) as lock_conn:
             lock_conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 2))", (lock_key,))
             try:

@@ -22,7 +22,7 @@ from memory_pipelines.lib.forget import gate, guarantees
 from memory_pipelines.lib.forget.targets import LEGACY_SEALED
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError, NotFoundError, ValidationError
-from memory_pipelines.lib.memories import crypto
+from memory_pipelines.lib.memories import crypto, ordering
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.results import DeletionJob, DeletionProof, DeletionRequest, KeysShredded
 from memory_pipelines.lib.stores import registry
@@ -155,7 +155,7 @@ class DeletionLedger:
 
         A session lock dies with its connection, so a run worker killed mid-forget holds nothing: the
         forget sensor uses this to tell a dead worker from a slow one."""
-        key = f"forget\x1f{tenant_id}"
+        key = ordering.run_lock(tenant_id)
         with psycopg.connect(self.store.conninfo, autocommit=True) as conn:
             row = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 2))", (key,)).fetchone()
             free = bool(row and row[0])

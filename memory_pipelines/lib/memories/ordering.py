@@ -25,11 +25,18 @@ __all__ = [
     "lock_tenant_exclusive",
     "lock_tenant_shared",
     "lock_writer",
+    "run_lock",
     "tenant_closed",
 ]
 
 GATE_PREFIX = "gate\x1f"
 Source = tuple[str, int]
+
+
+def run_lock(tenant_id: str) -> str:
+    """The key of the tenant's run lock (hashtextextended(key, 2), a session lock): held by a forget
+    run, an erasure and a restore for as long as each runs, so none interleaves with another."""
+    return f"forget\x1f{tenant_id}"
 
 
 def lock_tenant_shared(conn: psycopg.Connection, tenant_id: str) -> None:

@@ -12,13 +12,14 @@ import psycopg
 
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError
-from memory_pipelines.lib.memories import consent
+from memory_pipelines.lib.memories import consent, ordering
 from memory_pipelines.lib.memories.connections import ConnectionsMixin
 from memory_pipelines.lib.memories.records import _iso
 from memory_pipelines.lib.results import TenantInfo, TenantMode
 
 __all__ = [
     "TenantsMixin",
+    "reopen_if_restore_died",
 ]
 
 
@@ -30,6 +31,28 @@ _ENSURE_TENANT = (
     " SELECT true, sharing_mode, deleted_at, restoring_since FROM made UNION ALL"
     " SELECT false, sharing_mode, deleted_at, restoring_since FROM memory.tenants WHERE tenant_id = %(t)s"
 )
+
+
+# A restore closes its tenant's gate while holding the tenant's run lock (a session lock, released when
+# its process dies): a gate closed by a RUNNING restore whose lock can be taken was left by a dead one.
+# Then, in the caller's transaction, the restore is INTERRUPTED and the gate opens on the rows the tenant
+# had (a restore loads in one transaction, which died with it). Never waits: a held lock is a live run.
+_REOPEN_IF_RESTORE_DIED = (
+    "WITH free AS (SELECT pg_try_advisory_xact_lock(hashtextextended(%(lock)s, 2)) AS got),"
+    " stuck AS (UPDATE control.restores r SET state = 'INTERRUPTED',"
+    "  report = r.report || jsonb_build_object('state', 'INTERRUPTED', 'interrupted_at', now())"
+    "  FROM free WHERE free.got AND r.tenant_id = %(t)s AND r.state = 'RUNNING' RETURNING r.restore_id)"
+    " UPDATE memory.tenants t SET restoring_since = NULL, change_seq = t.change_seq + 1, updated_at = now()"
+    " WHERE t.tenant_id = %(t)s AND t.restoring_since IS NOT NULL AND EXISTS (SELECT 1 FROM stuck)"
+    " RETURNING t.tenant_id"
+)
+
+
+def reopen_if_restore_died(conn: psycopg.Connection, tenant_id: str) -> bool:
+    """Open the tenant's gate if the restore that closed it died (see _REOPEN_IF_RESTORE_DIED); True when
+    it did. A gate a BLOCKED restore closed stays closed (`reopen` or a later restore opens it)."""
+    row = conn.execute(_REOPEN_IF_RESTORE_DIED, {"t": tenant_id, "lock": ordering.run_lock(tenant_id)}).fetchone()
+    return row is not None
 
 
 def _usable_mode(tenant_id: str, row: Sequence[Any] | None) -> str:
@@ -59,7 +82,7 @@ class TenantsMixin(ConnectionsMixin):
     @staticmethod
     def _ensure_tenant(conn: psycopg.Connection, tenant_id: str) -> None:
         row = conn.execute(_ENSURE_TENANT, {"t": tenant_id}).fetchone()
-        if row is None:  # made by a transaction that committed while this statement waited for it
+        if row is None or row[3] is not None:  # made meanwhile (waited for), or behind the restore gate
             TenantsMixin._tenant_mode(conn, tenant_id)
             return
         if row[0]:
@@ -80,9 +103,10 @@ class TenantsMixin(ConnectionsMixin):
 
     @staticmethod
     def _tenant_mode(conn: psycopg.Connection, tenant_id: str) -> str:
-        row = conn.execute(
-            "SELECT sharing_mode, deleted_at, restoring_since FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)
-        ).fetchone()
+        select = "SELECT sharing_mode, deleted_at, restoring_since FROM memory.tenants WHERE tenant_id = %s"
+        row = conn.execute(select, (tenant_id,)).fetchone()
+        if row is not None and row[2] is not None and reopen_if_restore_died(conn, tenant_id):
+            row = conn.execute(select, (tenant_id,)).fetchone()
         return _usable_mode(tenant_id, row)
 
     def create_tenant(self, *, tenant_id: str, sharing_mode: str = "strict") -> TenantMode:
