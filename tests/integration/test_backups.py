@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -204,9 +203,9 @@ def test_restore_waits_for_a_running_forget_and_closes_reads_while_loading(store
     assert w["carol"].memory_id in visible_ids(store, tenant, "carol")
 
 
-def test_s3_backups_get_a_lifecycle_rule_and_list(store, derived, tenant, s3_server):
+def test_s3_backups_get_a_lifecycle_rule_and_list(store, derived, tenant, s3_server, tmp_path):
     storage = s3_storage(s3_server, "mp-lifecycle")
-    service = BackupService(store, storage, staging=Path("/tmp") / f"mp-staging-{tenant}", days=35)
+    service = BackupService(store, storage, staging=tmp_path / "staging", days=35)
     seed(store, derived, tenant)
     first = service.backup(tenant_id=tenant)
     assert storage.lifecycle_days() == 35
