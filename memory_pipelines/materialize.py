@@ -32,9 +32,10 @@ import psycopg
 from memory_pipelines.lib.infra import progress
 from memory_pipelines.lib.infra.errors import (
     MemoryPipelinesError,
-    ResourceExhaustedError,
     ServiceError,
     ValidationError,
+    exhausted,
+    names_exhaustion,
 )
 from memory_pipelines.lib.infra.owner_only import private_dir
 from memory_pipelines.lib.infra.paths import PROJECT_ROOT
@@ -449,24 +450,10 @@ def _root_cause(error: Any) -> str:
     return text if qualified.endswith(str(chosen.cls_name)) and text else f"{qualified}: {text}".strip(": ")
 
 
-# Serialized errors that say the machine ran out of something (disk, memory, descriptors, connections).
-_EXHAUSTED_CLASSES = frozenset(
-    {
-        "DiskFull",
-        "OutOfMemory",
-        "TooManyConnections",
-        "ConfigurationLimitExceeded",
-        "MemoryError",
-        "ResourceExhaustedError",
-    }
-)
-_EXHAUSTED_ERRNOS = ("[Errno 28]", "[Errno 122]", "[Errno 12]", "[Errno 24]", "[Errno 23]")
-
-
 def _exhausted(error: Any) -> bool:
     """Whether a serialized error, or one in its chain, is a resource running out."""
     while error is not None:
-        if str(error.cls_name) in _EXHAUSTED_CLASSES or any(e in str(error.message) for e in _EXHAUSTED_ERRNOS):
+        if names_exhaustion(str(error.cls_name), str(error.message)):
             return True
         error = error.cause
     return False
@@ -573,9 +560,7 @@ def run_failed(field: str, failures: list[dict[str, Any]], *, prefix: str = "") 
     of disk, memory, descriptors or connections, else 1."""
     message = prefix + failure_message(failures)
     if any(f.get("resources") for f in failures):
-        return ResourceExhaustedError(
-            field, f"{message}; nothing acknowledged was lost: free it and run the same command again"
-        )
+        return exhausted(field, message)
     return MemoryPipelinesError(field, message)
 
 

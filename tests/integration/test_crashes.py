@@ -62,20 +62,28 @@ def test_a_backup_killed_at_each_step_leaves_nothing_once_the_next_command_start
     assert artifacts_under(settings.home) == []
 
 
-def test_a_restore_killed_with_the_backup_fetched_leaves_nothing_once_the_next_command_starts(
-    home: tuple[Settings, Endpoints],
-) -> None:
-    settings, _ = home
-    tenant = _tenant()
+def _backed_up(settings: Settings, tenant: str, *, then: str | None = None) -> str:
+    """A memory of alice's written and backed up, then `then` written after the backup; the backup id."""
     out = run_ok(
         settings.home,
         f"""
         import json
         mp.write(tenant_id={tenant!r}, user_id="alice", text="alice keeps bees on the roof")
-        print(json.dumps(mp.backup(tenant_id={tenant!r})))
+        backup = mp.backup(tenant_id={tenant!r})
+        if {then!r} is not None:
+            mp.write(tenant_id={tenant!r}, user_id="alice", text={then!r})
+        print(json.dumps(backup["backup_id"]))
         """,
     )
-    backup_id = json.loads(out.strip().splitlines()[-1])["backup_id"]
+    return str(json.loads(out.strip().splitlines()[-1]))
+
+
+def test_a_restore_killed_with_the_backup_fetched_leaves_nothing_once_the_next_command_starts(
+    home: tuple[Settings, Endpoints],
+) -> None:
+    settings, _ = home
+    tenant = _tenant()
+    backup_id = _backed_up(settings, tenant)
     run_killed(settings.home, "restore.fetched", f"mp.restore(tenant_id={tenant!r}, backup_id={backup_id!r})")
     assert any(p.name.startswith("scratch-") for p in artifacts_under(settings.home)), "the control"
     listed = run_cli("tenants", home=settings.home)
@@ -281,17 +289,7 @@ def test_a_restore_killed_behind_its_gate_reopens_the_tenant_at_the_next_command
     and the restore is INTERRUPTED, which the same restore id may run again."""
     settings, _ = home
     tenant = _tenant()
-    out = run_ok(
-        settings.home,
-        f"""
-        import json
-        mp.write(tenant_id={tenant!r}, user_id="alice", text="alice keeps bees on the roof")
-        backup = mp.backup(tenant_id={tenant!r})
-        mp.write(tenant_id={tenant!r}, user_id="alice", text="alice sold the bees in May")
-        print(json.dumps(backup["backup_id"]))
-        """,
-    )
-    backup_id = json.loads(out.strip().splitlines()[-1])
+    backup_id = _backed_up(settings, tenant, then="alice sold the bees in May")
     run_killed(settings.home, point, f"mp.restore(tenant_id={tenant!r}, backup_id={backup_id!r})")
     assert _restore_state(settings, tenant) == {"closed": True, "states": ["RUNNING"]}, "the control"
     listed = run_cli("list", "--tenant", tenant, "--user", "alice", home=settings.home)

@@ -9,16 +9,13 @@ from pathlib import Path
 
 from memory_pipelines.lib.backups.storage import BackupStorage
 from memory_pipelines.lib.infra import artifacts, faults
+from memory_pipelines.lib.infra.home import LEGACY_SCRATCH
 from memory_pipelines.lib.memories.store import MemoryStore
 
 __all__ = [
-    "LEGACY_SCRATCH",
     "BackupServiceBase",
     "Hook",
 ]
-
-# What releases before announced artifacts left in the staging directory (mkdtemp's names).
-LEGACY_SCRATCH = ("scratch-*",)
 
 Hook = Callable[[str], None]
 
@@ -37,7 +34,8 @@ class BackupServiceBase:
         """A scratch directory of the tenant's (ciphertext columns and ids), announced before it is made
         (lib/infra/artifacts.py): removed when the block ends, or by the next sweep once its process is
         gone, whatever killed it. Every backup and restore sweeps first."""
-        artifacts.sweep(self.staging, legacy=LEGACY_SCRATCH)
+        artifacts.sweep(self.staging)
+        artifacts.remove_unannounced(self.staging, LEGACY_SCRATCH)
         with artifacts.artifact(self.staging, "scratch-", owner=tenant_id, directory=True) as path:
             yield path
 

@@ -37,6 +37,7 @@ from memory_pipelines.lib.backups.restore import (
 )
 from memory_pipelines.lib.backups.storage import BackupStorage, LocalBackupStorage, S3BackupStorage
 from memory_pipelines.lib.backups.taking import BATCH_ROWS, BackupTaking
+from memory_pipelines.lib.infra.home import staging_dir
 from memory_pipelines.lib.memories.store import MemoryStore
 
 __all__ = [
@@ -88,4 +89,4 @@ def backup_service(
         storage = S3BackupStorage(bucket=s3_bucket, prefix=s3_prefix, endpoint_url=s3_endpoint_url)
     else:
         storage = LocalBackupStorage(home / "backups")
-    return BackupService(store, storage, staging=home / "backups" / ".staging", days=days)
+    return BackupService(store, storage, staging=staging_dir(home), days=days)

@@ -304,7 +304,7 @@ def _unerased(result: bytescan.ScanResult, erasures: dict[str, Erasure], busy: l
     """What stops the jobs being marked ERASED: files with hits, records a store still holds, artifacts
     of the tenant in use."""
     return {
-        **{_relative(path): n for path, n in result.hits.items() if n},
+        **{_relative(path): n for path, n in result.hits.items()},
         **{f"{name} (records)": e.leftovers for name, e in erasures.items() if e.leftovers},
         **{f"{_relative(str(path))} (in use)": 1 for path in busy},
     }

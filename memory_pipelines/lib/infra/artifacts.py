@@ -31,6 +31,7 @@ __all__ = [
     "SUFFIX",
     "artifact",
     "live",
+    "remove_unannounced",
     "sweep",
 ]
 
@@ -101,10 +102,9 @@ def _names(parent: Path) -> list[str]:
         return []
 
 
-def sweep(parent: Path, *, tree: bool = False, skip: tuple[Path, ...] = (), legacy: tuple[str, ...] = ()) -> list[Path]:
+def sweep(parent: Path, *, tree: bool = False, skip: tuple[Path, ...] = ()) -> list[Path]:
     """Remove every artifact in `parent` (with `tree`, anywhere under it but in `skip`) whose maker is
-    gone, with its announcement; returns them. `legacy`: glob patterns, relative to `parent`, of what
-    older releases made unannounced (removed whatever runs: no process of this release makes them)."""
+    gone, with its announcement; returns them."""
     removed = []
     for lock in _locks(parent, tree=tree, skip=skip):
         try:
@@ -126,7 +126,14 @@ def sweep(parent: Path, *, tree: bool = False, skip: tuple[Path, ...] = (), lega
                 removed.append(path)
         finally:
             os.close(fd)
-    for pattern in legacy:
+    return removed
+
+
+def remove_unannounced(parent: Path, patterns: tuple[str, ...]) -> list[Path]:
+    """Remove what older releases made in `parent` unannounced, by glob `patterns` (whatever runs: no
+    process of this release makes them; one of ours matching a pattern has its announcement)."""
+    removed = []
+    for pattern in patterns:
         for path in sorted(parent.glob(pattern)) if parent.is_dir() else []:
             if not _lock_path(path).exists():
                 _remove(path)

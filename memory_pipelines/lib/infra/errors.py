@@ -15,6 +15,8 @@ __all__ = [
     "ResourceExhaustedError",
     "ServiceError",
     "ValidationError",
+    "exhausted",
+    "names_exhaustion",
     "resource_exhausted",
 ]
 
@@ -67,7 +69,8 @@ class ResourceExhaustedError(MemoryPipelinesError):
     exit_code = 9
 
 
-# What each exhausted resource is called, by errno and by PostgreSQL SQLSTATE (class 53).
+# What each exhausted resource is called, by errno and by PostgreSQL SQLSTATE (class 53, with the name
+# psycopg gives its error class, which is all a failed run's serialized error keeps).
 _ERRNOS = {
     errno.ENOSPC: "disk full",
     errno.EDQUOT: "disk quota exceeded",
@@ -76,11 +79,19 @@ _ERRNOS = {
     errno.ENFILE: "too many open files on this machine",
 }
 _SQLSTATES = {
-    "53100": "PostgreSQL's disk is full",
-    "53200": "PostgreSQL is out of memory",
-    "53300": "PostgreSQL has no connection left",
-    "53400": "PostgreSQL reached a configured limit",
+    "53100": ("DiskFull", "PostgreSQL's disk is full"),
+    "53200": ("OutOfMemory", "PostgreSQL is out of memory"),
+    "53300": ("TooManyConnections", "PostgreSQL has no connection left"),
+    "53400": ("ConfigurationLimitExceeded", "PostgreSQL reached a configured limit"),
 }
+_EXHAUSTED_CLASSES = frozenset({name for name, _ in _SQLSTATES.values()} | {"MemoryError", "ResourceExhaustedError"})
+
+
+def exhausted(field: str, what: str) -> ResourceExhaustedError:
+    """The error for `what` ran out, with what the caller can do about it."""
+    return ResourceExhaustedError(
+        field, f"{what}; nothing acknowledged was lost: free it and run the same command again"
+    )
 
 
 def resource_exhausted(exc: BaseException) -> ResourceExhaustedError | None:
@@ -98,13 +109,17 @@ def resource_exhausted(exc: BaseException) -> ResourceExhaustedError | None:
         elif isinstance(current, OSError) and current.errno in _ERRNOS:
             what = _ERRNOS[current.errno] + (f" ({current.filename})" if current.filename else "")
         elif str(getattr(current, "sqlstate", "") or "") in _SQLSTATES:
-            what = _SQLSTATES[str(getattr(current, "sqlstate", ""))]
+            what = _SQLSTATES[str(getattr(current, "sqlstate", ""))][1]
         if what is not None:
-            return ResourceExhaustedError(
-                "resources", f"{what}; nothing acknowledged was lost: free it and run the same command again"
-            )
+            return exhausted("resources", what)
         current = current.__cause__ or current.__context__
     return None
+
+
+def names_exhaustion(class_name: str, message: str) -> bool:
+    """Whether an error known only by its class name and message (a failed run's, serialized) is one
+    `resource_exhausted` finds: the same classes, the same errnos."""
+    return class_name in _EXHAUSTED_CLASSES or any(f"[Errno {number}]" in message for number in _ERRNOS)
 
 
 class PartialWriteError(MemoryPipelinesError):

@@ -16,10 +16,23 @@ from memory_pipelines.lib.infra import artifacts
 from memory_pipelines.lib.infra.settings import Settings
 
 __all__ = [
+    "LEGACY_SCRATCH",
+    "LEGACY_VAULT",
     "files",
     "live_artifacts",
+    "staging_dir",
     "sweep",
 ]
+
+
+# Unannounced leftovers of older releases: backup scratch (mkdtemp's names), vault files being made.
+LEGACY_SCRATCH = ("scratch-*",)
+LEGACY_VAULT = (".*.tmp",)
+
+
+def staging_dir(home: Path) -> Path:
+    """Where backups and restores of `home` keep their scratch directories."""
+    return home / "backups" / ".staging"
 
 
 def _roots(settings: Settings) -> list[Path]:
@@ -48,9 +61,8 @@ def sweep(settings: Settings) -> list[Path]:
     removed = []
     for root in _roots(settings):
         removed += artifacts.sweep(root, tree=True, skip=_skip(settings))
-    # Unannounced leftovers of older releases: backup scratch (mkdtemp's names), vault files being made.
-    removed += artifacts.sweep(settings.backups_path / ".staging", legacy=("scratch-*",))
-    removed += artifacts.sweep(settings.key_vault_path, legacy=(".*.tmp",))
+    removed += artifacts.remove_unannounced(staging_dir(settings.home), LEGACY_SCRATCH)
+    removed += artifacts.remove_unannounced(settings.key_vault_path, LEGACY_VAULT)
     return removed
 
 

@@ -112,8 +112,8 @@ class VectorErasure(ChromaCollections):
         client = self.client()
         name = collection_name(tenant_id)
         with self._tenant_lock(tenant_id, exclusive=True):
-            staged = self._drop_staging(tenant_id)
             existing = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+            staged = self._drop_staging(tenant_id, existing)
             found = name in existing
             if found:
                 self._call("deleting the collection", lambda: client.delete_collection(name=name))
@@ -121,7 +121,7 @@ class VectorErasure(ChromaCollections):
                 remove_orphan_segments(self.path)  # a server leaves the deleted collection's files
         return found
 
-    def _drop_staging(self, tenant_id: str) -> bool:
+    def _drop_staging(self, tenant_id: str, names: list[str] | None = None) -> bool:
         """Delete the tenant's rebuild collection, if a rebuild left one; the caller holds the tenant's
         lock exclusively, so no rebuild runs and one found is a dead rebuild's. True when one was.
 
@@ -129,10 +129,11 @@ class VectorErasure(ChromaCollections):
         that and the rename leaves the whole copy and no collection under the tenant's name. Either
         is dropped, never renamed into place: a forget accepted since then found no vector under the
         tenant's name and deleted none, so the copy may hold what it forgot. The next sync embeds the
-        tenant's current versions again."""
+        tenant's current versions again. `names`: the collections, when the caller listed them already."""
         client = self.client()
         staging = collection_name(tenant_id) + _STAGING
-        names = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+        if names is None:
+            names = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
         if staging not in names:
             return False
         self._call("deleting a dead rebuild", lambda: client.delete_collection(name=staging))
@@ -265,9 +266,10 @@ class VectorErasure(ChromaCollections):
         if self.path is None:
             return 0, []
         with self._tenant_lock(tenant_id, exclusive=True):
-            self._drop_staging(tenant_id)
             if self.existing(tenant_id) is not None:
-                self._rebuild(tenant_id)
+                self._rebuild(tenant_id)  # drops a dead rebuild's collection first
+            else:
+                self._drop_staging(tenant_id)
             # The server wrote the new index's whole capacity from malloc'd memory: clear what no
             # element owns while our writers of the tenant are held off (see clear_unused_capacity).
             self._clear(tenant_id)
