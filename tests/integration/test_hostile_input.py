@@ -20,7 +20,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,6 @@ A, B = "hx-a", "hx-b"  # the two tenants, in a database of their own
 SCHEMAS = ("memory", "keystore", "derived", "control")
 INJECTION = "x'; DROP TABLE memory.memories; --"
 UNION = "' UNION SELECT key FROM keystore.subject_keys --"
-TODAY = datetime.now(UTC).date()
 BIG = "x" * (64 * 1024 + 1)  # one byte over the text limit
 BAD_UTF8 = b"caf\xe9"  # Latin-1 bytes: not UTF-8
 AS_ARGV = os.fsdecode(BAD_UTF8)  # what Python makes of them in argv: "caf\udce9"
@@ -195,12 +194,28 @@ def changes(before: Any, after: Any) -> list[str]:
 # -- cases ----------------------------------------------------------------------------------------
 
 
+def today() -> date:
+    """Read when a case runs, not when the list is built: the suite may cross midnight UTC."""
+    return datetime.now(UTC).date()
+
+
+def day_arg(offset: int) -> Callable[[], str]:
+    return lambda: (today() + timedelta(days=offset)).isoformat()
+
+
+Arg = str | bytes | Callable[[], str]
+
+
+def argv_of(case: Case) -> list[str | bytes]:
+    return [a() if callable(a) else a for a in case.argv]
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
     code: int
     field: str
-    argv: tuple[str | bytes, ...] = ()
+    argv: tuple[Arg, ...] = ()
     stdin: bytes = b""
     api: Callable[[], object] | None = None
     subprocess: bool = False
@@ -216,7 +231,7 @@ def cli_cases(w: World) -> list[Case]:
     pwned = w.home / "pwned.txt"
     m_a, m_team, m_bob, m_carol = ids["alice"], ids["alice_team"], ids["bob"], ids["carol"]
 
-    def c(name: str, code: int, fld: str, *argv: str | bytes, stdin: bytes = b"", **kw: Any) -> Case:
+    def c(name: str, code: int, fld: str, *argv: Arg, stdin: bytes = b"", **kw: Any) -> Case:
         return Case(name, code, fld, argv=argv, stdin=stdin, **kw)
 
     write = ("write", "--tenant", A, "--user", "alice")
@@ -538,7 +553,7 @@ def cli_cases(w: World) -> list[Case]:
         c("keys shred subject injection", 2, "subject", "keys", "shred", "--tenant", A, "--subject", INJECTION),
         # retention
         c("retention sweep far future", 2, "date", "retention", "sweep", "--date", "2099-01-01"),
-        c("retention sweep today", 2, "date", "retention", "sweep", "--date", TODAY.isoformat()),
+        c("retention sweep today", 2, "date", "retention", "sweep", "--date", day_arg(0)),
         c(
             "retention sweep tomorrow",
             2,
@@ -546,7 +561,7 @@ def cli_cases(w: World) -> list[Case]:
             "retention",
             "sweep",
             "--date",
-            (TODAY + timedelta(days=1)).isoformat(),
+            day_arg(1),
         ),
         c("retention sweep future --wait", 2, "date", "retention", "sweep", "--date", "2099-01-01", "--wait"),
         c("retention sweep before first day", 2, "date", "retention", "sweep", "--date", "2023-12-31", "--wait"),
@@ -775,7 +790,7 @@ def api_cases(w: World) -> list[Case]:
         c("analytics tenant traversal", 2, "tenant", q("SELECT 1", "../" + B)),
         c("analytics sql not a string", 2, "sql", lambda: w.derived.analytics.query(None, tenant_id=A)),  # type: ignore[arg-type]
         c("retention sweep far future", 2, "date", lambda: retention.sweep(w.deletions, day="2099-01-01")),
-        c("retention sweep today", 2, "date", lambda: retention.sweep(w.deletions, day=TODAY)),
+        c("retention sweep today", 2, "date", lambda: retention.sweep(w.deletions, day=today())),
         c("retention sweep garbage", 2, "date", lambda: retention.sweep(w.deletions, day="soon")),
         c("eval trend bad mode", 2, "mode", lambda: evaluation.trend(s, tenant_id=A, mode="x")),
         c("recall k negative", 2, "k", lambda: recaller.recall(tenant_id=A, user_id="alice", query="q", k=-1)),
@@ -1044,7 +1059,7 @@ class Outcome:
 
 
 def run_in_process(case: Case, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Outcome:
-    argv = [os.fsdecode(a) if isinstance(a, bytes) else a for a in case.argv]
+    argv = [os.fsdecode(a) if isinstance(a, bytes) else a for a in argv_of(case)]
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(case.stdin), encoding="utf-8"))
     capsys.readouterr()
     code: int | str
@@ -1060,7 +1075,7 @@ def run_in_process(case: Case, capsys: pytest.CaptureFixture[str], monkeypatch: 
 def run_subprocess(case: Case, env: dict[str, str]) -> Outcome:
     """Like tests.conftest.run_cli, but bytes in and out: argv and stdin need not be UTF-8."""
     result = subprocess.run(
-        [str(CLI), *case.argv],
+        [str(CLI), *argv_of(case)],
         input=case.stdin,
         capture_output=True,
         env={**os.environ, **env},
