@@ -26,6 +26,9 @@ Private, and why no public API does the job:
 - `dagster._grpc.client.DagsterGrpcClient`: the heartbeat that keeps the CLI's warm code server
   (code_server.py) alive between commands, and the runs whose processes it still tracks; no public
   client of a code server exists.
+- `DagsterInstance.run_storage` and dagster-postgres' `PostgresRunStorage.postgres_url` (neither
+  documented): the database a run worker takes its lease on (lib/infra/leases.py), which every
+  process sharing the instance can reach; the instance exposes no connection of its own.
 - `dagster._core.definitions.asset_checks.asset_check_evaluation.AssetCheckEvaluationTargetMaterializationData`:
   the `target_materialization_data` of the public `dg.AssetCheckEvaluation`. An evaluation reported
   outside the check's own step shows in the UI only when it targets the partition's latest
@@ -179,6 +182,15 @@ def queued_run_daemon_heartbeat(instance: dg.DagsterInstance) -> float | None:
     """When a dagster-daemon's run queue last said it was alive (a timestamp), or None: never."""
     heartbeat = instance.get_daemon_heartbeats().get(QUEUED_RUN_DAEMON)
     return None if heartbeat is None else float(heartbeat.timestamp)
+
+
+def instance_conninfo(instance: dg.DagsterInstance) -> str | None:
+    """A libpq URL of the instance's PostgreSQL run storage, or None for any other storage (the
+    in-memory instance of `execute_in_process`, a SQLite one)."""
+    from memory_pipelines.lib.infra.leases import libpq_url
+
+    url = getattr(instance.run_storage, "postgres_url", None)
+    return libpq_url(url) if isinstance(url, str) else None
 
 
 class RunDequeuer:

@@ -115,10 +115,11 @@ def verbose() -> bool:
 
 
 @contextmanager
-def _children_output(settings: Settings) -> Iterator[TextIO | None]:
+def _children_output(settings: Settings) -> Iterator[tuple[TextIO, bool]]:
     """The code server and run workers inherit fds 1 and 2 and log to them; the CLI's stdout is one
     JSON document. For as long as they may start, fd 1 is stderr (--verbose) or both are the run log
-    under HOME. Yields the terminal to draw progress on (a copy of the real stderr), or None."""
+    under HOME. Yields a copy of the real stderr, for this command's own notes, and whether it is a
+    terminal to draw progress on."""
     global _run_log
     sys.stdout.flush()
     sys.stderr.flush()
@@ -126,7 +127,7 @@ def _children_output(settings: Settings) -> Iterator[TextIO | None]:
         saved = os.dup(1)
         os.dup2(2, 1)
         try:
-            yield None
+            yield sys.stderr, False
         finally:
             sys.stdout.flush()
             os.dup2(saved, 1)
@@ -143,12 +144,11 @@ def _children_output(settings: Settings) -> Iterator[TextIO | None]:
     os.dup2(fd, 2)
     os.close(fd)
     _run_log = log
-    stream = os.fdopen(os.dup(saved_err), "w", encoding="utf-8", errors="replace") if terminal else None
+    stream = os.fdopen(os.dup(saved_err), "w", encoding="utf-8", errors="replace", buffering=1)
     try:
-        yield stream
+        yield stream, terminal
     finally:
-        if stream is not None:
-            stream.close()
+        stream.close()
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(saved_out, 1)
@@ -162,7 +162,8 @@ class _Workspace:
     instance: DagsterInstance
     context: WorkspaceProcessContext
     conninfo: str
-    terminal: TextIO | None  # where progress is drawn (None: nowhere)
+    stderr: TextIO  # the command's own stderr, whatever the children's output became
+    terminal: bool  # whether progress bars are drawn on it
     server: WarmServer | None  # None: a code server of this command's own
 
 
@@ -184,11 +185,11 @@ def _workspace(settings: Settings) -> Iterator[_Workspace]:
     # The code server and the run workers inherit these: they must see the same HOME and instance.
     os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
     os.environ[ENV_HOME] = str(settings.home)
-    with _children_output(settings) as terminal, dg.DagsterInstance.get() as instance:
+    with _children_output(settings) as (stderr, terminal), dg.DagsterInstance.get() as instance:
         warm = None if verbose() else warm_server(settings, log=settings.home / RUN_LOG)
         if warm is not None:
             with open_workspace(instance, warm.workspace_file, code_server_log_level="WARNING") as context:
-                yield _Workspace(instance, context, endpoints.store_conninfo, terminal, warm)
+                yield _Workspace(instance, context, endpoints.store_conninfo, stderr, terminal, warm)
             return
         before = {proc.pid for proc in _code_servers()}
         owned: list[Proc] = []
@@ -198,7 +199,7 @@ def _workspace(settings: Settings) -> Iterator[_Workspace]:
             with workspace as context:
                 owned = [proc for proc in _code_servers() if proc.pid not in before]
                 try:
-                    yield _Workspace(instance, context, endpoints.store_conninfo, terminal, None)
+                    yield _Workspace(instance, context, endpoints.store_conninfo, stderr, terminal, None)
                 finally:
                     owned = _with_descendants(owned)  # the run workers, while they are still the server's children
         finally:
@@ -397,19 +398,74 @@ class _RunBars:
             self.bars.stop()
 
 
+# How often a waiting command looks for runs whose worker died (defs/runs/sensors.py).
+REAP_SECONDS = 5.0
+# A wait behind another run is said again after this long.
+SAY_AGAIN_SECONDS = 60.0
+
+
+class _Ahead:
+    """What a waiting command tells its user: the runs holding its tenant's slot, each when first
+    seen and again every SAY_AGAIN_SECONDS; and the runs it found dead and marked failed."""
+
+    def __init__(self, instance: DagsterInstance, say: Callable[[str], None]) -> None:
+        self.instance = instance
+        self.say = say
+        self.said: dict[str, float] = {}
+        self.reaped = 0.0
+
+    def look(self, queued: Sequence[str]) -> None:
+        from memory_pipelines.defs.runs.sensors import reap
+
+        if time.monotonic() - self.reaped > REAP_SECONDS:
+            self.reaped = time.monotonic()
+            for dead in reap(self.instance, by=f"memory-pipelines (pid {os.getpid()})"):
+                self.say(f"run {dead.run_id} ({dead.job_name} {dead.partition}) marked failed: {dead.reason}")
+        for run_id in queued:
+            self._ahead_of(run_id)
+
+    def _ahead_of(self, run_id: str) -> None:
+        import dagster as dg
+
+        from memory_pipelines.defs.runs.sensors import JUDGED
+
+        run = self.instance.get_run_by_id(run_id)
+        for key in (PARTITION_TAG, TENANT_TAG):
+            value = run.tags.get(key) if run is not None else None
+            if not value:
+                continue
+            for record in self.instance.get_run_records(dg.RunsFilter(statuses=JUDGED, tags={key: value}), limit=5):
+                other = record.dagster_run
+                if time.monotonic() - self.said.get(other.run_id, -SAY_AGAIN_SECONDS) < SAY_AGAIN_SECONDS:
+                    continue
+                self.said[other.run_id] = time.monotonic()
+                since = time.time() - (record.start_time or record.create_timestamp.timestamp())
+                began = "started" if record.start_time else "created"
+                self.say(
+                    f"waiting for run {other.run_id} ({other.job_name} {value}, {other.status.value}, {began} "
+                    f"{round(since)} s ago): one run per tenant at a time. A run whose worker died is marked failed "
+                    f"within {round(REAP_SECONDS + 2 * POLL_SECONDS + 3)} s of its lease ending, or "
+                    f"{self.instance.run_monitoring_start_timeout_seconds} s after its launch if it never started."
+                )
+
+
 def _wait(
     instance: DagsterInstance,
     dequeuer: _Dequeuer,
     run_ids: Sequence[str],
-    terminal: TextIO | None = None,
+    stderr: TextIO | None = None,
+    terminal: bool = False,
     heartbeat: Callable[[], None] = lambda: None,
 ) -> None:
     """Until every run has finished; the runs' subprocesses outlive nothing they depend on. With a
-    terminal, a progress bar per run is drawn on it meanwhile."""
+    terminal, a progress bar per run is drawn on stderr meanwhile."""
     from dagster import DagsterRunStatus
 
     pending = set(run_ids)
-    bars = _RunBars(instance, run_ids, terminal) if terminal is not None else None
+    bars = _RunBars(instance, run_ids, stderr) if stderr is not None and terminal else None
+    ahead = _Ahead(
+        instance, bars.bars.console.print if bars is not None else lambda line: print(line, file=stderr or sys.stderr)
+    )
     beaten = 0.0
     try:
         while pending:
@@ -418,13 +474,15 @@ def _wait(
                 beaten = time.monotonic()
             if bars is not None:
                 bars.update()
-            queued = False
+            queued = []
             for run_id in sorted(pending):
                 run = instance.get_run_by_id(run_id)
                 if run is None or run.is_finished:
                     pending.discard(run_id)
-                else:
-                    queued = queued or run.status == DagsterRunStatus.QUEUED
+                elif run.status == DagsterRunStatus.QUEUED:
+                    queued.append(run_id)
+            if pending:  # ours too: a worker of ours may die with its code server
+                ahead.look(queued)
             if queued:  # only while ours wait: other processes' runs are theirs (or the daemon's) to start
                 dequeuer.step()
             if pending:
@@ -532,7 +590,9 @@ def launch_and_wait(settings: Settings, launches: Sequence[Launch], leave_out: S
         run_ids = [_create_run(instance, context, launch) for launch in launches]
         dequeuer = _Dequeuer(context, ws.conninfo)
         try:
-            _wait(instance, dequeuer, run_ids, ws.terminal, ws.server.heartbeat if ws.server else lambda: None)
+            _wait(
+                instance, dequeuer, run_ids, ws.stderr, ws.terminal, ws.server.heartbeat if ws.server else lambda: None
+            )
         finally:
             dequeuer.close()
             if ws.server is not None:

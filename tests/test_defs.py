@@ -75,6 +75,7 @@ def test_sensors_jobs_and_resources(definitions):
         "physical_erasure_sensor",
         "erasures_on_time_sensor",
         "key_conversion_sensor",
+        "dead_run_workers_sensor",
     }
     assert {s.name for s in definitions.schedules} == {
         "canary_drill_schedule",

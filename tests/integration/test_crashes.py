@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
+from memory_pipelines.defs.runs.executors import LEASE_TAG
+from memory_pipelines.lib.infra.leases import libpq_url
 from memory_pipelines.lib.infra.services import Endpoints, ensure_services, stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from tests.conftest import run_cli, settings_for
-from tests.support.crashes import artifacts_under, run_killed, run_ok
+from tests.support.crashes import artifacts_under, cli_lost_with_its_host, run_killed, run_ok
 
 pytestmark = pytest.mark.slow
 
@@ -306,3 +312,135 @@ def test_a_restore_killed_behind_its_gate_reopens_the_tenant_at_the_next_command
     assert json.loads(again.strip().splitlines()[-1]) == "COMPLETE"
     listed = run_cli("list", "--tenant", tenant, "--user", "alice", home=settings.home)
     assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 1, listed.stderr
+
+
+def _runs(endpoints: Endpoints, tenant: str) -> list[dict[str, Any]]:
+    """The tenant's runs, newest first, from the Dagster instance's own tables: status, lease tag and
+    the failure's message."""
+    with psycopg.connect(libpq_url(endpoints.dagster_url)) as conn:
+        rows = conn.execute(
+            "SELECT r.run_id, r.pipeline_name, r.status,"
+            " (SELECT value FROM run_tags t WHERE t.run_id = r.run_id AND t.key = %s),"
+            " (SELECT e.event FROM event_logs e WHERE e.run_id = r.run_id"
+            "   AND e.dagster_event_type = 'PIPELINE_FAILURE' ORDER BY e.id DESC LIMIT 1)"
+            " FROM runs r WHERE EXISTS (SELECT 1 FROM run_tags t WHERE t.run_id = r.run_id"
+            "   AND t.key = 'dagster/partition' AND t.value = %s)"
+            " ORDER BY r.id DESC",
+            (LEASE_TAG, tenant),
+        ).fetchall()
+    return [
+        {
+            "run_id": run_id,
+            "job": job,
+            "status": status,
+            "lease": lease,
+            "failure": "" if event is None else json.loads(event)["dagster_event"]["message"] or "",
+        }
+        for run_id, job, status, lease, event in rows
+    ]
+
+
+def _yesterday() -> str:
+    return (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+
+
+# Each command that waits on a tenant's runs: (the command whose run loses its host, the command then
+# waiting). {t} is the tenant, {job} a deletion job accepted beforehand (not yet run).
+WAITING_COMMANDS = {
+    "materialize": ("materialize --tenant {t}", "materialize --tenant {t}"),
+    "backup": ("backup --tenant {t}", "backup --tenant {t}"),
+    "deletion erase": ("deletion erase --tenant {t}", "deletion erase --tenant {t}"),
+    "retention sweep --wait": ("retention sweep --wait --tenant {t} --date {day}",) * 2,
+    "forget --wait": ("forget --tenant {t} --subject bob --wait", "forget --tenant {t} --subject bob --wait"),
+    "deletion retry": ("deletion retry {job}", "deletion retry {job}"),
+}
+
+
+@pytest.mark.parametrize("command", list(WAITING_COMMANDS))
+def test_a_run_lost_with_its_host_never_holds_up_the_tenants_next_command(
+    home: tuple[Settings, Endpoints], command: str
+) -> None:
+    """Finding 3: a run whose worker died with its code server stayed STARTED, and each later command
+    of the tenant waited behind it for ever, with no output. Now the next command finds the run's
+    lease gone, marks it failed with the reason, says so, and runs; the work resumes from its record."""
+    settings, endpoints = home
+    tenant = _tenant()
+    for user, text in (("alice", "alice keeps bees"), ("bob", "bob mends clocks")):
+        wrote = run_cli("write", "--tenant", tenant, "--user", user, text, home=settings.home)
+        assert wrote.returncode == 0, wrote.stderr
+    accepted = run_cli("forget", "--tenant", tenant, "--subject", "bob", home=settings.home)
+    assert accepted.returncode == 0, accepted.stderr
+    fill = {"t": tenant, "job": json.loads(accepted.stdout)["job_id"], "day": _yesterday()}
+    lost, waiting = (line.format(**fill).split() for line in WAITING_COMMANDS[command])
+    cli_lost_with_its_host(settings.home, "run.leased", *lost)
+    dead = _runs(endpoints, tenant)[0]
+    assert (dead["status"], dead["lease"]) == ("STARTED", "held"), "the control: a run nobody will end"
+
+    started = time.monotonic()
+    ran = run_cli(*waiting, home=settings.home, timeout=240)
+    took = time.monotonic() - started
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert f"run {dead['run_id']} " in ran.stderr and "marked failed: its worker's lease ended" in ran.stderr
+    runs = {run["run_id"]: run for run in _runs(endpoints, tenant)}
+    assert runs[dead["run_id"]]["status"] == "FAILURE"
+    assert runs[dead["run_id"]]["failure"].startswith("Run worker lost: its worker's lease ended")
+    newest = _runs(endpoints, tenant)[0]
+    assert newest["status"] == "SUCCESS" and newest["job"] == dead["job"], newest
+    assert took < 120, f"{command} took {took:.0f} s behind a dead run"
+    if "{job}" in WAITING_COMMANDS[command][1] or "forget" in command:
+        assert json.loads(ran.stdout)["state"] == "COMPLETE"
+
+
+def test_a_run_lost_before_its_first_step_is_failed_after_the_start_timeout(
+    home: tuple[Settings, Endpoints],
+) -> None:
+    """A worker that died while STARTING never took its lease: the next command waits no longer than
+    the instance's start timeout (run_monitoring.start_timeout_seconds, 20 s here), says on what, and runs."""
+    settings, endpoints = home
+    tenant = _tenant()
+    wrote = run_cli("write", "--tenant", tenant, "--user", "alice", "alice keeps bees", home=settings.home)
+    assert wrote.returncode == 0, wrote.stderr
+    yaml_file = settings.dagster_home / "dagster.yaml"
+    shipped = yaml_file.read_text()
+    yaml_file.write_text(shipped.replace("start_timeout_seconds: 120", "start_timeout_seconds: 20"))
+    try:
+        cli_lost_with_its_host(settings.home, "run.executor", "materialize", "--tenant", tenant)
+        dead = _runs(endpoints, tenant)[0]
+        assert (dead["status"], dead["lease"]) == ("STARTING", None), "the control: a run that never started"
+        started = time.monotonic()
+        ran = run_cli("materialize", "--tenant", tenant, home=settings.home, timeout=240)
+        took = time.monotonic() - started
+    finally:
+        yaml_file.write_text(shipped)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert f"waiting for run {dead['run_id']} (tenant_refresh {tenant}, STARTING" in ran.stderr
+    assert "did not reach its first step within 20 s" in ran.stderr
+    assert {run["run_id"]: run["status"] for run in _runs(endpoints, tenant)}[dead["run_id"]] == "FAILURE"
+    assert took < 90, f"waited {took:.0f} s on a run that never started"
+
+
+def test_the_sensor_fails_a_run_lost_with_its_host_when_no_command_waits(
+    home: tuple[Settings, Endpoints], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the daemon nobody may be waiting: its sensor tick finds the dead run by its lease."""
+    import dagster as dg
+
+    from memory_pipelines.defs.runs.sensors import dead_run_workers_sensor
+    from memory_pipelines.lib.infra.settings import ENV_DAGSTER_PG_URL
+
+    settings, endpoints = home
+    tenant = _tenant()
+    wrote = run_cli("write", "--tenant", tenant, "--user", "alice", "alice keeps bees", home=settings.home)
+    assert wrote.returncode == 0, wrote.stderr
+    cli_lost_with_its_host(settings.home, "run.leased", "materialize", "--tenant", tenant)
+    dead = _runs(endpoints, tenant)[0]
+    assert dead["status"] == "STARTED"
+    monkeypatch.setenv(ENV_DAGSTER_PG_URL, endpoints.dagster_url)
+    with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
+        result = dead_run_workers_sensor(dg.build_sensor_context(instance=instance))
+        again = dead_run_workers_sensor(dg.build_sensor_context(instance=instance))
+    assert isinstance(result, dg.SkipReason) and (result.skip_message or "").startswith("1 run(s) with a dead worker")
+    assert isinstance(again, dg.SkipReason) and again.skip_message == "no run's worker is lost"
+    failed = {run["run_id"]: run for run in _runs(endpoints, tenant)}[dead["run_id"]]
+    assert failed["status"] == "FAILURE"
+    assert "Marked failed by the dead_run_workers_sensor" in failed["failure"]

@@ -40,6 +40,26 @@ def run_killed(home: Path, point: str, code: str, *, env: dict[str, str] | None 
     )
 
 
+def cli_lost_with_its_host(home: Path, point: str, *args: str, timeout: float = 300) -> None:
+    """Run the CLI command `args` with a code server of its own (--verbose), in a session of its own,
+    and kill its whole process group at `point` of a run worker: the command, its code server and the
+    worker die together, as when their host is lost. Nobody is left to record how the run ended."""
+    from tests.conftest import CLI
+
+    proc = subprocess.run(
+        [str(CLI), "--verbose", *args],
+        env={**os.environ, "MEMORY_PIPELINES_HOME": str(home), ENV_CRASH_AT: f"{point}@group"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        start_new_session=True,
+    )
+    assert proc.returncode == -signal.SIGKILL, (
+        f"{args} was not killed at {point} (exit {proc.returncode}):\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}"
+    )
+
+
 def run_ok(home: Path, code: str, *, env: dict[str, str] | None = None, timeout: float = 300) -> str:
     """Run `code` (after PRELUDE) in a child that must succeed; returns its stdout."""
     proc = _run(home, code, env or {}, timeout)

@@ -290,6 +290,19 @@ def test_the_queued_run_daemon_heartbeat() -> None:
         pinned(internals.queued_run_daemon_heartbeat(test_instance) == now, "get_daemon_heartbeats")
 
 
+def test_the_instance_names_its_postgres_run_storage() -> None:
+    """The lease's database (defs/runs/executors.py): DagsterInstance.run_storage and dagster-postgres'
+    postgres_url attribute; any other storage has no lease."""
+    from dagster_postgres import PostgresRunStorage
+
+    pinned(
+        isinstance(inspect.getattr_static(dg.DagsterInstance, "run_storage"), property), "DagsterInstance.run_storage"
+    )
+    pinned("self.postgres_url = postgres_url" in inspect.getsource(PostgresRunStorage.__init__), "postgres_url")
+    with dg.instance_for_test() as test_instance:
+        assert internals.instance_conninfo(test_instance) is None
+
+
 def test_reading_a_run_from_the_event_log() -> None:
     """What materialize.py reads from the instance (not public methods: all_logs, get_records_for_run,
     DagsterEvent.event_specific_data), through its own readers."""

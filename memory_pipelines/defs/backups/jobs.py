@@ -2,6 +2,7 @@ import dagster as dg
 from pydantic import Field
 
 from memory_pipelines.defs.memories.partitions import tenants_partitions
+from memory_pipelines.defs.runs.executors import leased_in_process
 from memory_pipelines.lib.backups.catalog import catalog, check_backup_id
 from memory_pipelines.lib.backups.service import BackupService
 from memory_pipelines.lib.infra.errors import ConflictError, ValidationError
@@ -113,7 +114,7 @@ def restore_tenant(
 @dg.job(
     name="restore",
     partitions_def=tenants_partitions,
-    executor_def=dg.in_process_executor,
+    executor_def=leased_in_process,
     description="Restore a tenant from a backup; forgotten data stays forgotten (journal replay).",
     tags={"domain": "backups"},
 )

@@ -5,6 +5,7 @@ from urllib.parse import quote, urlencode
 import dagster as dg
 
 from memory_pipelines.defs.forget.ops import deletion_service
+from memory_pipelines.defs.runs.executors import leased_in_process
 
 __all__ = ["FORGET_JOB", "deletion_service", "forget_job", "forget_run_config", "named_job_ids"]
 
@@ -83,7 +84,7 @@ forget_job = dg.define_asset_job(
     FORGET_JOB,
     selection=dg.AssetSelection.assets("memory_deletions"),
     # One process, so every step shares the `forget_batch` resource's batch (lock, probes): see ops.py.
-    executor_def=dg.in_process_executor,
+    executor_def=leased_in_process,
     description=HOW_TO,
     tags={"domain": "forget"},
 )

@@ -7,6 +7,7 @@ from pydantic import Field
 from memory_pipelines.defs.forget.checks import check_evaluation
 from memory_pipelines.defs.forget.ops import certificates, data_map_metadata, deletion_service, report_forgotten
 from memory_pipelines.defs.memories.partitions import tenants_partitions
+from memory_pipelines.defs.runs.executors import leased_in_process
 from memory_pipelines.lib.forget import certificate
 from memory_pipelines.lib.forget.deletion import DeletionLedger, DeletionService
 from memory_pipelines.lib.retention import rules as retention
@@ -95,7 +96,7 @@ def deletions_checked(context: dg.OpExecutionContext, memory_store: MemoryStoreR
 @dg.job(
     name=RETENTION_JOB,
     partitions_def=tenants_partitions,
-    executor_def=dg.in_process_executor,
+    executor_def=leased_in_process,
     description="Retention sweep of one tenant and day (the day in run config and the `retention/day` tag);"
     " policies from assets/retention_policies.yaml.",
     tags={"domain": "retention"},

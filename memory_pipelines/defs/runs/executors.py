@@ -1,0 +1,70 @@
+"""Every job's executor holds the run's lease (lib/infra/leases.py) while it orchestrates the run,
+so a run whose worker died is found by anyone sharing the instance (defs/runs/sensors.py).
+
+Each is Dagster's own executor, same name and config (the launchpad's `execution:` is unchanged),
+held as a field and wrapped: the lease is taken before the first step and tagged on the run, so a
+STARTED run tagged and without its lease has lost its worker.
+"""
+
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+
+from memory_pipelines.dagster_internals import instance_conninfo
+from memory_pipelines.lib.infra import faults, leases
+
+# Set on a run once its worker holds the lease: from then on a free lease means a dead worker.
+LEASE_TAG = "memory_pipelines/lease"
+
+
+class LeasedExecutor(dg.Executor):
+    """Dagster's executor `inner`, run under the run's lease."""
+
+    def __init__(self, inner: dg.Executor) -> None:
+        self.inner = inner
+
+    @property
+    def retries(self) -> Any:
+        return self.inner.retries
+
+    @property
+    def step_dependency_config(self) -> Any:
+        return self.inner.step_dependency_config
+
+    def execute(self, plan_context: Any, execution_plan: Any) -> Iterator[dg.DagsterEvent]:
+        instance = plan_context.instance
+        conninfo = instance_conninfo(instance)
+        if conninfo is None:  # an in-memory or SQLite instance: one process, nobody to tell
+            yield from self.inner.execute(plan_context, execution_plan)
+            return
+        with leases.held(conninfo, plan_context.run_id):
+            instance.add_run_tags(plan_context.run_id, {LEASE_TAG: "held"})
+            faults.point("run.leased")
+            yield from self.inner.execute(plan_context, execution_plan)
+
+
+def leased(inner: dg.ExecutorDefinition) -> dg.ExecutorDefinition:
+    """`inner` under the same name and config, its executor wrapped in the run's lease."""
+    return dg.ExecutorDefinition(
+        name=inner.name,
+        config_schema=inner.config_schema.as_field(),
+        requirements=inner.get_requirements,
+        executor_creation_fn=lambda context: _created(inner, context),
+        description=inner.description,
+    )
+
+
+def _created(inner: dg.ExecutorDefinition, context: dg.InitExecutorContext) -> LeasedExecutor:
+    faults.point("run.executor")  # in the worker, before the run is STARTED
+    return LeasedExecutor(inner.executor_creation_fn(context))  # type: ignore[misc]
+
+
+leased_in_process = leased(dg.in_process_executor)
+leased_default = leased(dg.multi_or_in_process_executor)
+
+
+@dg.definitions
+def executor() -> dg.Definitions:
+    """The default of every job that names none (asset jobs, the launchpad's ad hoc runs)."""
+    return dg.Definitions(executor=leased_default)
