@@ -444,3 +444,93 @@ def test_the_sensor_fails_a_run_lost_with_its_host_when_no_command_waits(
     failed = {run["run_id"]: run for run in _runs(endpoints, tenant)}[dead["run_id"]]
     assert failed["status"] == "FAILURE"
     assert "Marked failed by the dead_run_workers_sensor" in failed["failure"]
+
+
+# The harness's set for the other lifecycle operations: each point, the operation killed there, and
+# what the next command runs. `forget.<phase>` points follow each group of the cascade's phases
+# (after the derived stores, the primary rows, the key store, verification, the proofs).
+LIFECYCLE = {
+    "forget.frozen": "forget",
+    "forget.delete_recall_cache": "forget",
+    "forget.delete_primary": "forget",
+    "forget.delete_key_store": "forget",
+    "forget.verify": "forget",
+    "forget.prove": "forget",
+    "kek.introduced": "rotate",
+    "kek.committed": "rotate",
+    "write_many.chunk_committed#2": "write_many",
+    "vectors.sync.chunk_written": "sync",
+    "sync.keyword_index": "sync",
+    "retention.requested": "retention",
+}
+BULK = [{"user_id": "dave", "text": f"dave bulk note {i} on the river path"} for i in range(300)]
+KILLED = {
+    "forget": "mp.forget(tenant_id={t!r}, subject='bob').wait(timeout=120)",
+    "rotate": "ErasureService(mp.derived).rotate_keys({t!r})",
+    "write_many": "mp.write_many(tenant_id={t!r}, items={bulk})",
+    "sync": "mp.sync(tenant_id={t!r})",
+    "retention": "mp.sweep_retention(day={day!r}, tenant_id={t!r})",
+}
+# The next command: every open deletion job run to COMPLETE, the killed operation again where it is
+# one to finish; then what the checks read, through the API and Chroma's.
+NEXT = """
+import json
+from memory_pipelines.lib.forget.erasure import ErasureService
+t = {t!r}
+if {op!r} in ("rotate", "sync", "retention"):
+    exec({killed!r})
+jobs = mp.deletion_jobs(tenant_id=t)
+states = [mp.deletion(job_id=j["job_id"]).wait(timeout=120)["state"] for j in jobs]
+listed = {{u: sorted(m["text"] for m in mp.list(tenant_id=t, user_id=u)) for u in ("alice", "bob", "dave", "erin")}}
+current = sorted(f"{{m['memory_id']}}:{{m['version']}}" for u in ("alice", "bob", "erin")
+                 for m in mp.list(tenant_id=t, user_id=u))
+client = mp.derived.vectors.client()
+stored = sorted(i for c in client.list_collections() if (c.metadata or {{}}).get("tenant_id") == t
+                for i in client.get_collection(c.name).get(include=[])["ids"])
+print(json.dumps({{"states": states, "scopes": [j["scope"] for j in jobs], "listed": listed, "current": current,
+                  "stored": stored, "keks": len(mp.store.keys.vault.kek_ids(t)),
+                  "collections": [c.name for c in client.list_collections()]}}))
+"""
+
+
+@pytest.mark.parametrize("point", list(LIFECYCLE))
+def test_a_lifecycle_operation_killed_at_each_step_is_finished_by_the_next_command(
+    home: tuple[Settings, Endpoints], point: str
+) -> None:
+    """Forget in each state, KEK rotation, write_many, sync (what materialize runs) and retention,
+    each killed at a step: the next command leaves every acknowledged write readable whole, every
+    accepted forget COMPLETE and its data gone from every store, Chroma holding exactly the current
+    versions, one KEK, and no artifact."""
+    settings, _ = home
+    tenant, op = _tenant(), LIFECYCLE[point]
+    fill = {"t": tenant, "day": _yesterday(), "bulk": repr(BULK)}
+    texts = {"alice": ["alice keeps bees", "alice sings alto"], "bob": ["bob mends clocks", "bob rows at dawn"]}
+    run_ok(
+        settings.home,
+        f"""
+        for user, texts in {texts!r}.items():
+            for text in texts:
+                mp.write(tenant_id={tenant!r}, user_id=user, text=text)
+        mp.write(tenant_id={tenant!r}, user_id="erin", text="erin lives in Lyon", category="eu_user")
+        """
+        + ("" if op == "sync" else f"mp.sync(tenant_id={tenant!r})"),
+    )
+    run_killed(settings.home, point, f"{ERASE}{KILLED[op].format(**fill)}")
+    after = json.loads(
+        run_ok(settings.home, NEXT.format(op=op, killed=KILLED[op].format(**fill), **fill)).strip().splitlines()[-1]
+    )
+    assert artifacts_under(settings.home) == [] and not [c for c in after["collections"] if c.endswith("-rebuild")]
+    assert set(after["states"]) <= {"COMPLETE"}, after["states"]
+    assert after["listed"]["alice"] == sorted(texts["alice"])  # never touched: whole, whatever was killed
+    assert after["listed"]["bob"] == ([] if op == "forget" else sorted(texts["bob"]))
+    assert after["listed"]["erin"] == ([] if op == "retention" else ["erin lives in Lyon"])
+    if op == "write_many":  # some chunks committed, each whole; the call never returned
+        bulk = [item["text"] for item in BULK]
+        assert 0 < len(after["listed"]["dave"]) < len(bulk) and set(after["listed"]["dave"]) <= set(bulk)
+        assert len(set(after["listed"]["dave"])) == len(after["listed"]["dave"])
+    else:
+        assert after["stored"] == after["current"], "Chroma holds exactly the current versions of the tenant"
+    if op == "retention":
+        assert [s["memory_id"] is not None for s in after["scopes"]] == [True]  # one job, not one per attempt
+    if op == "rotate":
+        assert after["keks"] == 1, "the rotation run again leaves the new KEK alone in the vault"

@@ -40,7 +40,6 @@ def store_asset(spec: StoreSpec) -> dg.AssetsDefinition:
     The checks alone can still be executed (from the UI, or a checks-only selection): then the store
     is not synced, only checked."""
     assert spec.asset is not None and spec.sync is not None, spec.name
-    sync_ref = spec.sync
     key = dg.AssetKey(spec.asset)
 
     @dg.multi_asset(
@@ -61,7 +60,7 @@ def store_asset(spec: StoreSpec) -> dg.AssetsDefinition:
         derived = derived_stores(memory_store, chroma, summarizer, analytics)
         tenant_id = context.partition_key
         if key in context.selected_asset_keys:
-            synced = registry.resolve(sync_ref)(derived, tenant_id=tenant_id, progress=throttled(context.log.info))
+            synced = registry.run_sync(spec, derived, tenant_id=tenant_id, progress=throttled(context.log.info))
             metadata: dict[str, Any] = {name: dg.MetadataValue.int(int(value)) for name, value in synced.counts.items()}
             metadata |= {name: dg.MetadataValue.text(value) for name, value in synced.text.items()}
             metadata |= {name: dg.MetadataValue.path(value) for name, value in synced.paths.items()}

@@ -41,7 +41,7 @@ from psycopg import sql
 from memory_pipelines.lib.forget import gate, targets
 from memory_pipelines.lib.forget.ledger import REBUILT_PREFIX, DeletionBlocked, DeletionLedger, rebuilt_counts
 from memory_pipelines.lib.forget.targets import Probes
-from memory_pipelines.lib.infra import validation
+from memory_pipelines.lib.infra import faults, validation
 from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories import ordering
@@ -172,15 +172,17 @@ class DeletionCascade:
         batch = self.begin(tenant_id=tenant_id, job_ids=job_ids)
         try:
             if batch.jobs:
+                faults.point("forget.frozen")
                 groups = _groups(later)
                 for n, group in enumerate(groups):
                     if group[0].kind != STORE:
                         self.run_phase(batch, group[0])
-                        continue
-                    # The store step before verify records VERIFYING with its DONE (one commit less).
-                    verifying = n + 1 < len(groups) and groups[n + 1][0].kind == VERIFY
-                    stores = [phase.store for phase in group if phase.store is not None]
-                    self.delete_stores(batch, stores, next_state="VERIFYING" if verifying else None)
+                    else:
+                        # The store step before verify records VERIFYING with its DONE (one commit less).
+                        verifying = n + 1 < len(groups) and groups[n + 1][0].kind == VERIFY
+                        stores = [phase.store for phase in group if phase.store is not None]
+                        self.delete_stores(batch, stores, next_state="VERIFYING" if verifying else None)
+                    faults.point(f"forget.{group[0].name}")
             return self.summary(batch)
         finally:
             self.release(batch)

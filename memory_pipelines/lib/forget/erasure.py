@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import psycopg
 
 from memory_pipelines.lib.forget import datadir, guarantees, wal
-from memory_pipelines.lib.infra import home, validation
+from memory_pipelines.lib.infra import faults, home, validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.infra.settings import Settings
@@ -222,6 +222,7 @@ class ErasureService(ErasureLedger):
         rotations = KeyRotation(keys)
         with self.store.transaction() as conn:
             rotation = rotations.begin(conn, tenant_id)
+        faults.point("kek.committed")
         if rotation is None:  # no live tenant key: nothing written yet, or the tenant is destroyed
             return {"rotated": False, "vaultFile": keys.vault.exists(tenant_id)}
         rotations.finish(rotation)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from memory_pipelines.lib.infra import validation
+from memory_pipelines.lib.infra import faults, validation
 from memory_pipelines.lib.infra.errors import (
     ConflictError,
     MemoryPipelinesError,
@@ -120,6 +120,7 @@ class BulkWriter:
                 cause = exc if isinstance(exc, MemoryPipelinesError) else ServiceError("postgres", str(exc))
                 raise PartialWriteError(cause, written=[r.as_dict() for r in results], total=len(items)) from exc
             results.extend(written)
+            faults.point("write_many.chunk_committed")
             start += len(chunk)
             size_now = min(largest, max(smallest, int(len(chunk) * self.hold_seconds / max(held, 1e-4))))
             size += new

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from memory_pipelines.lib.infra import faults
 from memory_pipelines.lib.infra.errors import NotFoundError
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.keys import KeyStore, key_aad
@@ -94,6 +95,7 @@ class KeyRotation:
         in_use = {str(r[0]) for r in conn.execute(_KEKS_IN_USE, {"t": tenant_id})}
         previous = tuple(keys.vault.kek_ids(tenant_id))
         kek_id, kek = keys.vault.introduce(tenant_id, keep=in_use)
+        faults.point("kek.introduced")
         keys.remember("kek:" + kek_id, kek)
         rewrapped: dict[str, int] = {}
         for name, table, owner, kind in _WRAPPED:

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.infra import faults
 from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.infra.paths import ASSETS_DIR
 from memory_pipelines.lib.memories.store import MemoryStore
@@ -250,6 +251,7 @@ def sweep(
         forgets[tenant] = [
             service.request(tenant_id=tenant, memory_id=m, basis="gdpr-art17")["job_id"] for m in memory_ids
         ]
+    faults.point("retention.requested")
     stores: dict[str, dict[str, int]] = {}
     if run:
         for tenant in sorted(set(requested) | set(forgets)):

@@ -145,7 +145,7 @@ class DerivedStores:
         """Bring every derived store of the tenant up to date (what `materialize` does without Dagster):
         each registered store's sync, in registry order, by its asset's name."""
         return {
-            spec.asset: registry.resolve(spec.sync)(self, tenant_id=tenant_id).counts
+            spec.asset: registry.run_sync(spec, self, tenant_id=tenant_id).counts
             for spec in registry.stores()
             if spec.asset and spec.sync is not None
         }

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from memory_pipelines.lib.infra import faults
 from memory_pipelines.lib.infra.errors import ServiceError
 
 __all__ = [
@@ -104,6 +105,14 @@ class StoreSpec:
 _lock = threading.RLock()
 _builtin: tuple[StoreSpec, ...] | None = None
 _extra: list[StoreSpec] = []
+
+
+def run_sync(spec: StoreSpec, derived: Any, *, tenant_id: str, **kwargs: Any) -> Any:
+    """The store's sync for the tenant (its `Synced`); a crash test may end the process right after."""
+    assert spec.sync is not None, spec.name
+    synced = resolve(spec.sync)(derived, tenant_id=tenant_id, **kwargs)
+    faults.point(f"sync.{spec.name}")
+    return synced
 
 
 def resolve(ref: str | Callable[..., Any]) -> Any:

@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import Any
 
+from memory_pipelines.lib.infra import faults
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.memories import ordering
 from memory_pipelines.lib.memories.store import CurrentVersion, MemoryStore
@@ -117,6 +118,7 @@ class VectorSync(VectorErasure):
         self, store: MemoryStore, tenant_id: str, col: Any, chunk: list[CurrentVersion], vectors: Any
     ) -> None:
         self._write_chunk(store, tenant_id, col, chunk, vectors)
+        faults.point("vectors.sync.chunk_written")
         self.scrub(tenant_id)
 
     def _remove_stale(self, store: MemoryStore, tenant_id: str, col: Any, stale: list[str]) -> int:
