@@ -285,10 +285,16 @@ def cmd_summary_mode(args: argparse.Namespace) -> None:
 def _wait_for(args: argparse.Namespace, job: Mapping[str, Any]) -> dict[str, Any]:
     """Run the job's forget now, as a Dagster run of the code location (memory_pipelines/materialize.py,
     the platform has no Dagster), and return the job's final status with the run."""
-    from memory_pipelines.materialize import run_forget
+    from memory_pipelines.lib.forget.ledger import DeletionBlocked
+    from memory_pipelines.materialize import run_failed, run_forget
 
     run = run_forget(_settings(args), job["tenant_id"], [job["job_id"]])
     status = _platform(args).deletion_status(job_id=job["job_id"])
+    if status["state"] != "COMPLETE" and run["failures"]:  # a run that failed is never a success
+        failed = run_failed("forget", run["failures"], prefix=f"run {run['run_id']} left it {status['state']}: ")
+        if status["state"] == "BLOCKED" and failed.exit_code == 1:
+            raise DeletionBlocked("forget", "BLOCKED", failed.message)
+        raise failed
     return {**status, "run_id": run["run_id"], "run_failures": run["failures"]}
 
 
@@ -353,7 +359,13 @@ def cmd_deletion(args: argparse.Namespace) -> None:
         _emit(platform.deletion_jobs(state=args.state, tenant_id=args.tenant))
     else:
         job = platform.deletion_status(job_id=args.job_id)
-        _emit(_wait_for(args, job) if job["state"] != "COMPLETE" else job)
+        if job["state"] == "COMPLETE":
+            _emit(job)
+        else:
+            try:
+                _emit(_wait_for(args, job))
+            except Exception as exc:
+                raise _after_acceptance(exc, job) from exc
 
 
 def cmd_backup(args: argparse.Namespace) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import ClassVar
 
 import dagster as dg
 
-from memory_pipelines.lib.infra.settings import DEFAULT_HOME, Settings
+from memory_pipelines.lib.infra.settings import DEFAULT_HOME, ENV_CHROMA_URL, ENV_HOME, Settings
 from memory_pipelines.lib.infra.settings import EMBEDDING_MODELS as MODELS
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
@@ -47,7 +48,9 @@ class ChromaResource(dg.ConfigurableResource):
         raise dg.Failure(f"embedding_model must be one of {', '.join(EMBEDDING_MODELS)}")
 
     def settings(self) -> Settings:
-        return Settings.from_env({"MEMORY_PIPELINES_HOME": self.home, "MEMORY_PIPELINES_CHROMA_URL": self.url or ""})
+        # The rest (the database's URL, Chroma's token) as every process reads it: a worker with an
+        # external server must not start an embedded one of its own.
+        return Settings.from_env({**os.environ, ENV_HOME: self.home, ENV_CHROMA_URL: self.url or ""})
 
     def vector_store(self) -> VectorStore:
         settings = self.settings()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import ClassVar
 
@@ -25,8 +26,11 @@ class MemoryStoreResource(dg.ConfigurableResource):
     _stores_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def settings(self) -> Settings:
+        # The rest (Chroma's URL and token, S3) as every process reads it: a worker with an external
+        # server must not start an embedded one of its own.
         return Settings.from_env(
             {
+                **os.environ,
                 "MEMORY_PIPELINES_HOME": self.home,
                 "MEMORY_PIPELINES_PG_URL": self.pg_url or "",
                 "MEMORY_PIPELINES_KMS_KEY_ID": self.kms_key_id or "",
