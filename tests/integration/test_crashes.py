@@ -534,3 +534,63 @@ def test_a_lifecycle_operation_killed_at_each_step_is_finished_by_the_next_comma
         assert [s["memory_id"] is not None for s in after["scopes"]] == [True]  # one job, not one per attempt
     if op == "rotate":
         assert after["keks"] == 1, "the rotation run again leaves the new KEK alone in the vault"
+
+
+ERASURE_STEPS = [
+    "erasure.keys_rotated",
+    "kek.committed",
+    "vectors.rebuild.copied",
+    "erasure.rewrote.chroma",
+    "erasure.rewrote.analytics",
+    "erasure.rewrote.primary",
+    "erasure.rewrote.key_store",
+    "erasure.wal_purged",
+]
+
+
+@pytest.mark.parametrize("point", ERASURE_STEPS)
+def test_an_erasure_killed_at_each_step_is_proven_only_by_the_next_one(
+    home: tuple[Settings, Endpoints], point: str
+) -> None:
+    """Killed at each step, an erasure marks nothing; the next one rewrites, scans and marks ERASED,
+    the forgotten vector is in no collection, the kept ones come back with the next sync, one KEK
+    is left, and nothing is left under HOME."""
+    settings, _ = home
+    tenant = _tenant()
+    out = run_ok(
+        settings.home,
+        f"""
+        import json
+        ids = [mp.write(tenant_id={tenant!r}, user_id="alice", text=f"alice fact {{i}} about her loom")["memory_id"]
+               for i in range(3)]
+        mp.sync(tenant_id={tenant!r})
+        mp.backup(tenant_id={tenant!r})
+        job = mp.forget(tenant_id={tenant!r}, memory_id=ids[0], basis="gdpr-art17")
+        assert job.wait(timeout=120)["state"] == "COMPLETE"
+        print(json.dumps({{"ids": ids, "job": job.job_id}}))
+        """,
+    )
+    setup = json.loads(out.strip().splitlines()[-1])
+    ids, job_id = setup["ids"], setup["job"]
+    run_killed(settings.home, point, f"{ERASE}ErasureService(mp.derived).erase_tenant(tenant_id={tenant!r})")
+    out = run_ok(
+        settings.home,
+        f"""
+        import json
+        {ERASE.strip()}
+        before = mp.deletion_status(job_id={job_id!r})["targets"]["physical"]
+        report = ErasureService(mp.derived).erase_tenant(tenant_id={tenant!r})
+        mp.sync(tenant_id={tenant!r})
+        print(json.dumps({{"before": before, "erased": report["erased"], "hits": report["byteScan"]["hits"],
+                          "physical": mp.deletion_status(job_id={job_id!r})["targets"]["physical"],
+                          "keks": len(mp.store.keys.vault.kek_ids({tenant!r}))}}))
+        """,
+    )
+    after = json.loads(out.strip().splitlines()[-1])
+    assert after["before"].startswith("PENDING"), "the killed erasure marked nothing"
+    assert (after["erased"], after["hits"], after["keks"]) == (1, 0, 1)
+    assert after["physical"].startswith("ERASED:")
+    assert _stored_anywhere(settings, [f"{ids[0]}:1"]) == {}
+    kept = sorted(f"{i}:1" for i in ids[1:])
+    assert [sorted(found) for found in _stored_anywhere(settings, kept).values()] == [kept]
+    assert artifacts_under(settings.home) == [] and not [c for c in _collections(settings) if c.endswith("-rebuild")]

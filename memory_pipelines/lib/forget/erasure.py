@@ -129,10 +129,12 @@ class ErasureService(ErasureLedger):
         # Before the rewrites: the rows rewrapped under the new KEK leave dead tuples wrapped by the
         # old one, which the key store's compaction then removes.
         keys = self.rotate_keys(tenant_id)
+        faults.point("erasure.keys_rotated")
         rotated = time.perf_counter()
         erasures: dict[str, Erasure] = {}
         for index, spec in enumerate(registry.stores()):
             erasures[spec.name] = registry.adapter(spec.name).erase(self.derived, tenant_id)
+            faults.point(f"erasure.rewrote.{spec.name}")
             progress(index + 1, len(registry.stores()), "erasure rewrite")
         # After them: no statistic of a sealed column is left in pg_statistic, which is rewritten;
         # then every WAL segment that holds the erased rows (or the rewrites' own logging) is
@@ -140,6 +142,7 @@ class ErasureService(ErasureLedger):
         compacted = time.perf_counter()
         statistics = datadir.clear_statistics(self.store.conninfo, tenant_id)
         purged = wal.purge(self.store.conninfo)
+        faults.point("erasure.wal_purged")
         data = datadir.data_files(self.store.conninfo, tenant_id)
         rewritten = time.perf_counter()
         # Every file under HOME, not only those the stores name: a copy nobody listed is scanned too
