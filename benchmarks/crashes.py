@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from memory_pipelines import MemoryPlatform
+from memory_pipelines.lib.forget.canary import file_bytes
 from memory_pipelines.lib.infra.services import ensure_services, stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from tests.support.crashes import artifacts_under
@@ -244,13 +245,7 @@ class Bench:
         for memory_id in self.model.forgotten:
             text = self.model.acked[memory_id]["text"].encode()
             by_length[len(text)].add(text)
-        for path in self.settings.home.rglob("*"):
-            if not path.is_file() or path.is_symlink():
-                continue
-            try:
-                data = path.read_bytes()
-            except OSError:
-                continue
+        for path, data in file_bytes(self.settings.home):
             for phrase in PHRASES:
                 at = data.find(phrase)
                 while at >= 0:

@@ -140,6 +140,26 @@ def _stored_anywhere(settings: Settings, record_ids: list[str]) -> dict[str, lis
 ERASE = "from memory_pipelines.lib.forget.erasure import ErasureService\n"
 
 
+def _one_forgotten(settings: Settings, tenant: str, *, memories: int, backed_up: bool = False) -> tuple[list[str], str]:
+    """Memories of alice, synced (and backed up), the first forgotten to COMPLETE: their ids and the job's."""
+    out = run_ok(
+        settings.home,
+        f"""
+        import json
+        ids = [mp.write(tenant_id={tenant!r}, user_id="alice", text=f"alice fact {{i}} about her garden")["memory_id"]
+               for i in range({memories})]
+        mp.sync(tenant_id={tenant!r})
+        if {backed_up!r}:
+            mp.backup(tenant_id={tenant!r})
+        job = mp.forget(tenant_id={tenant!r}, memory_id=ids[0], basis="gdpr-art17")
+        assert job.wait(timeout=120)["state"] == "COMPLETE"
+        print(json.dumps([ids, job.job_id]))
+        """,
+    )
+    ids, job_id = json.loads(out.strip().splitlines()[-1])
+    return ids, job_id
+
+
 def test_an_erasure_killed_between_dropping_and_renaming_the_collection_proves_nothing_it_left(
     home: tuple[Settings, Endpoints],
 ) -> None:
@@ -148,19 +168,7 @@ def test_an_erasure_killed_between_dropping_and_renaming_the_collection_proves_n
     COMPLETE and ERASED while its vector stayed readable through Chroma's API."""
     settings, _ = home
     tenant = _tenant()
-    out = run_ok(
-        settings.home,
-        f"""
-        import json
-        ids = [mp.write(tenant_id={tenant!r}, user_id="alice", text=f"alice fact {{i}} about her garden")["memory_id"]
-               for i in range(4)]
-        mp.sync(tenant_id={tenant!r})
-        job = mp.forget(tenant_id={tenant!r}, memory_id=ids[0], basis="gdpr-art17")
-        assert job.wait(timeout=120)["state"] == "COMPLETE"
-        print(json.dumps(ids))
-        """,
-    )
-    ids = json.loads(out.strip().splitlines()[-1])
+    ids, _ = _one_forgotten(settings, tenant, memories=4)
     run_killed(
         settings.home,
         "vectors.rebuild.old_deleted",
@@ -557,21 +565,7 @@ def test_an_erasure_killed_at_each_step_is_proven_only_by_the_next_one(
     is left, and nothing is left under HOME."""
     settings, _ = home
     tenant = _tenant()
-    out = run_ok(
-        settings.home,
-        f"""
-        import json
-        ids = [mp.write(tenant_id={tenant!r}, user_id="alice", text=f"alice fact {{i}} about her loom")["memory_id"]
-               for i in range(3)]
-        mp.sync(tenant_id={tenant!r})
-        mp.backup(tenant_id={tenant!r})
-        job = mp.forget(tenant_id={tenant!r}, memory_id=ids[0], basis="gdpr-art17")
-        assert job.wait(timeout=120)["state"] == "COMPLETE"
-        print(json.dumps({{"ids": ids, "job": job.job_id}}))
-        """,
-    )
-    setup = json.loads(out.strip().splitlines()[-1])
-    ids, job_id = setup["ids"], setup["job"]
+    ids, job_id = _one_forgotten(settings, tenant, memories=3, backed_up=True)
     run_killed(settings.home, point, f"{ERASE}ErasureService(mp.derived).erase_tenant(tenant_id={tenant!r})")
     out = run_ok(
         settings.home,

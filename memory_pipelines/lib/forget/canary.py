@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypedDict
@@ -53,16 +54,21 @@ def retired_tenants(store: MemoryStore, candidates: list[str]) -> set[str]:
     return {r[0] for r in rows} | {t for t in candidates if is_reserved_tenant(t)}
 
 
-def files_containing(root: Path, needles: list[bytes]) -> dict[bytes, list[str]]:
-    """needle -> files under `root` holding it, read as raw bytes (heap, WAL, SQLite, Parquet, logs)."""
-    hits: dict[bytes, list[str]] = {needle: [] for needle in needles}
+def file_bytes(root: Path) -> Iterator[tuple[Path, bytes]]:
+    """Every regular file under `root` (no symlink followed) with its raw bytes; unreadable ones skipped."""
     for path in root.rglob("*"):
         if not path.is_file() or path.is_symlink():
             continue
         try:
-            data = path.read_bytes()
+            yield path, path.read_bytes()
         except OSError:
             continue
+
+
+def files_containing(root: Path, needles: list[bytes]) -> dict[bytes, list[str]]:
+    """needle -> files under `root` holding it, read as raw bytes (heap, WAL, SQLite, Parquet, logs)."""
+    hits: dict[bytes, list[str]] = {needle: [] for needle in needles}
+    for path, data in file_bytes(root):
         for needle in needles:
             if needle in data:
                 hits[needle].append(str(path.relative_to(root)))
