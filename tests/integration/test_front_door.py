@@ -26,6 +26,8 @@ ALLOWED_FROM_LIB: dict[str, str] = {
     # errors, settings and process hygiene: the CLI's own contract (exit codes, --home, umask)
     "memory_pipelines.lib.infra.errors": "exceptions the CLI maps to exit codes, or raises for its arguments",
     "memory_pipelines.lib.memories.crypto.DecryptionError": "an exception the CLI maps to exit code 7",
+    "memory_pipelines.lib.forget.ledger.DeletionBlocked": "a run that left its job BLOCKED: exit code 8",
+    "memory_pipelines.lib.infra.children.isolated_env": "`dev`: nothing imported from the working directory",
     "memory_pipelines.lib.infra.settings": "--home, and the Settings a Dagster launch takes",
     "memory_pipelines.lib.infra.owner_only.restrict_umask": "what the command writes is the owner's alone",
     "memory_pipelines.lib.infra.progress.ENV_VERBOSE": "--verbose, read by the runs the command launches",
