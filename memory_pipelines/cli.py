@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from memory_pipelines.lib.infra import validation
+from memory_pipelines.lib.infra.children import isolated_env
 from memory_pipelines.lib.infra.errors import (
     MemoryPipelinesError,
     NotFoundError,
@@ -34,7 +35,6 @@ from memory_pipelines.lib.infra.errors import (
     resource_exhausted,
 )
 from memory_pipelines.lib.infra.owner_only import restrict_umask
-from memory_pipelines.lib.infra.paths import PROJECT_ROOT
 from memory_pipelines.lib.infra.progress import ENV_VERBOSE
 from memory_pipelines.lib.infra.settings import ENV_HOME, Settings
 from memory_pipelines.lib.memories.crypto import DecryptionError
@@ -521,6 +521,7 @@ def cmd_stop(args: argparse.Namespace) -> None:
 
 def cmd_dev(args: argparse.Namespace) -> None:
     """Embedded services and `dg dev` under supervision: process management, not a platform call."""
+    from memory_pipelines.code_server import module_workspace
     from memory_pipelines.devserver import GRACE_SECONDS, dg_dev_command, port_taken, run_supervised
     from memory_pipelines.lib.infra.errors import ConflictError, ServiceError
     from memory_pipelines.lib.infra.services import ensure_services
@@ -531,7 +532,7 @@ def cmd_dev(args: argparse.Namespace) -> None:
         raise ConflictError("port", f"{args.host}:{args.port} is in use (another dev?): choose one with --port")
     settings = _settings(args)
     ensure_services(settings)
-    env = dict(os.environ, DAGSTER_HOME=str(settings.dagster_home), **{ENV_HOME: str(settings.home)})
+    env = isolated_env({**os.environ, "DAGSTER_HOME": str(settings.dagster_home), ENV_HOME: str(settings.home)})
     _emit(
         {
             "dagster_home": str(settings.dagster_home),
@@ -540,7 +541,7 @@ def cmd_dev(args: argparse.Namespace) -> None:
         }
     )
     # The workspace file names the code location, so the UI and dg agree on "memory_pipelines".
-    command = dg_dev_command(PROJECT_ROOT / "workspace.yaml", args.host, args.port)
+    command = dg_dev_command(module_workspace(settings), args.host, args.port)
     try:
         outcome = run_supervised(
             command,

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from memory_pipelines.lib.infra.children import ISOLATED, isolated_env
 from memory_pipelines.lib.infra.code_runtime import runtime_dir, sweep_records
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.infra.owner_only import replace_private_file
@@ -116,6 +117,21 @@ def _alive(socket: Path, pid: int) -> bool:
     return True
 
 
+def module_workspace(settings: Settings) -> Path:
+    """A workspace file loading the code location from its module, with the project as its working
+    directory (an absolute path): Dagster puts that directory first on the code server's path, and a
+    relative one, as workspace.yaml would give, is the working directory of whoever starts the server,
+    which may be one other users can write."""
+    workspace = settings.dagster_home / "workspace.yaml"
+    replace_private_file(
+        workspace,
+        "load_from:\n  - python_module:\n"
+        f"      module_name: memory_pipelines.definitions\n      location_name: {LOCATION}\n"
+        f"      working_directory: {json.dumps(str(PROJECT_ROOT))}\n",
+    )
+    return workspace
+
+
 def warm_server(settings: Settings, *, log: Path) -> WarmServer | None:
     """The HOME's warm code server for this code and environment, started when none answers; None
     when no private runtime directory can be had (the caller then starts a server of its own)."""
@@ -149,6 +165,7 @@ def warm_server(settings: Settings, *, log: Path) -> WarmServer | None:
 def _start(socket: Path, idle: int, log: Path) -> int:
     command = [
         sys.executable,
+        ISOLATED,
         "-m",
         "dagster",
         "api",
@@ -159,6 +176,8 @@ def _start(socket: Path, idle: int, log: Path) -> int:
         "memory_pipelines.definitions",
         "--location-name",
         LOCATION,
+        "--working-directory",  # Dagster puts it first on the path: ours, not the caller's
+        str(PROJECT_ROOT),
         "--heartbeat",
         "--heartbeat-timeout",
         str(idle),
@@ -169,7 +188,13 @@ def _start(socket: Path, idle: int, log: Path) -> int:
     try:
         # A session of its own: the terminal's Ctrl-C ends the command, not the server other commands share.
         proc = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True, cwd=PROJECT_ROOT
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,
+            cwd=PROJECT_ROOT,
+            env=isolated_env(os.environ),  # for its run workers, which it starts without -I
         )
     finally:
         os.close(fd)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from memory_pipelines.lib.infra.children import ISOLATED
 from memory_pipelines.lib.infra.processes import group_members
 
 # SIGINT to the group, then SIGKILL after this long: everything is gone well within 10 s.
@@ -47,7 +48,9 @@ def dg_dev_command(workspace: Path, host: str, port: int) -> list[str]:
     With a workspace file `dg dev` starts Dagster's dev server directly (no dg project lookup),
     and without `dagster dev`'s SupersessionWarning."""
     dg = Path(sysconfig.get_path("scripts")) / "dg"
-    entry = [str(dg)] if dg.is_file() else [sys.executable, "-c", "from dagster_dg_cli.cli import main; main()"]
+    entry = (
+        [str(dg)] if dg.is_file() else [sys.executable, ISOLATED, "-c", "from dagster_dg_cli.cli import main; main()"]
+    )
     return [*entry, "dev", "-w", str(workspace), "-h", host, "-p", str(port)]
 
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import psycopg
 
 from memory_pipelines.lib.infra import progress
+from memory_pipelines.lib.infra.children import isolate_children
 from memory_pipelines.lib.infra.errors import (
     MemoryPipelinesError,
     ServiceError,
@@ -38,7 +39,6 @@ from memory_pipelines.lib.infra.errors import (
     names_exhaustion,
 )
 from memory_pipelines.lib.infra.owner_only import private_dir
-from memory_pipelines.lib.infra.paths import PROJECT_ROOT
 from memory_pipelines.lib.infra.settings import ENV_HOME, Settings
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores import registry
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 
 # `memories` and every registered store's asset (stores/<store>/spec.py).
 ALL_ASSETS = ("memories", *(spec.asset for spec in registry.stores() if spec.asset))
-WORKSPACE_FILE = PROJECT_ROOT / "workspace.yaml"
 LOCATION = "memory_pipelines"
 PARTITION_TAG = "dagster/partition"
 TENANT_TAG = "memory_pipelines/tenant"
@@ -177,7 +176,7 @@ def _workspace(settings: Settings) -> Iterator[_Workspace]:
     run workers with it."""
     import dagster as dg
 
-    from memory_pipelines.code_server import warm_server
+    from memory_pipelines.code_server import module_workspace, warm_server
     from memory_pipelines.dagster_internals import open_workspace
     from memory_pipelines.lib.infra.services import ensure_services
 
@@ -185,6 +184,7 @@ def _workspace(settings: Settings) -> Iterator[_Workspace]:
     # The code server and the run workers inherit these: they must see the same HOME and instance.
     os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
     os.environ[ENV_HOME] = str(settings.home)
+    isolate_children()  # Dagster starts our code servers and run workers from our working directory
     with _children_output(settings) as (stderr, terminal), dg.DagsterInstance.get() as instance:
         warm = None if verbose() else warm_server(settings, log=settings.home / RUN_LOG)
         if warm is not None:
@@ -195,7 +195,7 @@ def _workspace(settings: Settings) -> Iterator[_Workspace]:
         owned: list[Proc] = []
         try:
             with _sigint_not_ignored():  # the code server starts in here
-                workspace = open_workspace(instance, WORKSPACE_FILE, code_server_log_level="WARNING")
+                workspace = open_workspace(instance, module_workspace(settings), code_server_log_level="WARNING")
             with workspace as context:
                 owned = [proc for proc in _code_servers() if proc.pid not in before]
                 try:

@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 import duckdb
 import pyarrow as pa
 
+from memory_pipelines.lib.infra.children import ISOLATED
 from memory_pipelines.lib.infra.errors import ServiceError, ValidationError
 
 __all__ = [
@@ -83,7 +84,8 @@ def run(table: pa.Table, sql: str, *, memory_mb: int, threads: int, timeout_seco
     header = json.dumps(request).encode()
     payload = struct.pack(">I", len(header)) + header + _ipc(table)
     proc = subprocess.Popen(
-        [sys.executable, "-m", __name__],
+        [sys.executable, ISOLATED, "-m", __name__],
+        cwd="/",  # none of the caller's: it may be a directory others can write
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
