@@ -31,7 +31,9 @@ container without CAP_SYS_ADMIN, user namespaces off), reported as `unisolated` 
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
+import errno
 import fcntl
 import hmac
 import json
@@ -76,7 +78,12 @@ _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
 _IFREQ = "16sH14x"  # struct ifreq: the interface name, then ifr_flags
 _HEAD_LIMIT = 64 * 1024  # a request head longer than this is refused
-_HEAD_SECONDS = 10.0  # a client gets this long to send its first request head
+_HEAD_SECONDS = 10.0  # a client gets this long, in all, to send its first request head
+# Connections that have not yet shown the token, at most: past it the oldest is dropped. A client of
+# ours sends its head within a millisecond of connecting, so only a flood's connections age out.
+_MAX_PENDING = 256
+# accept() failing for want of descriptors or memory: the door sheds, it does not close.
+_SHED_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _CHUNK = 256 * 1024
 _STOP_SECONDS = 15.0  # Chroma's time to end on SIGTERM before SIGKILL (services waits 20 s for the group)
 _REFUSED_BODY = json.dumps(
@@ -268,19 +275,58 @@ class Door:
         self._refused = 0
         self._reported = 0.0
         self._lock = threading.Lock()
+        self._pending: collections.OrderedDict[socket.socket, None] = collections.OrderedDict()
 
     def serve(self) -> None:
-        """Accept until the listener is shut; one thread per connection."""
+        """Accept until the listener is shut; one thread per connection. Out of descriptors, threads or
+        memory, it drops the oldest connections still without the token and goes on accepting."""
         while True:
             try:
                 client, _ = self.listener.accept()
+            except OSError as exc:
+                if exc.errno in _SHED_ERRNOS:
+                    self._shed(16)
+                    continue
+                if exc.errno in (errno.EINTR, errno.ECONNABORTED, errno.EPROTO):
+                    continue
+                return  # the listener was shut: the program is ending
+            self._admit(client)
+            try:
+                threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+            except RuntimeError:  # no thread to be had: this one goes, the next may find one
+                self._settle(client)
+                client.close()
+                self._shed(16)
+
+    def _admit(self, client: socket.socket) -> None:
+        with self._lock:
+            self._pending[client] = None
+            over = len(self._pending) - _MAX_PENDING
+        if over > 0:
+            self._shed(over)
+
+    def _shed(self, count: int) -> None:
+        """End the `count` oldest connections still without the token (their threads then close them)."""
+        with self._lock:
+            oldest = [self._pending.popitem(last=False)[0] for _ in range(min(count, len(self._pending)))]
+        for sock in oldest:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
             except OSError:
-                return
-            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+                pass
+        if not oldest:
+            time.sleep(0.05)  # every descriptor is an authorised connection's: wait for one to end
+
+    def _settle(self, client: socket.socket) -> None:
+        with self._lock:
+            self._pending.pop(client, None)
 
     def _handle(self, client: socket.socket) -> None:
         with client:
-            head = self._read_head(client)
+            try:
+                head = self._read_head(client)
+            finally:
+                self._settle(client)
             if head is None:
                 return
             if not authorized(head[: head.find(b"\r\n\r\n")], self.token):
@@ -302,13 +348,17 @@ class Door:
     def _read_head(self, client: socket.socket) -> bytes | None:
         """The bytes received up to and including the first request's blank line (maybe some body
         after it), or None when the client sent no complete head in time (refused if it sent too much)."""
-        client.settimeout(_HEAD_SECONDS)
+        deadline = time.monotonic() + _HEAD_SECONDS
         head = b""
         try:
             while b"\r\n\r\n" not in head:
                 if len(head) > _HEAD_LIMIT:
                     self._refuse(client)
                     return None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None  # a byte now and then buys no more time
+                client.settimeout(left)
                 chunk = client.recv(65536)
                 if not chunk:
                     return None
