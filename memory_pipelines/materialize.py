@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import psycopg
 
 from memory_pipelines.lib.infra import progress
-from memory_pipelines.lib.infra.children import isolate_children
+from memory_pipelines.lib.infra.children import children_isolated
 from memory_pipelines.lib.infra.errors import (
     MemoryPipelinesError,
     ServiceError,
@@ -184,7 +184,6 @@ def _workspace(settings: Settings) -> Iterator[_Workspace]:
     # The code server and the run workers inherit these: they must see the same HOME and instance.
     os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
     os.environ[ENV_HOME] = str(settings.home)
-    isolate_children()  # Dagster starts our code servers and run workers from our working directory
     with _children_output(settings) as (stderr, terminal), dg.DagsterInstance.get() as instance:
         warm = None if verbose() else warm_server(settings, log=settings.home / RUN_LOG)
         if warm is not None:
@@ -194,7 +193,8 @@ def _workspace(settings: Settings) -> Iterator[_Workspace]:
         before = {proc.pid for proc in _code_servers()}
         owned: list[Proc] = []
         try:
-            with _sigint_not_ignored():  # the code server starts in here
+            # The code server starts in here, from our working directory; its run workers inherit its environment.
+            with _sigint_not_ignored(), children_isolated():
                 workspace = open_workspace(instance, module_workspace(settings), code_server_log_level="WARNING")
             with workspace as context:
                 owned = [proc for proc in _code_servers() if proc.pid not in before]

@@ -11,11 +11,12 @@ Python 3.11+ reads the same way (PYTHONSAFEPATH).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 
 __all__ = [
     "ISOLATED",
-    "isolate_children",
+    "children_isolated",
     "isolated_env",
 ]
 
@@ -32,8 +33,19 @@ def isolated_env(env: Mapping[str, str]) -> dict[str, str]:
     return {**{k: v for k, v in env.items() if k not in _IMPORT_PATHS}, **_SAFE}
 
 
-def isolate_children(environ: MutableMapping[str, str] = os.environ) -> None:
-    """The same for every child this process starts from now on (its own imports are unchanged)."""
+@contextmanager
+def children_isolated(environ: MutableMapping[str, str] = os.environ) -> Iterator[None]:
+    """The same for every child this process starts meanwhile; then the environment is as it was
+    (this process's own imports are never changed, nor the children it starts later)."""
+    saved = {name: environ.get(name) for name in (*_IMPORT_PATHS, *_SAFE)}
     for name in _IMPORT_PATHS:
         environ.pop(name, None)
     environ.update(_SAFE)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                environ.pop(name, None)
+            else:
+                environ[name] = value
