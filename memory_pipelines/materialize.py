@@ -44,7 +44,7 @@ from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores import registry
 
 if TYPE_CHECKING:
-    from dagster import DagsterInstance
+    from dagster import DagsterInstance, DagsterRun
 
     from memory_pipelines.code_server import WarmServer
     from memory_pipelines.dagster_internals import WorkspaceProcessContext
@@ -398,7 +398,8 @@ class _RunBars:
             self.bars.stop()
 
 
-# How often a waiting command looks for runs whose worker died (defs/runs/sensors.py).
+# How often a waiting command looks for runs whose worker died (defs/runs/sensors.py) and for the
+# runs its own wait behind.
 REAP_SECONDS = 5.0
 # A wait behind another run is said again after this long.
 SAY_AGAIN_SECONDS = 60.0
@@ -414,24 +415,25 @@ class _Ahead:
         self.said: dict[str, float] = {}
         self.reaped = 0.0
 
-    def look(self, queued: Sequence[str]) -> None:
+    def look(self, queued: Sequence[DagsterRun]) -> None:
+        """Every REAP_SECONDS: mark dead runs failed, then say which runs `queued` (ours) wait behind."""
         from memory_pipelines.defs.runs.sensors import reap
 
-        if time.monotonic() - self.reaped > REAP_SECONDS:
-            self.reaped = time.monotonic()
-            for dead in reap(self.instance, by=f"memory-pipelines (pid {os.getpid()})"):
-                self.say(f"run {dead.run_id} ({dead.job_name} {dead.partition}) marked failed: {dead.reason}")
-        for run_id in queued:
-            self._ahead_of(run_id)
+        if time.monotonic() - self.reaped <= REAP_SECONDS:
+            return
+        self.reaped = time.monotonic()
+        for dead in reap(self.instance, by=f"memory-pipelines (pid {os.getpid()})"):
+            self.say(f"run {dead.run_id} ({dead.job_name} {dead.partition}) marked failed: {dead.reason}")
+        for run in queued:
+            self._ahead_of(run)
 
-    def _ahead_of(self, run_id: str) -> None:
+    def _ahead_of(self, run: DagsterRun) -> None:
         import dagster as dg
 
-        from memory_pipelines.defs.runs.sensors import JUDGED
+        from memory_pipelines.defs.runs.sensors import CONFIRM_SECONDS, JUDGED
 
-        run = self.instance.get_run_by_id(run_id)
         for key in (PARTITION_TAG, TENANT_TAG):
-            value = run.tags.get(key) if run is not None else None
+            value = run.tags.get(key)
             if not value:
                 continue
             for record in self.instance.get_run_records(dg.RunsFilter(statuses=JUDGED, tags={key: value}), limit=5):
@@ -444,7 +446,7 @@ class _Ahead:
                 self.say(
                     f"waiting for run {other.run_id} ({other.job_name} {value}, {other.status.value}, {began} "
                     f"{round(since)} s ago): one run per tenant at a time. A run whose worker died is marked failed "
-                    f"within {round(REAP_SECONDS + 2 * POLL_SECONDS + 3)} s of its lease ending, or "
+                    f"within {round(REAP_SECONDS + 2 * POLL_SECONDS + CONFIRM_SECONDS)} s of its lease ending, or "
                     f"{self.instance.run_monitoring_start_timeout_seconds} s after its launch if it never started."
                 )
 
@@ -480,7 +482,7 @@ def _wait(
                 if run is None or run.is_finished:
                     pending.discard(run_id)
                 elif run.status == DagsterRunStatus.QUEUED:
-                    queued.append(run_id)
+                    queued.append(run)
             if pending:  # ours too: a worker of ours may die with its code server
                 ahead.look(queued)
             if queued:  # only while ours wait: other processes' runs are theirs (or the daemon's) to start
