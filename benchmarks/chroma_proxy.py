@@ -1,6 +1,7 @@
-"""What the embedded Chroma server's token proxy costs: small `collection.get` and `collection.query`
-calls through the proxy (the only way in, with the HOME's token) against the same calls straight to
-the server on its own port, from a client inside the server's network namespace (`nsenter`, root).
+"""What the embedded Chroma server's door costs: small `collection.get` and `collection.query` calls
+through the door (HOME/chroma/door.sock, a Unix socket, with the HOME's token: the only way in)
+against the same calls straight to the server on its own TCP port, from a client inside the server's
+network namespace (`nsenter`, root).
 
     .venv/bin/python benchmarks/chroma_proxy.py [--calls 1000] [--vectors 1000]
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from memory_pipelines.lib.infra import services
 from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.stores.vectors.client import http_client
 
 DIMENSION = 384
 
@@ -28,8 +30,14 @@ CLIENT = r"""
 import json, random, statistics, sys, time
 import chromadb
 from chromadb.config import Settings
-host, port, headers, calls = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
-client = chromadb.HttpClient(host=host, port=port, headers=headers, settings=Settings(anonymized_telemetry=False))
+url, headers, calls = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+if url.startswith("unix://"):
+    from memory_pipelines.lib.stores.vectors.client import http_client
+    client = http_client(url, headers=headers)
+else:
+    host, port = url.removeprefix("http://").split(":")
+    settings = Settings(anonymized_telemetry=False)
+    client = chromadb.HttpClient(host=host, port=int(port), headers=headers, settings=settings)
 col = client.get_collection("bench")
 count = col.count()
 rng = random.Random(7)
@@ -55,10 +63,10 @@ print(json.dumps(out))
 """
 
 
-def run_client(prefix: list[str], port: int, headers: dict[str, str], calls: int) -> dict[str, dict[str, float]]:
+def run_client(prefix: list[str], url: str, headers: dict[str, str], calls: int) -> dict[str, dict[str, float]]:
     """CLIENT's timings, run with `prefix` (empty, or an nsenter into the server's namespace)."""
     done = subprocess.run(
-        [*prefix, sys.executable, "-c", CLIENT, "127.0.0.1", str(port), json.dumps(headers), str(calls)],
+        [*prefix, sys.executable, "-c", CLIENT, url, json.dumps(headers), str(calls)],
         capture_output=True,
         text=True,
         check=True,
@@ -82,10 +90,9 @@ def main() -> None:
         assert state is not None
         args_of_server = Path(f"/proc/{state['pid']}/cmdline").read_bytes().split(b"\0")
         inner = int(args_of_server[args_of_server.index(b"--port") + 1])
-        import chromadb
         import numpy as np
 
-        client = chromadb.HttpClient(host="127.0.0.1", port=state["port"], headers=services.chroma_headers(url))
+        client = http_client(url, headers=services.chroma_headers(url))
         col = client.get_or_create_collection("bench", metadata={"hnsw:space": "cosine"})
         vectors = np.random.default_rng(1).random((args.vectors, DIMENSION)).astype("float32")
         col.add(
@@ -94,10 +101,10 @@ def main() -> None:
             metadatas=[{"i": i} for i in range(args.vectors)],
         )
         ns = ["nsenter", f"--net=/proc/{state['pid']}/ns/net"]
-        runs: dict[str, list[dict[str, dict[str, float]]]] = {"direct": [], "proxy": []}
+        runs: dict[str, list[dict[str, dict[str, float]]]] = {"direct": [], "door": []}
         for _ in range(args.rounds):  # alternated: a busy moment of the machine hits both paths alike
-            runs["direct"].append(run_client(ns, inner, {}, args.calls))
-            runs["proxy"].append(run_client([], int(state["port"]), services.chroma_headers(url), args.calls))
+            runs["direct"].append(run_client(ns, f"http://127.0.0.1:{inner}", {}, args.calls))
+            runs["door"].append(run_client([], url, services.chroma_headers(url), args.calls))
         print(
             f"{args.calls} calls x {args.rounds} rounds, {args.vectors} vectors of {DIMENSION} dimensions, "
             f"isolation {state['isolation']}; best round of each"
@@ -111,7 +118,7 @@ def main() -> None:
                     f"{name:6s} {label:7s} median {r['median_ms']:6.3f} ms  p99 {r['p99_ms']:6.3f} ms  "
                     f"{r['per_s']:6.0f}/s"
                 )
-            print(f"{name:6s} added   median {best['proxy']['median_ms'] - best['direct']['median_ms']:+6.3f} ms")
+            print(f"{name:6s} added   median {best['door']['median_ms'] - best['direct']['median_ms']:+6.3f} ms")
     finally:
         services.stop_chroma(settings)
         shutil.rmtree(home, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import ClassVar
 
 import dagster as dg
 
+from memory_pipelines.lib.infra.services import ensure_chroma
 from memory_pipelines.lib.infra.settings import DEFAULT_HOME, ENV_CHROMA_URL, ENV_HOME, Settings
 from memory_pipelines.lib.infra.settings import EMBEDDING_MODELS as MODELS
 from memory_pipelines.lib.memories.store import MemoryStore
@@ -60,8 +62,12 @@ class ChromaResource(dg.ConfigurableResource):
         with self._lock:
             if key not in self._stores:
                 embedder = self._embedder()
+                own = not settings.chroma_url  # HOME's server: started again if it dies under a long run
                 self._stores[key] = VectorStore(
-                    embedder=embedder, url=url, path=None if settings.chroma_url else settings.chroma_path
+                    embedder=embedder,
+                    url=url,
+                    path=settings.chroma_path if own else None,
+                    revive=functools.partial(ensure_chroma, settings) if own else None,
                 )
             return self._stores[key]
 

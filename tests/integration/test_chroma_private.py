@@ -22,51 +22,64 @@ from typing import Any
 
 import pytest
 
-from memory_pipelines.lib.infra import processes, services
+from memory_pipelines.lib.infra import processes, services, unix_http
 from memory_pipelines.lib.infra.settings import Settings
+from memory_pipelines.lib.stores.vectors.client import http_client
+from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+from memory_pipelines.lib.stores.vectors.index import VectorStore
 from tests.conftest import settings_for
 
 pytestmark = pytest.mark.slow
 
 AS_ROOT = os.geteuid() == 0
+AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
 LIST = "/api/v2/tenants/default_tenant/databases/default_database/collections"
 SECRET_COLLECTION = "mem-secret-of-the-owner"
 
 # Run by `nobody` with the system's python3 (the project's interpreter may sit under /root): what an
-# attacker on the same machine can do with the port in server.json and the paths under HOME.
+# attacker on the same machine can do with the paths in server.json and under HOME.
 ATTACK = textwrap.dedent(
     """
-    import json, socket, subprocess, sys
+    import json, os, socket, subprocess, sys
 
-    port, inner, token_file, server_pid = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    door, inner, token_file, server_pid = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 
-    def ask(port, extra=""):
+    def ask(connect, extra=""):
         try:
-            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            sock = connect()
         except OSError as exc:
             return {"connect": f"{type(exc).__name__}: {exc}"}
-        sock.sendall(f"GET {LIST} HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n{extra}\\r\\n".encode())
-        data, closed = b"", False
+        sock.sendall(f"GET {LIST} HTTP/1.1\\r\\nHost: localhost\\r\\n{extra}\\r\\n".encode())
+        data = b""
         try:
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    closed = True
-                    break
+            while chunk := sock.recv(65536):
                 data += chunk
         except OSError:
-            pass  # still open after 5 s: a keep-alive answer
+            pass
         sock.close()
-        head, _, body = data.partition(b"\\r\\n\\r\\n")
-        return {"status": head.split(b"\\r\\n")[0].decode(errors="replace"), "body": body.decode(errors="replace"),
-                "closed": closed}
+        return {"answer": data.decode(errors="replace")}
+
+    def unix():
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(5)
+        sock.connect(door)
+        return sock
 
     out = {
-        "no_token": ask(port),
-        "wrong_bearer": ask(port, "Authorization: Bearer " + "A" * 43 + "\\r\\n"),
-        "wrong_header": ask(port, "x-chroma-token: " + "A" * 43 + "\\r\\n"),
-        "server_port": ask(inner),
+        "door": ask(unix),
+        "door_with_a_guess": ask(unix, "Authorization: Bearer " + "A" * 43 + "\\r\\n"),
+        "server_port": ask(lambda: socket.create_connection(("127.0.0.1", inner), timeout=5)),
     }
+    # A door of one's own in its place: a file, or a socket bound beside it.
+    for what, act in (
+        ("replace", lambda: open(os.path.join(os.path.dirname(door), "door.sock.1"), "w")),
+        ("bind", lambda: socket.socket(socket.AF_UNIX).bind(door + ".squat")),
+    ):
+        try:
+            act()
+            out[what] = "done"
+        except OSError as exc:
+            out[what] = f"{type(exc).__name__}: {exc}"
     try:
         open(token_file).read()
         out["token_file"] = "read"
@@ -94,22 +107,18 @@ def _token(settings: Settings) -> str | None:
 
 
 def _client(url: str, token: str | None) -> Any:
-    import chromadb
-    from chromadb.config import Settings as ChromaSettings
-
-    port = int(url.rsplit(":", 1)[1])
-    headers = {"Authorization": f"Bearer {token}"} if token else None
-    return chromadb.HttpClient(
-        host="127.0.0.1", port=port, headers=headers, settings=ChromaSettings(anonymized_telemetry=False)
-    )
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return http_client(url, headers=headers)
 
 
-def _raw_get(port: int, path: str, extra: str = "") -> tuple[str, bytes, bool]:
+def _raw_get(door: str, path: str, extra: str = "") -> tuple[str, bytes, bool]:
     """Status line, body and whether the server closed the connection, for one request on a new one."""
     import socket
 
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{extra}\r\n".encode())
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(door)
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n{extra}\r\n".encode())
         data, closed = b"", False
         try:
             while True:
@@ -150,6 +159,12 @@ def test_the_token_is_the_owners_alone(served):
     assert len(token_file.read_text().strip()) >= 32
     state = services.chroma_state(settings)
     assert state is not None and "token" not in json.dumps(state).lower()
+    # The door: a socket of the owner's, in a directory nobody else may enter.
+    door = Path(state["socket"])
+    assert door.parent == settings.chroma_path and stat.S_ISSOCK(door.lstat().st_mode)
+    assert door.lstat().st_uid == os.geteuid() and stat.S_IMODE(door.lstat().st_mode) & 0o077 == 0
+    assert stat.S_IMODE(settings.chroma_path.stat().st_mode) == 0o700
+    assert state["url"] == f"unix://{door}"
     # Never on a command line, where every user can read it (ps).
     for pid in (state["pid"], state.get("proxy_pid", state["pid"])):
         assert token_file.read_text().strip().encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -171,7 +186,7 @@ def test_another_local_user_is_refused_and_the_owner_gets_in(served):
             "-I",
             "-c",
             ATTACK,
-            str(state["port"]),
+            state["socket"],
             str(_server_port(state)),
             str(settings.chroma_path / "token"),
             str(state["pid"]),
@@ -184,11 +199,11 @@ def test_another_local_user_is_refused_and_the_owner_gets_in(served):
     )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
-    for attempt in ("no_token", "wrong_bearer", "wrong_header"):
-        answer = seen[attempt]
-        assert answer.get("status", "").startswith("HTTP/1.1 401"), (attempt, answer)
-        assert answer["closed"] is True, (attempt, answer)
-        assert SECRET_COLLECTION not in answer["body"] and '"AuthError"' in answer["body"], (attempt, answer)
+    # The door is a file in a directory only the owner may enter: no connection, with a token or without.
+    for attempt in ("door", "door_with_a_guess"):
+        assert "PermissionError" in seen[attempt].get("connect", ""), (attempt, seen[attempt])
+    for attempt in ("replace", "bind"):
+        assert "PermissionError" in seen[attempt], (attempt, seen[attempt])
     # The server's own port is in a network namespace nobody else is in: nothing listens there on this side.
     assert "ConnectionRefusedError" in seen["server_port"].get("connect", ""), seen["server_port"]
     assert "PermissionError" in seen["token_file"], seen["token_file"]
@@ -196,7 +211,7 @@ def test_another_local_user_is_refused_and_the_owner_gets_in(served):
     assert seen["nsenter"]["code"] != 0 and ("permission denied" in refusal or "not permitted" in refusal), refusal
 
     # The owner, with the token: the list the others did not get, then a write and a query.
-    status, body, _ = _raw_get(state["port"], LIST, f"Authorization: Bearer {_token(settings)}\r\n")
+    status, body, _ = _raw_get(state["socket"], LIST, f"Authorization: Bearer {_token(settings)}\r\n")
     assert status.startswith("HTTP/1.1 200") and SECRET_COLLECTION.encode() in body
     col = _client(url, _token(settings)).get_collection(SECRET_COLLECTION)
     col.add(ids=["m2:1"], embeddings=[[0.9, 0.1, 0.0, 0.0]], metadatas=[{"user_id": "owner"}])
@@ -204,18 +219,73 @@ def test_another_local_user_is_refused_and_the_owner_gets_in(served):
     assert found["ids"] == [["m2:1"]]
 
 
+# Run by `nobody` with the token it was somehow given, through a door left open by mistake.
+OPEN_DOOR = textwrap.dedent(
+    """
+    import json, socket, sys
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(sys.argv[1])
+    head = f"GET {LIST} HTTP/1.1\\r\\nHost: localhost\\r\\nAuthorization: Bearer {sys.argv[2]}\\r\\n\\r\\n"
+    sock.sendall(head.encode())
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except OSError:
+        pass
+    print(json.dumps(data.decode(errors="replace")))
+    """
+).replace("{LIST}", LIST)
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="switching to `nobody` needs root (CI runs as root)")
+def test_a_door_left_open_by_mistake_still_lets_no_one_else_in(served):
+    """HOME/chroma opened to all (a careless chmod): another user who even holds the token is
+    refused by the door, which asks the kernel who is calling (SO_PEERCRED); and the owner's own
+    clients send nothing, token included, to a socket in a directory others could have written to."""
+    settings, url = served
+    state = services.chroma_state(settings)
+    assert state is not None
+    door, chroma = Path(state["socket"]), settings.chroma_path
+    modes = {path: stat.S_IMODE(path.lstat().st_mode) for path in (chroma, door)}
+    try:
+        chroma.chmod(0o777)
+        door.chmod(0o777)
+        done = subprocess.run(
+            [*AS_NOBODY, "/usr/bin/python3", "-I", "-c", OPEN_DOOR, str(door), str(_token(settings))],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout)
+        assert answer.startswith("HTTP/1.1 401") and SECRET_COLLECTION not in answer, answer
+        with pytest.raises(PermissionError, match="only uid"):
+            unix_http.connect_path(door)
+        assert services.chroma_heartbeat(url) is False
+        with pytest.raises(services.ServiceError, match="only uid"):
+            VectorStore(embedder=HashingEmbedder(dimension=4), url=url).client()
+    finally:
+        for path, mode in modes.items():
+            path.chmod(mode)
+    assert services.chroma_heartbeat(url) is True
+
+
 def test_the_same_user_without_the_token_is_refused_too(served):
     settings, url = served
     state = services.chroma_state(settings)
     assert state is not None
-    status, body, closed = _raw_get(state["port"], LIST)
+    status, body, closed = _raw_get(state["socket"], LIST)
     assert status.startswith("HTTP/1.1 401") and closed and SECRET_COLLECTION.encode() not in body
-    status, _, closed = _raw_get(state["port"], "/api/v2/heartbeat", "x-chroma-token: not-the-token\r\n")
+    status, _, closed = _raw_get(state["socket"], "/api/v2/heartbeat", "x-chroma-token: not-the-token\r\n")
     assert status.startswith("HTTP/1.1 401") and closed
     with pytest.raises(Exception, match=r"(?i)token|auth"):
         _client(url, None).list_collections()
     # Either header the proxy documents lets the owner in.
-    status, body, _ = _raw_get(state["port"], LIST, f"x-chroma-token: {_token(settings)}\r\n")
+    status, body, _ = _raw_get(state["socket"], LIST, f"x-chroma-token: {_token(settings)}\r\n")
     assert status.startswith("HTTP/1.1 200") and SECRET_COLLECTION.encode() in body
 
 
@@ -263,7 +333,7 @@ def test_stop_ends_the_proxy_and_the_server_and_either_ending_ends_the_other(tmp
         assert not services.pid_alive(server)
         again = services.ensure_chroma(settings)
         second = services.chroma_state(settings)
-        assert second is not None and again != url and second["pid"] != server
+        assert second is not None and again == url and second["pid"] != server  # the same door, a new pair
         assert services.chroma_heartbeat(again) and services.chroma_headers(again)
         # The server's group alone signalled (what a `stop` of an earlier version does): its proxy ends too.
         os.killpg(int(second["pid"]), signal.SIGTERM)

@@ -1,25 +1,30 @@
-"""The only way in to the embedded Chroma server: a token check in front of a server nobody can reach.
+"""The only way in to the embedded Chroma server: a door only HOME's owner can open, in front of a
+server nobody can reach.
 
 Chroma 1.x's server has no authentication of its own, and a port on 127.0.0.1 is open to every local
-user. So `services._start_chroma` runs this file as a program (standard library only, `python -I`), in
-a session of its own, and it:
+user (and free for any of them to take once its owner lets go of it). So `services._start_chroma` runs
+this file as a program (standard library only, `python -I`), in a session of its own, and it:
 
-1. listens on 127.0.0.1, on a port the kernel picks, in the machine's network namespace;
+1. listens on the Unix socket SOCKET_FILE inside Chroma's data directory (HOME/chroma, 0700): no other
+   user can connect to it, replace it or put anything in its place; the socket is bound under a
+   temporary name and renamed into place, so its path is always either the old door or the new;
 2. moves itself into a new network namespace (`unshare(CLONE_NEWNET)` as root; otherwise inside a user
    namespace of its own, CLONE_NEWUSER too, mapping only its own uid and gid) and brings its loopback up;
 3. starts `chroma run` there, on 127.0.0.1 of that namespace, which holds no other process;
-4. forwards, byte for byte and keep-alive included, every connection whose first request carries the
-   HOME's token (`Authorization: Bearer <token>` or `x-chroma-token: <token>`; the token is the file
-   TOKEN_FILE, 0600, beside Chroma's data) to that server; any other gets 401 and is closed.
+4. forwards, byte for byte and keep-alive included, every connection from its own uid (SO_PEERCRED)
+   whose first request carries the HOME's token (`Authorization: Bearer <token>` or
+   `x-chroma-token: <token>`; the token is the file TOKEN_FILE, 0600, beside Chroma's data) to that
+   server; any other gets 401 and is closed.
 
-A socket keeps the namespace it was made in: the listening socket (made before the move) stays on the
-machine's loopback, every socket made after it is inside, so one process holds both ends.
+The token is a second lock on a door that only the owner can reach: it never travels over a socket
+another uid could own.
 
-Once Chroma answers, one JSON line on `--ready-fd` says `{"port", "server_pid", "isolation"}`, or
+Once Chroma answers, one JSON line on `--ready-fd` says `{"socket", "server_pid", "isolation"}`, or
 `{"error", "detail"}` when it cannot start (exit code EXIT_ISOLATION: no namespace could be made).
 A SIGTERM ends Chroma, then this process; Chroma's exit ends this process; this process's death
 sends Chroma a SIGTERM (PR_SET_PDEATHSIG). Both are in one session; Chroma leads a process group
 of its own, so a process that signals only its group (an earlier version's `stop`) ends the pair too.
+On the way out the door's socket file is removed, if it is still this door's.
 
 `--isolation=none` skips steps 2 and 3's namespace: Chroma then listens on a port of the machine's
 loopback that any local user can reach without the token (MEMORY_PIPELINES_CHROMA_ISOLATION=none).
@@ -53,19 +58,23 @@ __all__ = [
     "EXIT_SERVER",
     "ISOLATIONS",
     "REFUSAL",
+    "SOCKET_FILE",
     "TOKEN_FILE",
     "TOKEN_HEADER",
     "Door",
     "IsolationError",
     "answers",
     "authorized",
+    "bind_door",
     "isolate",
     "main",
+    "open_door",
     "presented_tokens",
     "start_server",
 ]
 
 TOKEN_FILE = "token"
+SOCKET_FILE = "door.sock"
 TOKEN_HEADER = "x-chroma-token"
 ISOLATIONS = ("auto", "netns", "none")
 EXIT_ISOLATION = 3  # no network namespace could be made
@@ -265,8 +274,8 @@ def _end(server: subprocess.Popen[bytes]) -> None:
 
 
 class Door:
-    """Accepts on `listener`; a connection whose first request head carries `token` is spliced to
-    127.0.0.1:`upstream_port` of this process's namespace, any other is refused."""
+    """Accepts on `listener`; a connection from this process's uid whose first request head carries
+    `token` is spliced to 127.0.0.1:`upstream_port` of this process's namespace, any other is refused."""
 
     def __init__(self, listener: socket.socket, *, upstream_port: int, token: bytes) -> None:
         self.listener = listener
@@ -324,9 +333,13 @@ class Door:
     def _handle(self, client: socket.socket) -> None:
         with client:
             try:
-                head = self._read_head(client)
+                owner = _from_owner(client)
+                head = self._read_head(client) if owner else None
             finally:
                 self._settle(client)
+            if not owner:
+                self._refuse(client)
+                return
             if head is None:
                 return
             if not authorized(head[: head.find(b"\r\n\r\n")], self.token):
@@ -337,9 +350,9 @@ class Door:
             except OSError:
                 return  # the server is gone or going: the client sees the connection close
             with upstream:
-                for sock in (client, upstream):
-                    sock.settimeout(None)
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # requests are small: no Nagle wait
+                client.settimeout(None)
+                upstream.settimeout(None)
+                upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # requests are small: no Nagle wait
                 back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
                 back.start()
                 _pump(client, upstream, head)
@@ -387,6 +400,18 @@ class Door:
                 self._reported = now
 
 
+def _from_owner(client: socket.socket) -> bool:
+    """A Unix socket's peer runs as this process's uid (the kernel says so: SO_PEERCRED); a TCP
+    client (tests of the door alone) has the token to show instead."""
+    if client.family != socket.AF_UNIX:
+        return True
+    try:
+        _, uid, _ = struct.unpack("3i", client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except OSError:
+        return False
+    return bool(uid == os.geteuid())
+
+
 def _pump(src: socket.socket, dst: socket.socket, first: bytes = b"") -> None:
     """Copy `src` to `dst` until `src` ends (then half-close `dst`) or either fails (then end both)."""
     try:
@@ -408,6 +433,57 @@ def _pump(src: socket.socket, dst: socket.socket, first: bytes = b"") -> None:
 
 # ---------------------------------------------------------------------------------------------
 # The program
+
+
+def bind_door(directory: str) -> tuple[socket.socket, str]:
+    """Listen on a socket file of its own name (owner-only) in `directory`, which becomes this
+    process's working directory (relative names fit sun_path however deep HOME is); returns the
+    socket and that name, for open_door once the server answers."""
+    os.chdir(directory)
+    for name in os.listdir("."):
+        if name.startswith(f"{SOCKET_FILE}."):  # a killed door's (one door starts at a time, under HOME's lock)
+            _unlink(name)
+    temporary = f"{SOCKET_FILE}.{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(temporary)
+        os.chmod(temporary, 0o600)
+        listener.listen(128)
+    except BaseException:
+        listener.close()
+        _unlink(temporary)
+        raise
+    return listener, temporary
+
+
+def open_door(temporary: str) -> int:
+    """Rename the bound socket over SOCKET_FILE: a client finds the old door or the new one at the
+    path, never nothing and never a file another user made. Returns the file's inode."""
+    inode = os.stat(temporary).st_ino
+    os.rename(temporary, SOCKET_FILE)
+    return inode
+
+
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(name)
+    except FileNotFoundError:
+        pass
+
+
+def _close_door(listener: socket.socket, temporary: str, inode: int | None) -> None:
+    """Stop listening and remove the door's file if it is still this door's (a newer one may stand there)."""
+    _unlink(temporary)
+    try:
+        if inode is not None and os.stat(SOCKET_FILE).st_ino == inode:
+            os.unlink(SOCKET_FILE)
+    except OSError:
+        pass
+    try:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
+    except OSError:
+        pass
+    listener.close()
 
 
 def _report(fd: int | None, message: dict[str, object]) -> None:
@@ -441,16 +517,14 @@ def main(argv: list[str] | None = None) -> int:
         token = (Path(args.dir) / TOKEN_FILE).read_bytes().strip()
         if len(token) < 16:
             raise OSError(f"{Path(args.dir) / TOKEN_FILE} holds no usable token")
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(128)
         unisolated = ""
         try:
             isolation = isolate() if args.isolation != "none" else "none"
         except IsolationError as exc:
             if args.isolation == "netns":
                 raise
-            isolation, unisolated = "none", str(exc)  # auto: the token still guards the door
+            isolation, unisolated = "none", str(exc)  # auto: the door still guards the server's files
+        listener, temporary = bind_door(args.dir)  # a path socket: the same file in every network namespace
     except IsolationError as exc:
         _report(ready, {"error": "isolation", "detail": str(exc)})
         return EXIT_ISOLATION
@@ -459,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_SERVER
     except _Stop:
         return 0
-    server = None
+    server, inode = None, None
     try:
         inner = _inner_port()
         server = start_server(args.binary, args.dir, inner)
@@ -470,9 +544,12 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_SERVER
         door = Door(listener, upstream_port=inner, token=token)
         threading.Thread(target=door.serve, daemon=True).start()
-        port = int(listener.getsockname()[1])
-        _report(ready, {"port": port, "server_pid": server.pid, "isolation": isolation, "unisolated": unisolated})
-        _log(f"chroma server pid {server.pid} behind 127.0.0.1:{port} (isolation: {isolation})")
+        inode = open_door(temporary)
+        door_path = str(Path(args.dir) / SOCKET_FILE)
+        _report(
+            ready, {"socket": door_path, "server_pid": server.pid, "isolation": isolation, "unisolated": unisolated}
+        )
+        _log(f"chroma server pid {server.pid} behind {door_path} (isolation: {isolation})")
         code = server.wait()
         _log(f"chroma server exited with code {code}")
         return EXIT_SERVER
@@ -481,11 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)  # a second signal must not cut the cleanup short
-        try:
-            listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
-        except OSError:
-            pass
-        listener.close()
+        _close_door(listener, temporary, inode)
         if server is not None:
             _end(server)
 

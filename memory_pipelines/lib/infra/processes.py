@@ -27,7 +27,6 @@ __all__ = [
     "group_members",
     "home_processes",
     "is_dagster_process",
-    "listens_on",
     "names_home",
     "names_path",
     "process_environ",
@@ -227,26 +226,3 @@ def group_members(pgid: int) -> list[int]:
         rows = (line.split() for line in out.splitlines())
         return [int(r[0]) for r in rows if len(r) >= 3 and int(r[1]) == pgid and not r[2].startswith("Z")]
     return [proc.pid for proc in processes() if proc.pgrp == pgid]
-
-
-def listens_on(pid: int, port: int) -> bool | None:
-    """Whether `pid` holds the socket listening on 127.0.0.1:`port`; None where /proc cannot tell.
-
-    Ports are machine-wide: between our probe of a free port and the server's bind, another HOME's
-    server (or anyone's) can take it, and its heartbeat would then pass for our server's."""
-    try:
-        table = Path("/proc/net/tcp").read_text().splitlines()[1:]
-        fds = list(Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
-        return None
-    wanted = f"0100007F:{port:04X}"
-    inodes = {
-        f"socket:[{cols[9]}]" for cols in (line.split() for line in table) if cols[1] == wanted and cols[3] == "0A"
-    }
-    held = set()
-    for fd in fds:
-        try:
-            held.add(os.readlink(fd))
-        except OSError:
-            continue
-    return bool(inodes & held)

