@@ -85,7 +85,7 @@ def main() -> None:
         f"backup: {versions:,} versions, {manifest['bytes'] / 1e6:.1f} MB sealed, {backup_s:.2f} s"
         f" ({versions / backup_s:,.0f} rows/s)"
     )
-    with backups._scratch() as scratch:  # the very archive bytes the backup encrypted
+    with backups._scratch(tenant) as scratch:  # the very archive bytes the backup encrypted
         archive = backups._fetch_archive(backups._backup_row(tenant, manifest["backup_id"]), scratch).read_bytes()
     figures = encryption_ratio(archive)
     print(

