@@ -1,6 +1,7 @@
 """Issue 21, item 3 (files): everything the project creates under HOME is its owner's alone, whatever
 the umask. On 970c91a, with umask 022, `chroma.sqlite3` and the analytics Parquet files were
-world-readable; here the CLI and the Python API both run with umask 022 on a fresh HOME.
+world-readable; here the CLI and the Python API both run with umask 022 on a fresh HOME. The same
+lifecycle's paths are all in the inventory of what lives where (lib/infra/inventory.py, issue 35).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from memory_pipelines.lib.infra import services
+from memory_pipelines.lib.infra.inventory import unlisted
 from tests.conftest import CLI, settings_for
 
 pytestmark = pytest.mark.slow
@@ -77,6 +79,9 @@ def test_nothing_under_home_is_open_to_others_whatever_the_umask(tmp_path):
         done = _run([sys.executable, "-c", PLATFORM], home)
         assert done.returncode == 0, done.stderr
         assert _too_open(home) == []
+        # Every path that lifecycle wrote is in the inventory of what lives where (README, Production).
+        written = [Path(d, name) for d, dirs, names in os.walk(home) for name in (*dirs, *names)]
+        assert len(written) > 50 and unlisted(home, written) == []
         if os.geteuid() == 0:
             # Read as another user would: nothing under HOME opens for `nobody`.
             for target in [home / "chroma" / "chroma.sqlite3", *home.glob("analytics/tenants/*/*/*.parquet")]:
