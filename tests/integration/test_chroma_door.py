@@ -27,12 +27,12 @@ import pytest
 from memory_pipelines.lib.infra.services import ensure_services, stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from tests.conftest import settings_for
+from tests.support.local_user import AS_NOBODY
 
 pytestmark = pytest.mark.slow
 
 CONNECTIONS = 2000
 DESCRIPTORS = 200  # the proxy's limit while the flood runs
-AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
 # Run with the system's python3: hold CONNECTIONS connections to the door open, each sent one byte
 # of a request head and another every few seconds, opening new ones as the door closes old ones.
 FLOOD = textwrap.dedent(
@@ -181,30 +181,40 @@ def test_a_flood_never_closes_the_door_and_another_user_cannot_even_knock(home: 
     usual_recall = statistics.median(_owner(settings, tenant, "recall", "bees") for _ in range(3))
     usual_forget = _owner(settings, tenant, "forget", ids[0])
 
-    # Another user's flood: not one connection. The door is a file in a directory they cannot enter.
-    nobody = _flood(door, 10, as_nobody=True)
-    # The owner's own flood without the token (a leaking client of theirs), 2,000 connections at a
-    # time. The door sheds the oldest and goes on accepting.
+    # Another user's flood (issue 34's): not one connection, so the owner's work goes at its usual pace.
+    nobody = _flood(door, 20, as_nobody=True)
+    try:
+        time.sleep(3)
+        during_recall = max(_owner(settings, tenant, "recall", "bees") for _ in range(3))
+        during_forget = _owner(settings, tenant, "forget", ids[1])
+    finally:
+        nobody_out, nobody_err = nobody.communicate(timeout=120)
+    knocked = json.loads(nobody_out)
+    assert knocked["opened"] == 0 and set(knocked["refused"]) == {"PermissionError"}, (knocked, nobody_err[-500:])
+    assert during_recall < usual_recall + 2.0, (usual_recall, during_recall)
+    assert during_forget < usual_forget + 2.0, (usual_forget, during_forget)
+
+    # The owner's own flood without the token (a leaking client of theirs, not a boundary: the owner
+    # may stop the server anyway), 2,000 connections at a time: the door runs out of descriptors,
+    # sheds waiting connections that sent no whole head, and goes on accepting; the owner's work is
+    # slower behind it (the door serves connections in turn) but done.
     flood = _flood(door, 40, as_nobody=False)
     try:
         time.sleep(8)  # the flood at full strength
         in_use = 0
-        for _ in range(20):
+        for _ in range(40):
             in_use = max(in_use, _descriptors(proxy))
             time.sleep(0.05)
-        during_recall = max(_owner(settings, tenant, "recall", "bees") for _ in range(3))
-        during_forget = _owner(settings, tenant, "forget", ids[1])
+        behind_recall = _owner(settings, tenant, "recall", "bees")
+        behind_forget = _owner(settings, tenant, "forget", ids[2])
     finally:
         out, err = flood.communicate(timeout=120)
-        nobody_out, nobody_err = nobody.communicate(timeout=120)
-    assert during_recall < usual_recall + 2.0, (usual_recall, during_recall)
-    assert during_forget < usual_forget + 2.0, (usual_forget, during_forget)
-    knocked = json.loads(nobody_out)
-    assert knocked["opened"] == 0 and set(knocked["refused"]) == {"PermissionError"}, (knocked, nobody_err[-500:])
-    # The flood was one: the door ran out of descriptors and kept accepting (e54b03f stopped for good).
     held = json.loads(out)
-    assert in_use >= DESCRIPTORS - 8, f"the proxy held {in_use} descriptors of {DESCRIPTORS}"
-    assert held["opened"] >= CONNECTIONS, f"the flood held {held} ({err[-500:]})"
+    # At its limit, less what one shed frees (16) and what the sampling misses between two looks.
+    assert in_use >= DESCRIPTORS - 24, f"the proxy held {in_use} descriptors of {DESCRIPTORS}"
+    # Accepted far past its descriptors (with its shedding off, as on e54b03f, it stopped at 325).
+    assert held["opened"] >= 3 * DESCRIPTORS, f"the flood held {held} ({err[-500:]})"
+    assert behind_recall < 60 and behind_forget < 90, (behind_recall, behind_forget)
     # Afterwards nothing needs a restart: the same proxy serves a recall at its usual pace.
     assert _proxy(settings) == (proxy, door) and Path(f"/proc/{proxy}").exists()
     assert _owner(settings, tenant, "recall", "bees") < usual_recall + 2.0

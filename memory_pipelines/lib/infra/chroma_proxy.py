@@ -41,6 +41,7 @@ import ctypes
 import errno
 import fcntl
 import hmac
+import itertools
 import json
 import os
 import signal
@@ -88,11 +89,15 @@ _IFF_UP = 0x1
 _IFREQ = "16sH14x"  # struct ifreq: the interface name, then ifr_flags
 _HEAD_LIMIT = 64 * 1024  # a request head longer than this is refused
 _HEAD_SECONDS = 10.0  # a client gets this long, in all, to send its first request head
-# Connections that have not yet shown the token, at most: past it the oldest is dropped. A client of
-# ours sends its head within a millisecond of connecting, so only a flood's connections age out.
+# Connections that have not yet shown the token, at most: past it the oldest that has not sent a whole
+# request head is dropped. A client of ours sends its head within a millisecond of connecting.
 _MAX_PENDING = 256
 # accept() failing for want of descriptors or memory: the door sheds, it does not close.
 _SHED_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+# Connections the kernel holds before accept. Past it a Unix socket's connect fails at once (EAGAIN)
+# and our clients try again (unix_http.CONNECT_RETRIES); a longer queue only makes a client wait
+# behind a flood's connections (measured: 4096 held a recall 32 s behind 2,000 of them).
+_BACKLOG = 128
 _CHUNK = 256 * 1024
 _STOP_SECONDS = 15.0  # Chroma's time to end on SIGTERM before SIGKILL (services waits 20 s for the group)
 _REFUSED_BODY = json.dumps(
@@ -315,16 +320,21 @@ class Door:
             self._shed(over)
 
     def _shed(self, count: int) -> None:
-        """End the `count` oldest connections still without the token (their threads then close them)."""
+        """End the `count` oldest connections still without the token that have not sent a whole
+        request head (their threads then close them). One that has is a client's, waiting only for
+        its thread to read it (a busy machine): a flood's sends a byte now and then, never a head."""
         with self._lock:
-            oldest = [self._pending.popitem(last=False)[0] for _ in range(min(count, len(self._pending)))]
-        for sock in oldest:
+            waiting = list(self._pending)
+        idle = list(itertools.islice((sock for sock in waiting if not _head_arrived(sock)), count))
+        with self._lock:  # only those still waiting: a thread may have read its head meanwhile
+            idle = [sock for sock in idle if self._pending.pop(sock, False) is None]
+        for sock in idle:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        if not oldest:
-            time.sleep(0.05)  # every descriptor is an authorised connection's: wait for one to end
+        if not idle:
+            time.sleep(0.05)  # every descriptor is a client's: wait for one to end
 
     def _settle(self, client: socket.socket) -> None:
         with self._lock:
@@ -400,6 +410,14 @@ class Door:
                 self._reported = now
 
 
+def _head_arrived(sock: socket.socket) -> bool:
+    """`sock` holds a whole request head, unread (MSG_PEEK: its thread still reads it as it came)."""
+    try:
+        return b"\r\n\r\n" in sock.recv(_HEAD_LIMIT, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:
+        return False
+
+
 def _from_owner(client: socket.socket) -> bool:
     """A Unix socket's peer runs as this process's uid (the kernel says so: SO_PEERCRED); a TCP
     client (tests of the door alone) has the token to show instead."""
@@ -448,7 +466,7 @@ def bind_door(directory: str) -> tuple[socket.socket, str]:
     try:
         listener.bind(temporary)
         os.chmod(temporary, 0o600)
-        listener.listen(128)
+        listener.listen(_BACKLOG)
     except BaseException:
         listener.close()
         _unlink(temporary)

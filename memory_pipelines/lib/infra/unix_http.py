@@ -22,6 +22,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 __all__ = [
     "BASE_URL",
+    "CONNECT_RETRIES",
     "SCHEME",
     "UnsafeSocket",
     "connect_path",
@@ -35,6 +36,7 @@ SCHEME = "unix"
 # What an HTTP client puts in its request line and Host header; the socket decides where it goes.
 BASE_URL = "http://localhost"
 _SUN_PATH = 107  # sockaddr_un's path, less its terminating NUL
+CONNECT_RETRIES = 3  # after 0, 0.5 and 1 s (httpcore's backoff): a dead door is told within 1.5 s
 _dir_fds: dict[str, int] = {}
 _dir_fds_lock = threading.Lock()
 
@@ -123,4 +125,5 @@ def httpx_transport(url: str) -> Any | None:
         return None
     import httpx
 
-    return httpx.HTTPTransport(uds=connect_path(path))
+    # A full backlog fails a Unix socket's connect at once (EAGAIN) where TCP would wait: try again.
+    return httpx.HTTPTransport(uds=connect_path(path), retries=CONNECT_RETRIES)

@@ -28,14 +28,13 @@ _DATABASE_PATH = "/api/v2/tenants/default_tenant/databases/default_database"
 
 
 def unreachable(exc: BaseException) -> bool:
-    """`exc` says nothing answered (no connection was made, so no request was sent)."""
-    import httpx
-
+    """`exc` says no server listens there (refused, or no socket file), so no request was sent. A
+    door that is only busy (its backlog full: EAGAIN) is not that: its pair must not be restarted."""
     seen: BaseException | None = exc
     for _ in range(8):
         if seen is None:
             return False
-        if isinstance(seen, httpx.ConnectError | ConnectionRefusedError | FileNotFoundError):
+        if isinstance(seen, ConnectionRefusedError | FileNotFoundError):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
