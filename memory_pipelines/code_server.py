@@ -37,14 +37,16 @@ from memory_pipelines.lib.infra.settings import Settings, positive_int
 
 __all__ = [
     "ENV_IDLE_SECONDS",
+    "LOCATION",
     "WarmServer",
+    "module_workspace",
     "warm_server",
 ]
 
 ENV_IDLE_SECONDS = "MEMORY_PIPELINES_CODE_SERVER_IDLE_SECONDS"
 DEFAULT_IDLE_SECONDS = 300
 START_SECONDS = 120.0
-LOCATION = "memory_pipelines"
+LOCATION = "memory_pipelines"  # the code location's name: workspaces, runs' origins, the UI
 _ENV_PREFIXES = ("MEMORY_PIPELINES_", "DAGSTER_", "AWS_", "PYTHON")
 _ENV_NAMES = ("PATH", "HOME", "TZ", "LANG", "LC_ALL", "VIRTUAL_ENV")
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import psycopg
 
+from memory_pipelines.code_server import LOCATION
 from memory_pipelines.lib.infra import progress
 from memory_pipelines.lib.infra.children import children_isolated
 from memory_pipelines.lib.infra.errors import (
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 
 # `memories` and every registered store's asset (stores/<store>/spec.py).
 ALL_ASSETS = ("memories", *(spec.asset for spec in registry.stores() if spec.asset))
-LOCATION = "memory_pipelines"
 PARTITION_TAG = "dagster/partition"
 TENANT_TAG = "memory_pipelines/tenant"
 # The asset jobs' default executor starts a process per step, each loading the code location and

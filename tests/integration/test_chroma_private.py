@@ -28,11 +28,11 @@ from memory_pipelines.lib.stores.vectors.client import http_client
 from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
 from memory_pipelines.lib.stores.vectors.index import VectorStore
 from tests.conftest import settings_for
+from tests.support.local_user import run_as_nobody
 
 pytestmark = pytest.mark.slow
 
 AS_ROOT = os.geteuid() == 0
-AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
 LIST = "/api/v2/tenants/default_tenant/databases/default_database/collections"
 SECRET_COLLECTION = "mem-secret-of-the-owner"
 
@@ -171,34 +171,18 @@ def test_the_token_is_the_owners_alone(served):
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="switching to `nobody` needs root (CI runs as root)")
-@pytest.mark.skipif(shutil.which("runuser") is None or not Path("/usr/bin/python3").exists(), reason="no runuser")
+@pytest.mark.skipif(shutil.which("setpriv") is None or not Path("/usr/bin/python3").exists(), reason="no setpriv")
 def test_another_local_user_is_refused_and_the_owner_gets_in(served):
     settings, url = served
     state = services.chroma_state(settings)
     assert state is not None
-    done = subprocess.run(
-        [
-            "runuser",
-            "-u",
-            "nobody",
-            "--",
-            "/usr/bin/python3",
-            "-I",
-            "-c",
-            ATTACK,
-            state["socket"],
-            str(_server_port(state)),
-            str(settings.chroma_path / "token"),
-            str(state["pid"]),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd="/",
-        check=False,
+    seen = run_as_nobody(
+        ATTACK,
+        state["socket"],
+        str(_server_port(state)),
+        str(settings.chroma_path / "token"),
+        str(state["pid"]),
     )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
     # The door is a file in a directory only the owner may enter: no connection, with a token or without.
     for attempt in ("door", "door_with_a_guess"):
         assert "PermissionError" in seen[attempt].get("connect", ""), (attempt, seen[attempt])
@@ -252,16 +236,7 @@ def test_a_door_left_open_by_mistake_still_lets_no_one_else_in(served):
     try:
         chroma.chmod(0o777)
         door.chmod(0o777)
-        done = subprocess.run(
-            [*AS_NOBODY, "/usr/bin/python3", "-I", "-c", OPEN_DOOR, str(door), str(_token(settings))],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd="/",
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        answer = json.loads(done.stdout)
+        answer = run_as_nobody(OPEN_DOOR, str(door), str(_token(settings)))
         assert answer.startswith("HTTP/1.1 401") and SECRET_COLLECTION not in answer, answer
         with pytest.raises(PermissionError, match="only uid"):
             unix_http.connect_path(door)

@@ -18,10 +18,9 @@ import pytest
 from memory_pipelines.lib.infra import services
 from memory_pipelines.lib.infra.inventory import unlisted
 from tests.conftest import CLI, settings_for
+from tests.support.local_user import run_as_nobody
 
 pytestmark = pytest.mark.slow
-
-AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
 
 PLATFORM = """
 from memory_pipelines import MemoryPlatform
@@ -130,16 +129,8 @@ def test_a_deep_home_keeps_postgresql_socket_to_its_owner(tmp_path):
         assert not socket_dir.is_relative_to(settings.pgdata), "the data directory's path was short enough"
         door = socket_dir / ".s.PGSQL.5432"
         assert stat.S_ISSOCK(door.lstat().st_mode)
-        done = subprocess.run(
-            [*AS_NOBODY, "/usr/bin/python3", "-I", "-c", PG_KNOCK, str(door)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd="/",
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout) == {"error": "PermissionError"}, done.stdout
+        knocked = run_as_nobody(PG_KNOCK, str(door))
+        assert knocked == {"error": "PermissionError"}, knocked
         # Stopped and started again, the server makes the socket owner-only itself, in the same place.
         services.stop_services(settings)
         again = services.ensure_services(settings, migrate=False)

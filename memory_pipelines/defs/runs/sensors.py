@@ -20,11 +20,11 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
+from memory_pipelines.code_server import LOCATION
 from memory_pipelines.dagster_internals import instance_conninfo
 from memory_pipelines.defs.runs.executors import LEASE_TAG
 from memory_pipelines.lib.infra import leases
 
-LOCATION = "memory_pipelines"
 CONFIRM_SECONDS = 3.0
 # Far above the runs in flight on one instance (max_concurrent_runs is 4 by default).
 ACTIVE_RUNS = 1000
