@@ -36,6 +36,7 @@ __all__ = [
     "prepare_data_directory",
     "restrict_parents",
     "service_user",
+    "socket_fits",
     "socket_parent",
 ]
 
@@ -151,6 +152,11 @@ def prepare_data_directory(pgdata: Path) -> None:
             os.chown(pgdata, user.pw_uid, user.pw_gid)
         elif user is not None:
             own_data_directory(pgdata, user)
+
+
+def socket_fits(pgdata: Path) -> bool:
+    """The server's socket fits in `pgdata` itself (sun_path holds 107 bytes and a NUL)."""
+    return len(os.fsencode(str(pgdata / ".s.PGSQL.5432"))) <= 107
 
 
 def socket_parent(pgdata: Path) -> Path:

