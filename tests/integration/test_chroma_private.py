@@ -342,6 +342,15 @@ def test_stop_ends_the_proxy_and_the_server_and_either_ending_ends_the_other(tmp
         third_url = services.ensure_chroma(settings)
         assert legacy.wait(30) is not None and third_url != old_url
         assert "proxy_pid" in (services.chroma_state(settings) or {})
+
+        # A pair behind an earlier version's door on a TCP port is replaced by one behind the socket.
+        third = services.chroma_state(settings)
+        assert third is not None
+        (path / "server.json").write_text(json.dumps({**third, "url": "http://127.0.0.1:9", "port": 9}))
+        assert services.ensure_chroma(settings) == third_url
+        fourth = services.chroma_state(settings)
+        assert fourth is not None and fourth["proxy_pid"] != third["proxy_pid"]
+        assert not services.pid_alive(third["proxy_pid"]) and not services.pid_alive(third["pid"])
     finally:
         services.stop_chroma(settings)
     assert _on_path(path) == []

@@ -456,19 +456,15 @@ def _live_chroma(settings: Settings, token: str) -> dict[str, Any] | None:
             _kill_group(pid)
         return None
     proxy = int(state["proxy_pid"])
-    if unix_http.socket_path(str(state["url"])) is None:
-        # An earlier version's door on a TCP port, which another user can take once it is let go.
-        if pid_alive(proxy) and _is_proxy_of(proxy, path):
-            log.warning("chroma server pid %s is behind a TCP port; replacing it with a door on a socket", pid)
-            _kill_group(proxy, *((pid,) if server_ours else ()))
-        elif server_ours:
-            _kill_group(pid)
-        return None
     proxy_ours = pid_alive(proxy) and _is_proxy_of(proxy, path)
     # Only groups whose leader is ours and alive are signalled: a dead leader's pid may be anyone's now.
     ours = tuple(leader for leader, alive in ((proxy, proxy_ours), (pid, server_ours)) if alive)
-    if not (server_ours and proxy_ours):
-        _kill_group(*ours)  # half a pair, ending: gone before another server starts
+    # An earlier version's door on a TCP port, which another user can take once it is let go.
+    tcp_door = unix_http.socket_path(str(state["url"])) is None
+    if tcp_door and proxy_ours:
+        log.warning("chroma server pid %s is behind a TCP port; replacing it with a door on a socket", pid)
+    if tcp_door or not (server_ours and proxy_ours):
+        _kill_group(*ours)  # that door, or half a pair ending: gone before another server starts
         return None
     # Our server, maybe busy (a slow heartbeat on a loaded machine): a second server on the same
     # files is the one thing never to start, so wait for it, and replace it only once it is stopped.
