@@ -1,5 +1,5 @@
-"""Where the analytics copy should live once hosts share nothing: local Parquet (today, the
-baseline), Parquet objects in S3, or a table in PostgreSQL, measured in one run.
+"""Where the analytics copy should live once hosts share nothing: local Parquet (the layout before
+2026-12-05, the baseline), Parquet objects in S3, or a table in PostgreSQL, measured in one run.
 
     .venv/bin/python -m benchmarks.analytics_location                      # 100,000 rows, 3 rounds
     .venv/bin/python -m benchmarks.analytics_location --rows 1000000 --rounds 3
@@ -7,8 +7,8 @@ baseline), Parquet objects in S3, or a table in PostgreSQL, measured in one run.
 One tenant of `--rows` rows with the columns of the analytics SCHEMA, `--subjects` authors (HMAC-like
 pseudonyms), a handful of categories. Three backends, each started and removed by this script:
 
-- (a) local Parquet: the layout of files.py in a temporary directory, 64 bucket files written aside
-  and renamed over, read the way `read_partition` reads them (each file opened once, in turn);
+- (a) local Parquet: the layout the copy had before it moved into PostgreSQL, in a temporary
+  directory, 64 bucket files written aside and renamed over, each read through one open handle;
 - (b) Parquet objects on a moto S3 server (`python -m moto.server`, its own process on 127.0.0.1),
   through pyarrow.fs.S3FileSystem; the bucket has no versioning (a versioned one keeps every
   replaced object until a lifecycle rule expires it);
@@ -63,10 +63,11 @@ from psycopg import sql
 
 from memory_pipelines.lib.infra.paths import tenant_hash
 from memory_pipelines.lib.infra.settings import DEFAULT_ANALYTICS_MEMORY_MB, DEFAULT_ANALYTICS_THREADS
-from memory_pipelines.lib.stores.analytics.files import BUCKET_FILE, BUCKETS, SCHEMA, _buckets, bucket_of
+from memory_pipelines.lib.stores.analytics.rows import BUCKETS, SCHEMA, bucket_of, buckets_of
 from memory_pipelines.lib.stores.analytics.sandbox import sandbox
 
 TENANT = "acme"
+BUCKET_FILE = "part.parquet"  # the layout of the Parquet copy before it moved into PostgreSQL
 TEAMS = 10
 CATEGORIES = ["preference", "fact", "project", "contact", "schedule", "health"]
 CATEGORY_WEIGHTS = [0.3, 0.25, 0.2, 0.1, 0.1, 0.05]
@@ -151,7 +152,7 @@ def duckdb_answer(table: pa.Table) -> list[tuple[Any, ...]]:
 
 def by_bucket(table: pa.Table) -> dict[int, pa.Table]:
     """The tenant's rows split into their bucket files, as files._replace_partition_locked splits them."""
-    buckets = _buckets(table["user_pseudonym"])
+    buckets = buckets_of(table["user_pseudonym"])
     return {b: table.filter(pc.equal(buckets, b)) for b in sorted(pc.unique(buckets).to_pylist())}
 
 
@@ -582,7 +583,7 @@ def main() -> None:
     table = generate(args.rows, args.subjects)
     subject = pseudonym("user", 0)
     subject_rows = pc.sum(pc.equal(table["user_pseudonym"], subject)).as_py()
-    bucket_rows = pc.sum(pc.equal(_buckets(table["user_pseudonym"]), bucket_of(subject))).as_py()
+    bucket_rows = pc.sum(pc.equal(buckets_of(table["user_pseudonym"]), bucket_of(subject))).as_py()
     print(
         f"{args.rows:,} rows of one tenant, {args.subjects:,} subjects, {BUCKETS} buckets; forgotten subject:"
         f" {subject_rows} rows in bucket {bucket_of(subject)} of {bucket_rows:,} rows; {args.rounds} rounds"

@@ -277,7 +277,7 @@ class _Parts:
                 from memory_pipelines.lib.stores.analytics.store import AnalyticsStore, QueryLimits
 
                 self._analytics = AnalyticsStore(
-                    self.settings.analytics_root, store=self._store, limits=QueryLimits.of(self.settings)
+                    store=self._store, limits=QueryLimits.of(self.settings), old_files=self.settings.analytics_old_files
                 )
             return self._analytics
 

@@ -91,13 +91,16 @@ class SummarizerResource(dg.ConfigurableResource):
 
 
 class AnalyticsResource(dg.ConfigurableResource):
-    """Parquet analytics copy under `home`/analytics with DuckDB views."""
+    """The analytics copy in the memory store's PostgreSQL, queried with DuckDB.
+
+    `home` is only where an earlier version kept the copy as files (`home`/analytics), which the
+    first write removes."""
 
     home: str = DEFAULT_HOME
 
-    def analytics(self, store: MemoryStore | None = None) -> AnalyticsStore:
-        """The analytics store; with `store`, its queries hide what accepted deletions hide."""
-        return AnalyticsStore(Path(self.home).resolve() / "analytics", store=store)
+    def analytics(self, *, store: MemoryStore) -> AnalyticsStore:
+        """The analytics store of `store`'s database; its queries hide what accepted deletions hide."""
+        return AnalyticsStore(store=store, old_files=Path(self.home).resolve() / "analytics")
 
 
 def derived_stores(

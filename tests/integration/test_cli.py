@@ -314,7 +314,7 @@ def test_analytics_sql_is_sandboxed_and_sees_one_tenant(cli_env, store, tenant, 
     store.write(tenant_id=tenant, user_id="alice", text="Alice likes tea")
     for text in ("Bob likes coffee", "Bob likes cocoa"):
         store.write(tenant_id=other, user_id="bob", text=text)
-    analytics = AnalyticsStore(cli_env["home"] / "analytics")
+    analytics = AnalyticsStore(store=store)
     for name in (tenant, other):
         analytics.rebuild(store=store, tenant_id=name)
     count = "SELECT count(*) FROM memories"
@@ -327,7 +327,8 @@ def test_analytics_sql_is_sandboxed_and_sees_one_tenant(cli_env, store, tenant, 
         "SELECT * FROM read_text('/etc/hostname')",
         f"SELECT * FROM read_blob('{master_key}')",
         "SELECT * FROM read_csv('/proc/self/environ')",
-        f"SELECT * FROM read_parquet('{analytics.partition_file(other)}')",
+        f"SELECT * FROM read_parquet('{cli_env['home']}/**/*.parquet')",
+        "SELECT * FROM postgres_scan('', 'derived', 'analytics_rows')",
         "SET enable_external_access = true",
         "SELECT 1; SELECT 2",
     ):
@@ -408,7 +409,7 @@ def test_a_runaway_analytics_query_ends_with_a_clear_error(cli_env, store, tenan
     """Issue 21, item 5: DuckDB's memory, threads and time per query are capped (on the code before, a
     query over range() ran unbounded and could take the machine's memory)."""
     store.write(tenant_id=tenant, user_id="alice", text="Alice likes tea")
-    AnalyticsStore(cli_env["home"] / "analytics").rebuild(store=store, tenant_id=tenant)
+    AnalyticsStore(store=store).rebuild(store=store, tenant_id=tenant)
     limits = {"MEMORY_PIPELINES_ANALYTICS_TIMEOUT_SECONDS": "2", "MEMORY_PIPELINES_ANALYTICS_MEMORY_MB": "128"}
     env = {**cli_env, "env": {**cli_env["env"], **limits}}
     started = datetime.now(UTC)

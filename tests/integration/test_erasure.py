@@ -125,9 +125,9 @@ def test_a_file_still_holding_forgotten_bytes_fails_the_erasure_and_marks_nothin
     service = DeletionService(derived)
     job = service.request(tenant_id=tenant, subject="alice")
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
-    # A stray copy in a file the erasure scans (the tenant's analytics directory), as a store
-    # that forgot a copy would leave it.
-    stray = derived.analytics.partition_dir(tenant) / "stray.bin"
+    # A stray copy in a file the erasure scans (anywhere under HOME), as a store that forgot a copy
+    # would leave it.
+    stray = ErasureService(derived).settings.home / "stray" / tenant / "stray.bin"
     stray.parent.mkdir(parents=True, exist_ok=True)
     stray.write_bytes(b"header" + bytes(blob) + b"trailer")
     try:

@@ -16,6 +16,7 @@ from memory_pipelines.lib.forget.erasure import ErasureService
 from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError, ValidationError
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores import lineage, registry
+from memory_pipelines.lib.stores.analytics.rows import write_rows
 from memory_pipelines.lib.stores.derived import open_derived
 
 pytestmark = pytest.mark.slow
@@ -322,16 +323,22 @@ def test_postgres_connection_dropped_mid_run(store, derived, world, endpoints):
     assert leftovers(store, tenant, [world["alice_personal"].memory_id, world["alice_team"].memory_id]) == 0
 
 
-def test_verification_reads_the_subjects_analytics_bucket_and_finds_a_stale_copy(store, derived, world):
-    """The analytics check reads only the subject's bucket: one that still holds the subject's rows
-    (its file put back after the delete) must block the job."""
+def test_verification_finds_a_stale_analytics_row(store, derived, world):
+    """The analytics check counts the subject's rows by exact id: one put back after the delete (as a
+    writer that missed the ordering would) must block the job."""
     tenant = world["tenant"]
-    bucket = derived.analytics.subject_bucket(store=store, tenant_id=tenant, user_id="alice")
-    path = derived.analytics.bucket_file(tenant, bucket)
-    saved: dict[str, bytes] = {}
+    saved: list[tuple[object, ...]] = []
+
+    def put_back(step: str, job_ids: list[str]) -> None:
+        left = set(derived.analytics.read_partition(tenant)["memory_id"].to_pylist())
+        with store.transaction() as conn:
+            write_rows(conn, [row for row in saved if row[0] not in left])
+
     hooks = {
-        "frozen": lambda step, job_ids: saved.update(data=path.read_bytes()),
-        "deleted:analytics": lambda step, job_ids: path.write_bytes(saved["data"]),
+        "frozen": lambda step, job_ids: saved.extend(
+            tuple(r.values()) for r in derived.analytics.read_partition(tenant).to_pylist()
+        ),
+        "deleted:analytics": put_back,
     }
     service = DeletionService(derived, hooks=hooks)
     job = service.request(tenant_id=tenant, subject="alice")

@@ -152,7 +152,7 @@ def test_07_analytics_hides_a_deletion_from_its_acceptance(store, derived, tenan
 def test_07_the_cli_analytics_query_hides_a_pending_subject_forget(cli_env, store, derived, tenant):
     store.write(tenant_id=tenant, user_id="alice", text="Alice sees a cardiologist")
     store.write(tenant_id=tenant, user_id="bob", text="Bob likes tea")
-    AnalyticsStore(cli_env["home"] / "analytics").rebuild(store=store, tenant_id=tenant)
+    AnalyticsStore(store=store).rebuild(store=store, tenant_id=tenant)
     sql = "SELECT count(DISTINCT user_pseudonym), count(*), sum(text_length) FROM memories"
 
     def query() -> list[Any]:

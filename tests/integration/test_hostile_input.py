@@ -227,7 +227,7 @@ class Case:
 def cli_cases(w: World) -> list[Case]:
     ids = w.ids
     key = w.home / "keys" / "master.key"
-    b_partition = w.derived.analytics.partition_file(B)
+    pg_files = w.home / "pg" / "data" / "base"
     pwned = w.home / "pwned.txt"
     m_a, m_team, m_bob, m_carol = ids["alice"], ids["alice_team"], ids["bob"], ids["carol"]
 
@@ -421,14 +421,14 @@ def cli_cases(w: World) -> list[Case]:
         c("analytics two statements", 2, "sql", *sql_a, "SELECT 1; SELECT 2"),
         c("analytics comment hides a DROP", 2, "sql", *sql_a, "SELECT 1 /* ; */; DROP VIEW memories --"),
         c("analytics line comment hides a COPY", 2, "sql", *sql_a, f"SELECT 1 --\n; COPY (SELECT 1) TO '{pwned}'"),
-        c("analytics other tenant's file", 2, "sql", *sql_a, f"SELECT * FROM read_parquet('{b_partition}')"),
         c(
-            "analytics every tenant's files",
+            "analytics every tenant's rows",
             2,
             "sql",
             *sql_a,
-            f"SELECT * FROM '{b_partition.parent.parent}/*/*.parquet'",
+            "SELECT * FROM postgres_scan('', 'derived', 'analytics_rows')",
         ),
+        c("analytics PostgreSQL's files", 2, "sql", *sql_a, f"SELECT * FROM read_blob('{pg_files}/*/*')"),
         c("analytics unknown tenant", 3, "tenant", "analytics", "--tenant", "ghost", "--sql", "SELECT 1"),
         c("analytics tenant injection", 2, "tenant", "analytics", "--tenant", f"{B}' OR '1'='1", "--sql", "SELECT 1"),
         c("analytics without tenant", 2, "tenant", "analytics", "--sql", "SELECT * FROM memories"),

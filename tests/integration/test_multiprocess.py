@@ -218,7 +218,6 @@ def test_a_child_on_another_home_computes_its_own_dagster_url(fresh_home, tmp_pa
 
 def _worker(home: str, tenant: str, label: str, seconds: float, out: Any) -> None:
     """Loops over every kind of work on one tenant; reports operations done and every exception."""
-    import duckdb
 
     from memory_pipelines.lib.forget.deletion import DeletionService
     from memory_pipelines.lib.runtime import open_store
@@ -274,12 +273,6 @@ def _worker(home: str, tenant: str, label: str, seconds: float, out: Any) -> Non
                 "analytics_query",
                 lambda: derived.analytics.query("SELECT count(*) FROM memories", tenant_id=tenant),
             )
-
-            def read_views() -> None:
-                with duckdb.connect(str(derived.analytics.database), read_only=True) as con:
-                    con.execute("SELECT count(*) FROM memories").fetchall()
-
-            attempt("analytics_views", read_views)
         store.close()
     except Exception as exc:
         errors.append(f"{label} setup: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}")

@@ -28,6 +28,7 @@ from memory_pipelines.lib.memories import crypto, partitions
 from memory_pipelines.lib.memories.keys import KeyStore
 from memory_pipelines.lib.memories.partitions import PARTITIONED_TABLES
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
 from memory_pipelines.lib.stores.summaries.store import ExtractiveSummarizer, SummaryStore
 
@@ -70,6 +71,7 @@ def _populate(store: MemoryStore, tenant_id: str) -> dict[str, Any]:
     )
     team = store.write(tenant_id=tenant_id, user_id="bob", text="The crew deploys on Tuesdays", team_id="crew")
     KeywordIndex(store).sync(tenant_id=tenant_id)
+    AnalyticsStore(store=store).rebuild(store=store, tenant_id=tenant_id)
     summaries = SummaryStore(store, ExtractiveSummarizer())
     summaries.sync(tenant_id=tenant_id, scope="subject")
     summaries.sync(tenant_id=tenant_id, scope="team")
@@ -435,8 +437,14 @@ def test_drop_tenant_removes_its_partitions(store: MemoryStore, tenant: str, oth
 
 
 # The tables 0011 partitions (the others came later, partitioned from the start: build keys with 0015,
-# group, version and retired keys with 0021).
-LATER_TABLES = ("keystore.build_keys", "keystore.group_keys", "keystore.version_keys", "keystore.retired_keys")
+# group, version and retired keys with 0021, the analytics rows with 0023).
+LATER_TABLES = (
+    "keystore.build_keys",
+    "keystore.group_keys",
+    "keystore.version_keys",
+    "keystore.retired_keys",
+    "derived.analytics_rows",
+)
 OLD_LAYOUT_TABLES = tuple(t for t in PARTITIONED_TABLES if t not in LATER_TABLES)
 
 

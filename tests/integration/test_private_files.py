@@ -83,7 +83,7 @@ def test_nothing_under_home_is_open_to_others_whatever_the_umask(tmp_path):
         assert len(written) > 50 and unlisted(home, written) == []
         if os.geteuid() == 0:
             # Read as another user would: nothing under HOME opens for `nobody`.
-            for target in [home / "chroma" / "chroma.sqlite3", *home.glob("analytics/tenants/*/*/*.parquet")]:
+            for target in [home / "chroma" / "chroma.sqlite3", *home.glob("keys/vault/*")]:
                 peek = subprocess.run(
                     ["runuser", "-u", "nobody", "--", "head", "-c", "16", str(target)],
                     capture_output=True,

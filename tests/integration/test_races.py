@@ -165,7 +165,7 @@ def test_06_index_builds_racing_a_forget_discard_what_was_forgotten(store, deriv
     if build == "keyword_index":
         thread, out = in_thread(lambda: KeywordIndex(blocking).sync(tenant_id=tenant))
     else:
-        racing = AnalyticsStore(derived.analytics.root)
+        racing = AnalyticsStore(store=store)
         thread, out = in_thread(lambda: racing.rebuild(store=blocking, tenant_id=tenant))
     assert blocking.reached.wait(30)
     forget_now(derived, tenant, subject="alice")

@@ -1932,7 +1932,7 @@ class Oracle(Worker):
             self.tally.checks["rule:deleted_tenant_empty"] += 1
             if vectors:
                 self.v("deleted_tenant_not_empty", job, "chroma", table="chroma collection", rows=vectors)
-        if self.derived.analytics.partition_file(job.tenant).exists():
+        if self.derived.analytics.read_partition(job.tenant) is not None:
             self.v("deleted_tenant_not_empty", job, "analytics", table="analytics partition", rows=-1)
 
     def check_log_rules(self, job: Job) -> None:

@@ -68,18 +68,6 @@ INVENTORY: tuple[Entry, ...] = (
     Entry("chroma", "the embedded Chroma server", "the host of its server", "none: an external Chroma"),
     Entry("chroma/**", "its data, door, token, state and log", "the host of its server", "none: an external Chroma"),
     Entry(
-        "analytics",
-        "the analytics copy (Parquet) and its DuckDB views",
-        "every host that queries or erases",
-        "HOME today: not yet shared (issue 35)",
-    ),
-    Entry(
-        "analytics/**",
-        "its files, locks and views",
-        "every host that queries or erases",
-        "HOME today: not yet shared (issue 35)",
-    ),
-    Entry(
         "backups",
         "local backups, when no bucket is set",
         "every host that backs up or restores",

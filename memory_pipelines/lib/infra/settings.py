@@ -196,7 +196,8 @@ class Settings:
         return self.home / "chroma"
 
     @property
-    def analytics_root(self) -> Path:
+    def analytics_old_files(self) -> Path:
+        """Where an earlier version kept the analytics copy as files; removed by the first write."""
         return self.home / "analytics"
 
 

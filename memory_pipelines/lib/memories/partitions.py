@@ -47,6 +47,7 @@ PARTITIONED_TABLES: tuple[str, ...] = (
     "derived.keyword_postings",
     "derived.summaries",
     "derived.prompt_snapshots",
+    "derived.analytics_rows",
     *KEY_TABLES,
 )
 _FORKS = ("main", "fsm", "vm", "init")

@@ -190,7 +190,7 @@ def open_derived(
     def analytics() -> AnalyticsStore:
         from memory_pipelines.lib.stores.analytics.store import AnalyticsStore, QueryLimits
 
-        return AnalyticsStore(settings.analytics_root, store=store, limits=QueryLimits.of(settings))
+        return AnalyticsStore(store=store, limits=QueryLimits.of(settings), old_files=settings.analytics_old_files)
 
     return DerivedStores.lazy(store=store, vectors=lambda: vectors, summaries=summaries, analytics=analytics)
 

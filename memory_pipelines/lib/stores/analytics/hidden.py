@@ -1,7 +1,7 @@
-"""What accepted deletions hide from a tenant's analytics rows before their cascade reaches the files.
+"""What accepted deletions hide from a tenant's analytics rows before their cascade reaches the table.
 
 A query leaves these rows out at once: authors being forgotten (by pseudonym), memories forgotten
-whole, single versions. A COMPLETE deletion has taken its rows out of the files already.
+whole, single versions. A COMPLETE deletion has taken its rows out of the table already.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from memory_pipelines.lib.infra.errors import NotFoundError
 from memory_pipelines.lib.memories import ordering
 from memory_pipelines.lib.memories.store import MemoryStore
-from memory_pipelines.lib.stores.analytics.files import _pseudonym, _record_ids
+from memory_pipelines.lib.stores.analytics.rows import pseudonym, record_ids
 
 __all__ = [
     "Hidden",
@@ -27,7 +27,7 @@ __all__ = [
 @dataclass(frozen=True)
 class Hidden:
     """What accepted deletions hide from a tenant's analytics rows now, before their cascade reaches
-    the files: authors being forgotten (by pseudonym), memories forgotten whole, single versions."""
+    the table: authors being forgotten (by pseudonym), memories forgotten whole, single versions."""
 
     pseudonyms: frozenset[str] = frozenset()
     memories: frozenset[str] = frozenset()
@@ -44,7 +44,7 @@ class Hidden:
         columns: list[tuple[Callable[[], Any], frozenset[str]]] = [
             (lambda: table["user_pseudonym"], self.pseudonyms),
             (lambda: table["memory_id"], self.memories),
-            (lambda: _record_ids(table), self.records),
+            (lambda: record_ids(table), self.records),
         ]
         masks = [
             pc.fill_null(pc.is_in(column(), value_set=pa.array(sorted(values), pa.string())), False)
@@ -60,7 +60,7 @@ class Hidden:
 
 
 # What accepted deletions whose cascade has not completed hide in one tenant; a COMPLETE one has taken
-# its rows out of the files (its verification counts them by exact id). One statement, bound values.
+# its rows out of the table (its verification counts them by exact id). One statement, bound values.
 _HIDDEN_NOW = (
     "SELECT 'subject', s.user_id, NULL::int FROM memory.subjects s"
     " WHERE s.tenant_id = %(t)s AND s.forgotten_at IS NOT NULL"
@@ -89,7 +89,7 @@ def hidden_now(store: MemoryStore, tenant_id: str) -> Hidden:
                 key = store.keys.tenant_subkey(conn, tenant_id, "analytics-pseudonym", create=False)
             except NotFoundError:
                 return Hidden(everything=True)
-            pseudonyms = frozenset(_pseudonym(key, user_id) for user_id in subjects)
+            pseudonyms = frozenset(pseudonym(key, user_id) for user_id in subjects)
     return Hidden(
         pseudonyms=pseudonyms,
         memories=frozenset(str(i) for kind, i, _ in rows if kind == "memory"),

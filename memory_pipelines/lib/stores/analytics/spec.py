@@ -1,4 +1,4 @@
-"""The analytics copy: pseudonymised features in Parquet per tenant, queried with DuckDB."""
+"""The analytics copy: pseudonymised features per tenant in PostgreSQL, queried with DuckDB."""
 
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ __all__ = [
 
 
 def sync(derived: DerivedStores, *, tenant_id: str, progress: Progress = no_progress) -> Synced:
-    """Rewrite the tenant's Parquet partition from its current, sellable memories."""
-    analytics = derived.analytics
-    counts = analytics.rebuild(store=derived.store, tenant_id=tenant_id)
-    return Synced(counts, paths={"path": str(analytics.partition_file(tenant_id))})
+    """Rewrite the tenant's analytics rows from its current, sellable memories."""
+    counts = derived.analytics.rebuild(store=derived.store, tenant_id=tenant_id)
+    return Synced(counts, paths={"table": "derived.analytics_rows"})
 
 
 def problems(derived: DerivedStores, *, tenant_id: str) -> dict[str, int]:
@@ -33,18 +32,18 @@ SPECS = (
     StoreSpec(
         name="analytics",
         owner="team:analytics",
-        locator_key="memory_id:version in the tenant=<hash of T> partition (rows carry tenant_id)",
-        adapter_version="analytics-v1",
+        locator_key="(tenant_id, memory_id, version) in derived.analytics_rows",
+        adapter_version="analytics-v2",
         max_completion_seconds=600,
-        verification="no Parquet row of a target in the tenant partition",
+        verification="no row of a target in the tenant's partition of derived.analytics_rows",
         adapter="memory_pipelines.lib.stores.analytics.adapter:AnalyticsAdapter",
         order=70,
-        sealed_by="nothing: pseudonymised features (no text) in Parquet, in the clear",
+        sealed_by="nothing: pseudonymised features (no text) in PostgreSQL, in the clear",
         asset="analytics_memories",
         sync=sync,
-        asset_description="Pseudonymised memory features for analysts (no text, no do-not-sell rows), Parquet per"
-        " tenant.",
-        kinds=("parquet", "duckdb"),
+        asset_description="Pseudonymised memory features for analysts (no text, no do-not-sell rows), in"
+        " PostgreSQL where every host reaches them; queried with DuckDB.",
+        kinds=("postgres", "duckdb"),
         checks=(
             StoreCheck(
                 "analytics_no_text_no_do_not_sell",
