@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from memory_pipelines.lib.forget import certificate
+from memory_pipelines.lib.forget import certificate, deployment
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
 from memory_pipelines.lib.stores import registry
@@ -62,6 +62,7 @@ def test_a_real_forgets_certificate_in_markdown_and_html(store, derived, tenant)
     status = service.status(job_id=job["job_id"])
     pending_md = certificate.render_markdown(proof, status)
     assert "PENDING: to be erased by" in pending_md and "PENDING_SHRED: 0 live backup(s)" in pending_md
+    assert certificate.DEPLOYMENT_PENDING in pending_md
 
     ErasureService(derived).erase_tenant(tenant_id=tenant)
     proof = service.proof(job_id=job["job_id"])
@@ -84,7 +85,7 @@ def test_a_real_forgets_certificate_in_markdown_and_html(store, derived, tenant)
     # Which guarantee held, per store: the primary's texts and the keys are sealed under keys the
     # SUBJECT scope destroyed and their files were scanned (both); Chroma's vectors are in the clear,
     # so only the scan speaks for them.
-    table = md[md.index("## Guarantees") : md.index("## Physical erasure")]
+    table = md[md.index("## Guarantees") : md.index("## What this deployment proves")]
     cells = [line.split("|") for line in table.splitlines() if line.startswith("| `")]
     held = {row[1].strip(" `"): row[5].strip(" `") for row in cells}
     assert set(held) == set(registry.names())
@@ -93,6 +94,14 @@ def test_a_real_forgets_certificate_in_markdown_and_html(store, derived, tenant)
     assert proof["guarantees"]["primary"]["cryptographic"] == f"KEY_DESTROYED:{proof['erasure']['erasedAt']}"
     primary = next(row for row in rows if row.startswith("| `primary`"))
     assert "`DONE:2`" in primary and "| `2` |" in primary and "passed: 0 left by exact id" in primary
+    # This suite's deployment: every service embedded, so each target's embedded line, and nothing else.
+    assert proof["erasure"]["deployment"] == dict.fromkeys(deployment.PARTS, deployment.EMBEDDED)
+    section = md[md.index("## What this deployment proves") : md.index("## Physical erasure")]
+    lines = [line for line in section.splitlines() if line.startswith("| `")]
+    assert [line.split("|")[2].strip(" `") for line in lines] == [deployment.EMBEDDED] * 4
+    assert "a byte scan of the data directory and pg_wal found no fingerprint" in section
+    assert "not scanned" not in section.lower() and certificate.DEPLOYMENT_PENDING not in md
+    assert "What this deployment proves" in page
     scan = proof["erasure"]["byteScan"]
     assert f"- **Files scanned:** `{scan['files']}`" in md and f"- **Fingerprints:** `{scan['fingerprints']}`" in md
     assert "- **Hits:** `0`" in md and f"- **Physically erased:** `{proof['erasure']['erasedAt']}`" in md

@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from memory_pipelines.lib.forget import guarantees
+from memory_pipelines.lib.forget import deployment, guarantees
 from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.stores import lineage, registry
@@ -77,6 +77,8 @@ LIMITS = (
     " machine's files (a Chroma server, replicas and WAL archives of an external PostgreSQL) are bounded by their"
     " operator, not by a key.",
 )
+DEPLOYMENT_HEADER = ("target", "runs", "proven in this deployment", "the operator must bound", "settings")
+DEPLOYMENT_PENDING = "Recorded by the physical erasure, which has not run yet for this job."
 GUARANTEES_NOTE = (
     "Cryptographic: every copy of the target is sealed under a key this deletion destroyed, and the tenant's"
     " key-encryption key was rotated, so no copy anywhere opens (WAL archives, replicas, a managed server, backups)."
@@ -119,6 +121,8 @@ class Certificate:
     # store, what seals its copies, cryptographic, physical, which held (in words)
     guarantees: list[tuple[str, str, str, str, str]] = field(default_factory=list)
     other_targets: list[tuple[str, str]] = field(default_factory=list)
+    # target, where it runs, what is proven there, what the operator must bound, the settings
+    deployment: list[tuple[str, str, str, str, str]] = field(default_factory=list)
     limits: tuple[str, ...] = LIMITS
 
 
@@ -311,6 +315,10 @@ def build(proof: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> 
         ],
         backups=[("Backups", _backups(None if targets.get("backups") is None else str(targets["backups"])))],
         guarantees=_guarantee_rows(proof.get("guarantees") or {}),
+        deployment=[
+            (row.target, row.mode, row.proven, row.operator_bounds, row.settings)
+            for row in deployment.rows(erasure.get("deployment") or {})
+        ],
         other_targets=[
             (str(name), str(value))
             for name, value in sorted(targets.items())
@@ -375,6 +383,12 @@ def render_markdown(proof: Mapping[str, Any], status: Mapping[str, Any] | None =
         "",
         f"_{GUARANTEES_NOTE}_",
     ]
+    lines += ["", "## What this deployment proves", ""]
+    if cert.deployment:
+        lines += ["| " + " | ".join(DEPLOYMENT_HEADER) + " |", "|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(md_code(v, table=True) for v in row) + " |" for row in cert.deployment]
+    else:
+        lines += [f"_{DEPLOYMENT_PENDING}_"]
     lines += ["", "## Physical erasure", "", *_md_pairs(cert.erasure)]
     lines += ["", "## Backups", "", *_md_pairs(cert.backups)]
     if cert.other_targets:
@@ -463,6 +477,16 @@ def render_html(proof: Mapping[str, Any], status: Mapping[str, Any] | None = Non
         )
         + "</tbody></table>",
         f'<p class="note">{h(GUARANTEES_NOTE)}</p>',
+        "<h2>What this deployment proves</h2>",
+        (
+            "<table><thead><tr>"
+            + "".join(f"<th>{h(c)}</th>" for c in DEPLOYMENT_HEADER)
+            + "</tr></thead><tbody>"
+            + "".join("<tr>" + "".join(f"<td>{h(v)}</td>" for v in row) + "</tr>" for row in cert.deployment)
+            + "</tbody></table>"
+            if cert.deployment
+            else f'<p class="note">{h(DEPLOYMENT_PENDING)}</p>'
+        ),
         "<h2>Physical erasure</h2>",
         _dl(cert.erasure),
         "<h2>Backups</h2>",

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from memory_pipelines.lib.forget import datadir, guarantees, wal
+from memory_pipelines.lib.forget import datadir, deployment, guarantees, wal
 from memory_pipelines.lib.infra import faults, home, validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError
 from memory_pipelines.lib.infra.progress import Progress, no_progress
@@ -183,6 +183,7 @@ class ErasureService(ErasureLedger):
                 "dataDirectory": data.report(),
             },
             "keys": keys,
+            "deployment": deployment.of(self.settings, postgres_files_ours=data.directory is not None),
             "statistics": statistics,
             "wal": purged.report(),
             "seconds": {
@@ -286,6 +287,7 @@ class ErasureService(ErasureLedger):
             "bytesRewritten": report["bytesRewritten"],
             "byteScan": report["byteScan"],
             "keys": report["keys"],
+            "deployment": report["deployment"],
             "statistics": report["statistics"],
             "wal": report["wal"],
         }
