@@ -355,9 +355,8 @@ class Door:
             if not authorized(head[: head.find(b"\r\n\r\n")], self.token):
                 self._refuse(client)
                 return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=_HEAD_SECONDS)
-            except OSError:
+            upstream = self._connect_upstream()
+            if upstream is None:
                 return  # the server is gone or going: the client sees the connection close
             with upstream:
                 client.settimeout(None)
@@ -367,6 +366,20 @@ class Door:
                 back.start()
                 _pump(client, upstream, head)
                 back.join()
+
+    def _connect_upstream(self) -> socket.socket | None:
+        """A connection to the server for an authorized request, or None when the server is gone.
+
+        Out of descriptors (a flood holds them all), waiting connections without a head are shed
+        until one is free: the owner's request, already read, goes before the flood's."""
+        deadline = time.monotonic() + _HEAD_SECONDS
+        while True:
+            try:
+                return socket.create_connection(("127.0.0.1", self.upstream_port), timeout=_HEAD_SECONDS)
+            except OSError as exc:
+                if exc.errno not in _SHED_ERRNOS or time.monotonic() > deadline:
+                    return None
+                self._shed(16)
 
     def _read_head(self, client: socket.socket) -> bytes | None:
         """The bytes received up to and including the first request's blank line (maybe some body
