@@ -43,6 +43,7 @@ def render_instance(values: dict[str, Any], namespace: str = "memory") -> dict[s
                     "db_name": pg["postgresqlDatabase"],
                     "port": pg["service"]["port"],
                     "params": pg.get("postgresqlParams", {}),
+                    "scheme": pg["postgresqlScheme"],
                 }
             }
         },
@@ -144,7 +145,6 @@ def _pods(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
     runs_env = dict(item.split("=", 1) for item in k8s.get("envVars", []))
     pods = {
         "webserver": values["dagsterWebserver"],
-        "daemon": values["dagsterDaemon"],
         "code": values["dagster-user-deployments"]["deployments"][0],
     }
     found = {
@@ -161,7 +161,8 @@ def _pods(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_every_pod_shares_the_key_vault_and_nothing_else_of_home(values):
     """The vault is the one path of HOME every host needs (lib/infra/inventory.py): one volume, at the
-    path MEMORY_PIPELINES_KEY_VAULT names, in every pod; the image says the same path."""
+    path MEMORY_PIPELINES_KEY_VAULT names, in every pod that runs our code; the image says the same
+    path. The daemon runs none (sensors run in the code server): it gets neither the vault nor the secret."""
     from memory_pipelines.lib.infra.inventory import INVENTORY
     from memory_pipelines.lib.infra.settings import ENV_KEY_VAULT
 
@@ -174,9 +175,37 @@ def test_every_pod_shares_the_key_vault_and_nothing_else_of_home(values):
         assert pod["env"].get(ENV_KEY_VAULT) == mount["mountPath"], name
         paths.add(mount["mountPath"])
     [path] = paths
+    daemon = values["dagsterDaemon"]
+    assert not {"env", "envSecrets", "volumes", "volumeMounts"} & set(daemon), daemon
     assert f"{ENV_KEY_VAULT}={path}" in DOCKERFILE.read_text()
     every_host = [e for e in INVENTORY if e.hosts == "every host"]
     assert {e.pattern for e in every_host} >= {"keys/vault", "keys/vault/*"}
     # What every host needs is either a service or this one volume, never a pod's own HOME.
     for entry in every_host:
         assert entry.production.startswith(("none:", "one shared volume", "the shared vault volume")), entry
+
+
+def test_the_rehearsal_runs_the_topology_these_files_describe(values):
+    """tests/topology/ rehearses what the values, the image and the README describe: the instance the
+    values render (only the launcher and the database's address differ), the variables of the README's
+    Secret and environment table, and the vault path of the values, not of the Secret."""
+    from tests.support.topology import SECRET_VARIABLES, Postgres, instance_config
+
+    helm = render_instance(values)
+    rehearsal = instance_config(values, Postgres(Path("/nonexistent")))
+    assert {k: v for k, v in rehearsal.items() if k not in ("run_launcher", "storage")} == {
+        k: v for k, v in helm.items() if k not in ("run_launcher", "storage")
+    }
+    ours, theirs = rehearsal["storage"]["postgres"]["postgres_db"], helm["storage"]["postgres"]["postgres_db"]
+    assert {k: ours[k] for k in ("password", "db_name", "scheme")} == {
+        k: theirs[k] for k in ("password", "db_name", "scheme")
+    }
+    assert rehearsal["run_launcher"]["class"] == "HostPerRunLauncher"
+    readme = (ROOT / "README.md").read_text()
+    for name in SECRET_VARIABLES:
+        if name.startswith("MEMORY_PIPELINES_"):
+            assert f"| `{name}` |" in readme, f"README's environment table lacks {name}"
+    kubectl = set(re.findall(r"--from-literal=([A-Z_0-9]+)=", readme))
+    assert kubectl and kubectl <= set(SECRET_VARIABLES), kubectl - set(SECRET_VARIABLES)
+    assert "MEMORY_PIPELINES_KEY_VAULT" not in SECRET_VARIABLES
+    assert all("MEMORY_PIPELINES_KEY_VAULT" in pod["env"] for pod in _pods(values).values())

