@@ -372,21 +372,19 @@ def topology(root: Path) -> Iterator[Topology]:
             "AWS_ACCESS_KEY_ID": "test",
             "AWS_SECRET_ACCESS_KEY": "test",
         }
-        kms = boto3.client(
-            "kms",
-            endpoint_url=aws["AWS_ENDPOINT_URL_KMS"],
-            region_name="eu-west-1",
-            aws_access_key_id="test",
-            aws_secret_access_key="test",
-        )
-        key_id = kms.create_key(Description="memory-pipelines master")["KeyMetadata"]["KeyId"]
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=aws["AWS_ENDPOINT_URL_S3"],
-            region_name="eu-west-1",
-            aws_access_key_id="test",
-            aws_secret_access_key="test",
-        )
+
+        def client(name: str) -> Any:
+            make: Any = boto3.client  # typed per service-name literal; the name here is a variable
+            return make(
+                name,
+                endpoint_url=aws[f"AWS_ENDPOINT_URL_{name.upper()}"],
+                region_name=aws["AWS_DEFAULT_REGION"],
+                aws_access_key_id="test",
+                aws_secret_access_key="test",
+            )
+
+        key_id = client("kms").create_key(Description="memory-pipelines master")["KeyMetadata"]["KeyId"]
+        s3 = client("s3")
         bucket = "memory-backups"
         s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
         values = yaml.safe_load(VALUES.read_text())
