@@ -565,14 +565,16 @@ def cmd_env(args: argparse.Namespace) -> None:
     """The variables Dagster's own tools need for HOME's instance, as shell exports or JSON.
 
     Starts the embedded services when needed: the Dagster URL names the embedded server's socket.
-    Service management, not a platform call: it needs the services' endpoints, not the store."""
+    Service management, not a platform call: it needs the services' endpoints, not the store, so it
+    migrates nothing and works on a database a newer release migrated (the downgrade gate's refusal
+    comes with the first command that opens the store)."""
     import shlex
 
     from memory_pipelines.lib.infra.services import ensure_services
     from memory_pipelines.lib.infra.settings import ENV_DAGSTER_PG_URL, ENV_DAGSTER_PG_URL_EXPORTED
 
     settings = _settings(args)
-    endpoints = ensure_services(settings)
+    endpoints = ensure_services(settings, migrate=False)
     exports = {
         "DAGSTER_HOME": str(settings.dagster_home),
         ENV_HOME: str(settings.home),

@@ -4,6 +4,7 @@
 -- it was Parquet under HOME/analytics, which a run pod of its own takes with it when it ends.
 -- No text (its length only), authors and teams pseudonymised under a key of the tenant, no
 -- do-not-sell memory. One LIST partition per tenant, as every table holding a tenant's data.
+-- gate: forgetting deletes the analytics copy from derived.analytics_rows; older code keeps it in files under HOME and would leave these rows behind
 CREATE TABLE derived.analytics_rows (
     tenant_id          text NOT NULL,
     memory_id          text NOT NULL,
