@@ -183,6 +183,8 @@ def cmd_tenant(args: argparse.Namespace) -> None:
     platform = _platform(args)
     if args.tenant_command == "create":
         _emit(platform.create_tenant(tenant_id=args.tenant, sharing_mode=args.sharing_mode))
+    elif args.tenant_command == "set-test":
+        _emit(platform.set_test_tenant(tenant_id=args.tenant, test=not args.off))
     else:
         _emit(platform.set_sharing_mode(tenant_id=args.tenant, sharing_mode=args.sharing_mode))
 
@@ -693,7 +695,7 @@ def _tenant_commands(add: Adder) -> None:
         member.add_argument("--user", required=True)
 
     add("tenants", cmd_tenants, "every tenant with its sharing mode and counts")
-    tenant = add("tenant", cmd_tenant, "create a tenant or change its sharing mode")
+    tenant = add("tenant", cmd_tenant, "create a tenant, change its sharing mode, or mark it a test tenant")
     tenant_sub = tenant.add_subparsers(dest="tenant_command", required=True, metavar="ACTION")
     for action, default in (("create", "strict"), ("set-mode", None)):
         t = tenant_sub.add_parser(action)
@@ -704,6 +706,9 @@ def _tenant_commands(add: Adder) -> None:
             default=default,
             help="strict (default), shared_pool or progressive",
         )
+    test = tenant_sub.add_parser("set-test", help="stores registered `onboarding` receive only test tenants' memories")
+    test.add_argument("--tenant", required=True)
+    test.add_argument("--off", action="store_true", help="no longer a test tenant")
 
     dns = add("do-not-sell", cmd_do_not_sell, "CCPA opt-out for one memory or a whole subject")
     dns.add_argument("--tenant", required=True)

@@ -72,6 +72,7 @@ from memory_pipelines.lib.results import (
     TenantInfo,
     TenantMode,
     TenantReopened,
+    TestTenant,
     VisibleMemory,
 )
 from memory_pipelines.lib.runtime import open_backups, open_store
@@ -430,6 +431,12 @@ class _Tenants(_Parts):
         """Create a tenant (idempotent); an existing tenant keeps its data and gets `sharing_mode`."""
         _check_tenant(tenant_id)
         return self.store.create_tenant(tenant_id=tenant_id, sharing_mode=sharing_mode)
+
+    def set_test_tenant(self, *, tenant_id: str, test: bool = True) -> TestTenant:
+        """Mark a tenant as a test tenant (made if absent), or not: stores registered `onboarding`
+        receive only test tenants' memories."""
+        _check_tenant(tenant_id)
+        return self.store.set_test_tenant(tenant_id=tenant_id, test=test)
 
     def set_sharing_mode(self, *, tenant_id: str, sharing_mode: str) -> TenantMode:
         """Change an existing tenant's sharing mode: strict, shared_pool or progressive."""

@@ -60,6 +60,7 @@ __all__ = [
     "TenantInfo",
     "TenantMode",
     "TenantReopened",
+    "TestTenant",
     "TrendMonth",
     "VisibleMemory",
 ]
@@ -172,6 +173,13 @@ class TenantInfo(TypedDict):
     memories: int
     subjects: int
     teams: int
+
+
+class TestTenant(TypedDict):
+    """`MemoryStore.set_test_tenant`: whether onboarding stores receive the tenant's memories."""
+
+    tenant_id: str
+    test: bool
 
 
 class TenantMode(TypedDict):

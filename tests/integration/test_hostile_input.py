@@ -319,6 +319,7 @@ def cli_cases(w: World) -> list[Case]:
             "bob",
         ),
         c("tenant create injection", 2, "tenant", "tenant", "create", "--tenant", INJECTION),
+        c("tenant set-test injection", 2, "tenant", "tenant", "set-test", "--tenant", INJECTION),
         c(
             "tenant create bad mode",
             2,

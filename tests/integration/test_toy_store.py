@@ -5,6 +5,8 @@ outside its package."""
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +16,8 @@ from memory_pipelines.lib.backups.storage import LocalBackupStorage
 from memory_pipelines.lib.forget import certificate
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
-from memory_pipelines.lib.stores import registry
+from memory_pipelines.lib.infra.errors import ServiceError
+from memory_pipelines.lib.stores import lineage, registry
 from tests.support.toy_store import store as toy
 from tests.support.toy_store.spec import SPECS
 
@@ -158,3 +161,66 @@ def test_the_forget_graph_has_and_runs_a_step_for_the_toy_store(
         assert len(toy.notes(store, tenant)) == 1
     finally:
         _cleanup(store, tenant)
+
+
+# -- a store deletion could not reach is refused; an onboarding store gets test tenants only ------
+
+
+class _AdapterWithoutErase:
+    name = toy.NAME
+
+    def find(self, conn, ctx): ...
+    def delete(self, ctx): ...
+    def count(self, ctx): ...
+    def verify(self, ctx, probes): ...
+    def fingerprints(self, conn, ctx): ...
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"adapter": None}, "no deletion adapter"),
+        ({"adapter": _AdapterWithoutErase}, "its deletion adapter lacks erase"),
+        ({"adapter": "tests.support.toy_store.adapter:Missing"}, "cannot be loaded"),
+        ({"verification": " "}, "no verification"),
+        ({"sync": None, "asset": None, "restore_drop": None}, "no restore drop, and no sync"),
+        ({"stage": "someday"}, "stage 'someday'"),
+    ],
+)
+def test_a_store_deletion_could_not_reach_is_refused_at_registration(change, named):
+    broken = dataclasses.replace(SPECS[0], **change)
+    with pytest.raises(ServiceError) as err, registry.register(broken):
+        pass
+    assert err.value.field == "store" and named in err.value.message and toy.NAME in err.value.message
+    assert not registry.is_registered(toy.NAME)
+
+
+def test_an_onboarding_store_receives_only_test_tenants_memories(store, derived):
+    toy.install(store)
+    trial, customer = "toy-trial-" + uuid.uuid4().hex[:8], "toy-customer-" + uuid.uuid4().hex[:8]
+    assert store.set_test_tenant(tenant_id=trial) == {"tenant_id": trial, "test": True}
+    onboarding = dataclasses.replace(SPECS[0], stage=registry.ONBOARDING)
+    try:
+        with registry.register(onboarding):
+            for tenant in (trial, customer):
+                store.write(tenant_id=tenant, user_id="alice", text="Alice keeps a toy boat in the bath")
+            assert registry.run_sync(onboarding, derived, tenant_id=trial).counts["records"] == 1
+            skipped = registry.run_sync(onboarding, derived, tenant_id=customer)
+            assert skipped.counts == {"records": 0} and "onboarding" in skipped.text["skipped"]
+            assert len(toy.notes(store, trial)) == 1 and toy.notes(store, customer) == set()
+            # Any other way in is refused too: lineage is the gate every derived write passes.
+            with store.transaction() as conn, pytest.raises(ServiceError) as err:
+                lineage.insert_edges(conn, tenant_id=customer, store=toy.NAME, records=[("n", ("m", 1))])
+            assert "onboarding" in err.value.message and customer in err.value.message
+            # Marked a test tenant, it receives them; unmarked, no more.
+            store.set_test_tenant(tenant_id=customer)
+            assert registry.run_sync(onboarding, derived, tenant_id=customer).counts["records"] == 1
+            assert store.set_test_tenant(tenant_id=customer, test=False)["test"] is False
+            store.write(tenant_id=customer, user_id="bob", text="Bob folds paper cranes")
+            assert registry.run_sync(onboarding, derived, tenant_id=customer).counts == {"records": 0}
+        # Enforced, every tenant's.
+        with registry.register(SPECS[0]):
+            assert registry.run_sync(SPECS[0], derived, tenant_id=customer).counts["records"] == 2
+    finally:
+        for tenant in (trial, customer):
+            _cleanup(store, tenant)

@@ -15,7 +15,7 @@ from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError
 from memory_pipelines.lib.memories import consent, ordering
 from memory_pipelines.lib.memories.connections import ConnectionsMixin
 from memory_pipelines.lib.memories.records import _iso
-from memory_pipelines.lib.results import TenantInfo, TenantMode
+from memory_pipelines.lib.results import TenantInfo, TenantMode, TestTenant
 
 __all__ = [
     "TenantsMixin",
@@ -118,6 +118,15 @@ class TenantsMixin(ConnectionsMixin):
             self._set_mode(conn, tenant_id, sharing_mode)
             self._bump(conn, tenant_id)
         return {"tenant_id": tenant_id, "sharing_mode": sharing_mode}
+
+    def set_test_tenant(self, *, tenant_id: str, test: bool = True) -> TestTenant:
+        """Mark a tenant as a test tenant (made if absent), or not: stores registered `onboarding`
+        receive only test tenants' memories (lib/stores/registry.py)."""
+        validation.check_id("tenant", tenant_id)
+        with self.transaction() as conn:
+            self._ensure_tenant(conn, tenant_id)
+            conn.execute("UPDATE memory.tenants SET test_tenant = %s WHERE tenant_id = %s", (test, tenant_id))
+        return {"tenant_id": tenant_id, "test": test}
 
     def set_sharing_mode(self, *, tenant_id: str, sharing_mode: str) -> TenantMode:
         validation.check_id("tenant", tenant_id)

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import psycopg
 
 from memory_pipelines.lib.results import LineageRecord, RecordSource
-from memory_pipelines.lib.stores.registry import require_registered
+from memory_pipelines.lib.stores.registry import require_writable
 
 __all__ = [
     "Source",
@@ -51,7 +51,7 @@ def record_edges(
 
 def insert_edges(conn: psycopg.Connection, *, tenant_id: str, store: str, records: Iterable[tuple[str, Source]]) -> int:
     """Bulk (record_id, source) edges, idempotent (e.g. one per vector, posting set or analytics row)."""
-    require_registered(store)
+    require_writable(conn, store, tenant_id)
     rows = [(tenant_id, store, record_id, memory_id, version) for record_id, (memory_id, version) in records]
     with conn.cursor() as cur:
         cur.executemany(

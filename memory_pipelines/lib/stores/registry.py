@@ -5,6 +5,13 @@ registry finds them there. Every list that names the stores is derived from here
 assets and `tenant_refresh`, `DerivedStores.sync_all`, the forget graph's steps, verification,
 proofs, certificates, the data map, erasure and what a restore drops. A store without a spec has no
 delete adapter, so nothing may be written to it (lineage refuses).
+
+A spec is checked when it is registered (`check_spec`): a store deletion could not reach (no adapter,
+an adapter without every method of stores/adapter.py's REQUIRED, no verification, or a derived store
+whose copies a restore would neither drop nor rebuild) is refused, so it never receives a memory.
+A store is brought under the hard gate in two steps: registered `onboarding`, it receives only the
+memories of test tenants (`memory-pipelines tenant set-test`): its sync skips every other tenant and
+lineage refuses any other write; then `enforced`, every tenant's.
 """
 
 from __future__ import annotations
@@ -22,15 +29,20 @@ from memory_pipelines.lib.infra.errors import ServiceError
 
 __all__ = [
     "ALL_SCOPES",
+    "ENFORCED",
+    "ONBOARDING",
     "StoreCheck",
     "StoreSpec",
     "Synced",
     "adapter",
+    "check_spec",
     "derived_names",
     "is_registered",
+    "is_test_tenant",
     "names",
     "register",
     "require_registered",
+    "require_writable",
     "resolve",
     "spec",
     "stores",
@@ -43,6 +55,9 @@ PRIMARY = 900
 KEYS = 990
 # Every deletion scope (a StoreSpec's `key_erasure` when each of them destroys its key).
 ALL_SCOPES = ("MEMORY", "RETENTION", "SUBJECT", "TENANT")
+# A store's stage: receiving test tenants' memories only, or every tenant's.
+ONBOARDING = "onboarding"
+ENFORCED = "enforced"
 
 
 @dataclass
@@ -100,6 +115,7 @@ class StoreSpec:
     # and, for the certificate, what seals its copies (or why nothing does).
     key_erasure: tuple[str, ...] = ()
     sealed_by: str = "nothing: its records are not sealed under a key of the scope"
+    stage: str = ENFORCED  # ONBOARDING: only test tenants' memories reach it
 
 
 _lock = threading.RLock()
@@ -108,8 +124,13 @@ _extra: list[StoreSpec] = []
 
 
 def run_sync(spec: StoreSpec, derived: Any, *, tenant_id: str, **kwargs: Any) -> Any:
-    """The store's sync for the tenant (its `Synced`); a crash test may end the process right after."""
+    """The store's sync for the tenant (its `Synced`); a crash test may end the process right after.
+    An onboarding store skips a tenant that is not a test tenant (nothing written, said in `text`)."""
     assert spec.sync is not None, spec.name
+    if spec.stage == ONBOARDING:
+        with derived.store.transaction() as conn:
+            if not is_test_tenant(conn, tenant_id):
+                return Synced({"records": 0}, text={"skipped": f"{spec.name} is onboarding: test tenants only"})
     synced = resolve(spec.sync)(derived, tenant_id=tenant_id, **kwargs)
     faults.point(f"sync.{spec.name}")
     return synced
@@ -121,6 +142,38 @@ def resolve(ref: str | Callable[..., Any]) -> Any:
         return ref
     module, _, attr = ref.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def check_spec(spec: StoreSpec) -> None:
+    """Refuse a store deletion could not reach (see the module docstring): ServiceError naming it."""
+    from memory_pipelines.lib.stores.adapter import REQUIRED
+
+    problems = []
+    try:
+        made = resolve(spec.adapter) if spec.adapter else None
+    except (ImportError, AttributeError) as exc:
+        made, problems = None, [f"its adapter {spec.adapter!r} cannot be loaded ({exc})"]
+    if made is None and not problems:
+        problems.append("no deletion adapter")
+    elif made is not None:
+        missing = [method for method in REQUIRED if not callable(getattr(made, method, None))]
+        if missing:
+            problems.append(f"its deletion adapter lacks {', '.join(missing)}")
+    if not spec.verification.strip():
+        problems.append("no verification")
+    if spec.derived and spec.restore_drop is None and spec.sync is None:
+        problems.append("no restore drop, and no sync to rebuild it after a restore")
+    if spec.stage not in (ONBOARDING, ENFORCED):
+        problems.append(f"stage {spec.stage!r} is neither {ONBOARDING!r} nor {ENFORCED!r}")
+    if problems:
+        raise ServiceError(
+            "store", f"store {spec.name!r} cannot be registered: {'; '.join(problems)} (it could never be forgotten)"
+        )
+
+
+def is_test_tenant(conn: Any, tenant_id: str) -> bool:
+    row = conn.execute("SELECT test_tenant FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)).fetchone()
+    return bool(row and row[0])
 
 
 def _discover() -> tuple[StoreSpec, ...]:
@@ -136,6 +189,8 @@ def _discover() -> tuple[StoreSpec, ...]:
                     raise
                 continue
             found.extend(module.SPECS)
+    for found_spec in found:
+        check_spec(found_spec)
     return tuple(found)
 
 
@@ -183,6 +238,8 @@ def adapter(name: str) -> Any:
 @contextmanager
 def register(*specs: StoreSpec) -> Iterator[None]:
     """Register stores from outside `lib/stores/` (a plugin, a test's toy store) for the block."""
+    for s in specs:
+        check_spec(s)
     with _lock:
         taken = set(names())
         clash = [s.name for s in specs if s.name in taken]
@@ -202,3 +259,13 @@ def require_registered(store: str) -> None:
     """Refuse writes to a store that deletion cannot reach."""
     if not is_registered(store):
         raise ServiceError("store", f"store {store!r} has no registered delete adapter; refusing to write to it")
+
+
+def require_writable(conn: Any, store: str, tenant_id: str) -> None:
+    """Refuse writes to a store deletion cannot reach, or to an onboarding store for a tenant that
+    is not a test tenant (in the writer's transaction: a flag changed meanwhile is seen)."""
+    require_registered(store)
+    if spec(store).stage == ONBOARDING and not is_test_tenant(conn, tenant_id):
+        raise ServiceError(
+            "store", f"store {store!r} is onboarding: it receives test tenants' memories only, not {tenant_id!r}'s"
+        )
