@@ -211,6 +211,12 @@ def test_the_physical_erasure_asset_materializes_the_proof_and_its_check_passes(
         assert metadata["bytes_rewritten"] > 0
         [check] = result.get_asset_check_evaluations()
         assert check.check_name == "erasures_on_time" and check.passed
+        # memory_deletions shows the certificate as it stands now, not the one rendered at COMPLETE.
+        [observed] = [e.asset_observation_data.asset_observation for e in result.all_events if e.is_asset_observation]
+        assert observed.asset_key == dg.AssetKey("memory_deletions") and observed.partition == tenant
+        md = observed.metadata[f"certificate_{job['job_id']}"].value
+        assert "- **Physically erased:** `" in md and "PENDING: to be erased by" not in md
+        assert "What this deployment proves" in md and "alice" not in md
     assert service.status(job_id=job["job_id"])["targets"]["physical"].startswith("ERASED:")
 
 

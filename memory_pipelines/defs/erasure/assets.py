@@ -1,7 +1,9 @@
 import dagster as dg
 
+from memory_pipelines.defs.forget.ops import certificates
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.forget.erasure import ErasureIncomplete, ErasureService
+from memory_pipelines.lib.forget.ledger import DeletionLedger
 from memory_pipelines.lib.infra.progress import throttled
 from memory_pipelines.lib.infra.settings import Settings, lower_priority
 from memory_pipelines.lib.stores.derived import convert_keys
@@ -35,6 +37,22 @@ def physical_erasure(
         # The run fails (the sensor tries again); `erasures_on_time` fails once the deadline passes.
         context.log.error(str(exc))
         raise dg.Failure(description=str(exc), metadata={"files_with_hits": dg.MetadataValue.json(exc.hits)}) from exc
+    # The certificates `memory_deletions` showed were rendered at COMPLETE (physical: PENDING); these
+    # jobs' certificates as they stand now (ERASED, backups SHREDDED) go on that asset's partition too.
+    ledger = DeletionLedger(service.store)
+    proofs = [ledger.proof(job_id=job_id) for job_id in report["jobs"][:20]]
+    if proofs:
+        context.log_event(
+            dg.AssetObservation(
+                asset_key="memory_deletions",
+                partition=tenant_id,
+                metadata={
+                    "erased_at": dg.MetadataValue.text(str(report.get("erasedAt", ""))),
+                    "deletion_job_ids": dg.MetadataValue.json([str(p["jobId"]) for p in proofs]),
+                    **certificates(ledger, proofs),
+                },
+            )
+        )
     scan = report.get("byteScan", {})
     return dg.MaterializeResult(
         metadata={
