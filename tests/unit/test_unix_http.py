@@ -82,3 +82,64 @@ def test_the_token_beside_a_door_is_found_while_its_server_is_down(door, monkeyp
         assert services.chroma_headers(unix_http.unix_url(door.parent / "other.sock")) == {}
     finally:
         door.parent.chmod(0o700)
+
+
+def test_a_busy_door_is_waited_for_and_a_gone_one_is_not(tmp_path):
+    """A full backlog (EAGAIN) is a busy door: the request waits for it, longer than CONNECT_RETRIES'
+    1.5 s, and is sent once. A socket nobody listens on is refused at once: no waiting."""
+    import time
+
+    import httpx
+
+    directory = tmp_path / "chroma"
+    directory.mkdir(mode=0o700)
+    path = directory / "door.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(0)
+    fillers = []
+    while True:  # fill the backlog until a connect fails with EAGAIN
+        filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        filler.setblocking(False)
+        try:
+            filler.connect(str(path))
+        except BlockingIOError:
+            filler.close()
+            break
+        fillers.append(filler)
+    requests: list[bytes] = []
+
+    def serve_later() -> None:
+        time.sleep(2.5)
+        for filler in fillers:
+            filler.close()
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                head = conn.recv(65536)
+                if head:
+                    requests.append(head)
+                    conn.sendall(b"HTTP/1.0 204 No Content\r\n\r\n")
+
+    thread = threading.Thread(target=serve_later, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    with httpx.Client(transport=unix_http.httpx_transport(unix_http.unix_url(path)), base_url=unix_http.BASE_URL) as c:
+        assert c.get("/api/v2/heartbeat").status_code == 204
+    assert time.monotonic() - started > 2.0 and len(requests) == 1
+    server.shutdown(socket.SHUT_RDWR)  # wakes the accept
+    server.close()
+    thread.join(5)
+    # Gone: a socket file nothing listens on is refused, and told within CONNECT_RETRIES' backoff.
+    gone = directory / "gone.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(gone))
+    started = time.monotonic()
+    with httpx.Client(transport=unix_http.httpx_transport(unix_http.unix_url(gone)), base_url=unix_http.BASE_URL) as c:
+        with pytest.raises(httpx.ConnectError):
+            c.get("/api/v2/heartbeat")
+    assert time.monotonic() - started < 5.0
+    dead.close()

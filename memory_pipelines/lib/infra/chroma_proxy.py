@@ -95,7 +95,7 @@ _MAX_PENDING = 256
 # accept() failing for want of descriptors or memory: the door sheds, it does not close.
 _SHED_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 # Connections the kernel holds before accept. Past it a Unix socket's connect fails at once (EAGAIN)
-# and our clients try again (unix_http.CONNECT_RETRIES); a longer queue only makes a client wait
+# and our clients try again (unix_http: for BUSY_SECONDS); a longer queue only makes a client wait
 # behind a flood's connections (measured: 4096 held a recall 32 s behind 2,000 of them).
 _BACKLOG = 128
 _CHUNK = 256 * 1024

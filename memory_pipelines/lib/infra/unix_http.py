@@ -12,16 +12,19 @@ The socket's path never changes, so a client outlives any number of restarts of 
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 __all__ = [
     "BASE_URL",
+    "BUSY_SECONDS",
     "CONNECT_RETRIES",
     "SCHEME",
     "UnsafeSocket",
@@ -38,6 +41,9 @@ SCHEME = "unix"
 BASE_URL = "http://localhost"
 _SUN_PATH = 107  # sockaddr_un's path, less its terminating NUL
 CONNECT_RETRIES = 3  # after 0, 0.5 and 1 s (httpcore's backoff): a dead door is told within 1.5 s
+# A door whose backlog stays full (EAGAIN: busy, not dead) is tried again for this long: a flood of
+# connections on a loaded machine kept it full longer than CONNECT_RETRIES waits.
+BUSY_SECONDS = 60.0
 _dir_fds: dict[str, int] = {}
 _dir_fds_lock = threading.Lock()
 
@@ -133,4 +139,36 @@ def httpx_transport(url: str) -> Any | None:
     import httpx
 
     # A full backlog fails a Unix socket's connect at once (EAGAIN) where TCP would wait: try again.
-    return httpx.HTTPTransport(uds=connect_path(path), retries=CONNECT_RETRIES)
+    inner = httpx.HTTPTransport(uds=connect_path(path), retries=CONNECT_RETRIES)
+
+    class BusyDoorTransport(httpx.BaseTransport):
+        """`inner`, whose connects that find the backlog full are tried again for BUSY_SECONDS. A
+        connect that failed sent nothing, so trying again cannot apply a request twice."""
+
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            deadline, pause = time.monotonic() + BUSY_SECONDS, 0.1
+            while True:
+                try:
+                    return inner.handle_request(request)
+                except httpx.ConnectError as exc:
+                    if not _busy(exc) or time.monotonic() + pause > deadline:
+                        raise
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+
+        def close(self) -> None:
+            inner.close()
+
+    return BusyDoorTransport()
+
+
+def _busy(exc: BaseException) -> bool:
+    """`exc` was caused by a full backlog (EAGAIN), not by a door that is gone."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno == errno.EAGAIN:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "Resource temporarily unavailable" in str(exc)
