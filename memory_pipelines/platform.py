@@ -436,6 +436,18 @@ class _Tenants(_Parts):
         """Mark a tenant as a test tenant (made if absent), or not: stores registered `onboarding`
         receive only test tenants' memories."""
         _check_tenant(tenant_id)
+        if not test:
+            from memory_pipelines.lib.stores import registry
+
+            with self.store.transaction() as conn:
+                held = registry.onboarding_records(conn, tenant_id)
+            if held:
+                store, n = next(iter(sorted(held.items())))
+                raise ConflictError(
+                    "tenant",
+                    f"{tenant_id!r} still has {n} record(s) in the onboarding store {store!r}, which would then go"
+                    " stale: keep it a test tenant until the store is enforced, or forget those memories first",
+                )
         return self.store.set_test_tenant(tenant_id=tenant_id, test=test)
 
     def set_sharing_mode(self, *, tenant_id: str, sharing_mode: str) -> TenantMode:

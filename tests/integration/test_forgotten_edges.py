@@ -4,7 +4,7 @@ Each test reproduces the report on real engines (embedded PostgreSQL, Chroma, Du
 on the session server, the CLI where the report used it) and holds the fixed behaviour:
 
 1. a retention sweep between restores of an older and a newer backup never brings the memory back;
-7. analytics hides an accepted deletion at once, before the cascade reaches the Parquet files;
+7. analytics hides an accepted deletion at once, before the cascade reaches the analytics rows;
 8. bulk writes never dedupe onto a memory being forgotten; rollback works again after a
    single-version forget is COMPLETE, to the newest version still there, and says what it skipped;
 9. explain never decrypts what was hidden after its visibility check; re-executing a launchpad forget

@@ -16,8 +16,10 @@ from memory_pipelines.lib.backups.storage import LocalBackupStorage
 from memory_pipelines.lib.forget import certificate
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
-from memory_pipelines.lib.infra.errors import ServiceError
+from memory_pipelines.lib.infra.errors import ConflictError, ServiceError
+from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.stores import lineage, registry
+from memory_pipelines.platform import MemoryPlatform
 from tests.support.toy_store import store as toy
 from tests.support.toy_store.spec import SPECS
 
@@ -212,13 +214,23 @@ def test_an_onboarding_store_receives_only_test_tenants_memories(store, derived)
             with store.transaction() as conn, pytest.raises(ServiceError) as err:
                 lineage.insert_edges(conn, tenant_id=customer, store=toy.NAME, records=[("n", ("m", 1))])
             assert "onboarding" in err.value.message and customer in err.value.message
-            # Marked a test tenant, it receives them; unmarked, no more.
+            # Marked a test tenant, it receives them. Unmarking it while the store holds its records is
+            # refused (they would go stale); done underneath anyway, its next sync says so, never skips.
             store.set_test_tenant(tenant_id=customer)
             assert registry.run_sync(onboarding, derived, tenant_id=customer).counts["records"] == 1
+            platform = MemoryPlatform(settings=Settings.from_env(), store=store, derived=derived)
+            with pytest.raises(ConflictError) as refused:
+                platform.set_test_tenant(tenant_id=customer, test=False)
+            assert toy.NAME in refused.value.message and refused.value.field == "tenant"
             assert store.set_test_tenant(tenant_id=customer, test=False)["test"] is False
-            store.write(tenant_id=customer, user_id="bob", text="Bob folds paper cranes")
-            assert registry.run_sync(onboarding, derived, tenant_id=customer).counts == {"records": 0}
+            with pytest.raises(ServiceError) as stale:
+                registry.run_sync(onboarding, derived, tenant_id=customer)
+            assert "still holds 1 record" in stale.value.message
+            # A deletion's rebuild that leaves nothing to write passes the gate (it writes no edge).
+            with store.transaction() as conn:
+                assert lineage.insert_edges(conn, tenant_id=customer, store=toy.NAME, records=[]) == 0
         # Enforced, every tenant's.
+        store.write(tenant_id=customer, user_id="bob", text="Bob folds paper cranes")
         with registry.register(SPECS[0]):
             assert registry.run_sync(SPECS[0], derived, tenant_id=customer).counts["records"] == 2
     finally:

@@ -205,7 +205,7 @@ def replay(
     other = _drop_copies_of_dropped_versions(conn, tenant_id)
     progress(len(_FORGOTTEN) + 2, steps, "restore replay")
     # Edges to versions the restored rows no longer hold that are left describe copies outside
-    # PostgreSQL (vectors, the analytics file); they stay, so the rebuild after this restore, or a
+    # PostgreSQL (vectors); they stay, so the rebuild after this restore, or a
     # forget before it, finds and removes those copies.
     row = conn.execute(
         "SELECT count(*) FROM derived.lineage l WHERE l.tenant_id = %s AND NOT EXISTS (SELECT 1 FROM"

@@ -89,14 +89,27 @@ def migrate(conn: psycopg.Connection, directory: Path | None = None) -> list[str
             " version integer PRIMARY KEY, name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        # Since the gate: what each gated migration changes, for older code to read and refuse.
-        conn.execute("ALTER TABLE public.memory_pipelines_migrations ADD COLUMN IF NOT EXISTS gate text")
+        # Since the gate: what each gated migration changes, for older code to read and refuse. Added
+        # once (an ALTER needs the table's owner and its exclusive lock: not on every open).
+        has_gate = conn.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = 'public'"
+            " AND table_name = 'memory_pipelines_migrations' AND column_name = 'gate'"
+        ).fetchone()
+        if has_gate is None:
+            conn.execute("ALTER TABLE public.memory_pipelines_migrations ADD COLUMN gate text")
         applied = conn.execute("SELECT version, name, gate FROM public.memory_pipelines_migrations ORDER BY version")
         done = {row[0]: (row[1], row[2]) for row in applied.fetchall()}
         ours = {version for version, _, _ in known}
         newer = [(name, gate) for version, (name, gate) in sorted(done.items()) if version not in ours and gate]
         if newer:
             raise DowngradeRefused(newer, known[-1][1] if known else None)
+        # A gate line this code has for a migration applied without it (by a build before the line).
+        for version, _, path in known:
+            gate = gate_of(path)
+            if version in done and gate and done[version][1] is None:
+                conn.execute(
+                    "UPDATE public.memory_pipelines_migrations SET gate = %s WHERE version = %s", (gate, version)
+                )
         for version, name, path in known:
             if version in done:
                 continue

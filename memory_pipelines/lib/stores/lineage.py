@@ -2,7 +2,7 @@
 
 Deletion (and "why did the assistant answer this way") walks these edges; nothing is found by
 searching for text. Edges are written in the same transaction as the derived record where the
-store is PostgreSQL, and idempotently (upsert, then reconcile) for Chroma and Parquet.
+store is PostgreSQL, and idempotently (upsert, then reconcile) for Chroma.
 """
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ def record_edges(
 
 def insert_edges(conn: psycopg.Connection, *, tenant_id: str, store: str, records: Iterable[tuple[str, Source]]) -> int:
     """Bulk (record_id, source) edges, idempotent (e.g. one per vector, posting set or analytics row)."""
-    require_writable(conn, store, tenant_id)
     rows = [(tenant_id, store, record_id, memory_id, version) for record_id, (memory_id, version) in records]
+    if not rows:
+        return 0  # nothing written (a rebuild left empty by a deletion): no gate to pass
+    require_writable(conn, store, tenant_id)
     with conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO derived.lineage (tenant_id, store, record_id, source_memory_id, source_version)"

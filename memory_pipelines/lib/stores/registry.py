@@ -40,6 +40,7 @@ __all__ = [
     "is_registered",
     "is_test_tenant",
     "names",
+    "onboarding_records",
     "register",
     "require_registered",
     "require_writable",
@@ -130,6 +131,13 @@ def run_sync(spec: StoreSpec, derived: Any, *, tenant_id: str, **kwargs: Any) ->
     if spec.stage == ONBOARDING:
         with derived.store.transaction() as conn:
             if not is_test_tenant(conn, tenant_id):
+                held = onboarding_records(conn, tenant_id).get(spec.name, 0)
+                if held:  # kept from when it was a test tenant: skipping would leave them stale for good
+                    raise ServiceError(
+                        "store",
+                        f"store {spec.name!r} is onboarding and still holds {held} record(s) of {tenant_id!r}, which"
+                        " is no longer a test tenant: mark it one again (tenant set-test) to keep them in sync",
+                    )
                 return Synced({"records": 0}, text={"skipped": f"{spec.name} is onboarding: test tenants only"})
     synced = resolve(spec.sync)(derived, tenant_id=tenant_id, **kwargs)
     faults.point(f"sync.{spec.name}")
@@ -169,6 +177,19 @@ def check_spec(spec: StoreSpec) -> None:
         raise ServiceError(
             "store", f"store {spec.name!r} cannot be registered: {'; '.join(problems)} (it could never be forgotten)"
         )
+
+
+def onboarding_records(conn: Any, tenant_id: str) -> dict[str, int]:
+    """Records of the tenant in each onboarding store (by lineage), the stores holding none left out."""
+    onboarding = [s.name for s in stores() if s.stage == ONBOARDING]
+    if not onboarding:
+        return {}
+    rows = conn.execute(
+        "SELECT store, count(DISTINCT record_id) FROM derived.lineage WHERE tenant_id = %s AND store = ANY(%s)"
+        " GROUP BY store",
+        (tenant_id, onboarding),
+    ).fetchall()
+    return {str(store): int(n) for store, n in rows if n}
 
 
 def is_test_tenant(conn: Any, tenant_id: str) -> bool:

@@ -112,7 +112,8 @@ def read_rows(conn: psycopg.Connection, tenant_id: str, columns: Sequence[str] |
         pa.BufferReader(buffer.getvalue()),
         read_options=pacsv.ReadOptions(column_names=wanted),
         # A category may hold a newline; PostgreSQL quotes such a value, and an empty string, never a NULL.
-        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        # An empty line is a row of one NULL column, not nothing (PostgreSQL writes NULL as nothing).
+        parse_options=pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False),
         convert_options=pacsv.ConvertOptions(
             column_types=types,
             null_values=[""],  # not pyarrow's defaults: a category may be "NULL" or "N/A"

@@ -21,7 +21,7 @@ __all__ = [
 def sync(derived: DerivedStores, *, tenant_id: str, progress: Progress = no_progress) -> Synced:
     """Rewrite the tenant's analytics rows from its current, sellable memories."""
     counts = derived.analytics.rebuild(store=derived.store, tenant_id=tenant_id)
-    return Synced(counts, paths={"table": "derived.analytics_rows"})
+    return Synced(counts, text={"table": "derived.analytics_rows"})
 
 
 def problems(derived: DerivedStores, *, tenant_id: str) -> dict[str, int]:
@@ -44,6 +44,9 @@ SPECS = (
         asset_description="Pseudonymised memory features for analysts (no text, no do-not-sell rows), in"
         " PostgreSQL where every host reaches them; queried with DuckDB.",
         kinds=("postgres", "duckdb"),
+        # Rows of versions a restore drops go in the restore's own transaction, as every table of ours.
+        restore_drop="DELETE FROM derived.analytics_rows WHERE tenant_id = %(t)s"
+        " AND memory_id || ':' || version = ANY(%(ids)s)",
         checks=(
             StoreCheck(
                 "analytics_no_text_no_do_not_sell",

@@ -28,7 +28,7 @@ _HELD = threading.local()
 
 def collection_name(tenant_id: str) -> str:
     # Chroma names allow fewer characters than tenant ids; a digest is always valid and stable
-    # (the same one names the tenant's analytics directory).
+    # (the same one names the tenant in other places that must not show its id).
     return "mem-" + tenant_hash(tenant_id)
 
 
