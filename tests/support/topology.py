@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -182,7 +182,15 @@ class TokenProxy:
                     self.end_headers()
                     return
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "authorization")}
-                answer = httpx.request(self.command, proxy.upstream + self.path, content=body, headers=headers)
+                try:  # as long as the product's own client waits (60 s), and a clear 502 past that
+                    answer = httpx.request(
+                        self.command, proxy.upstream + self.path, content=body, headers=headers, timeout=120
+                    )
+                except httpx.HTTPError:
+                    self.send_response(502)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 self.send_response(answer.status_code)
                 for key, value in answer.headers.items():
                     if key.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding"):
@@ -250,7 +258,8 @@ class Postgres:
         pg_ctl(["-w", "-m", "fast", action, *args], pgdata=self.pgdata, user=user, timeout=60)
 
     def stop(self) -> None:
-        self._pg_ctl("stop")
+        if (self.pgdata / "postmaster.pid").exists():  # started (a failed start has nothing to stop)
+            self._pg_ctl("stop")
 
 
 @dataclass
@@ -279,10 +288,22 @@ class Topology:
 
     def start(self, host: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
         command, env = self.command(host, argv)
-        log = open(self.root / "logs" / f"{host}.log", "wb")
-        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.root / "logs" / f"{host}.log", "wb") as log:  # the process holds its own copy
+            proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.processes.append(proc)
         return proc
+
+    def stop(self) -> None:
+        """End the processes `start` started, each with its process group."""
+        for proc in self.processes:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.processes:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
 
 
 def instance_config(values: Mapping[str, Any], postgres: Postgres) -> dict[str, Any]:
@@ -322,9 +343,20 @@ def _end_every_host(hosts: Path) -> None:
         time.sleep(3)
 
 
+def _stop_popen(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 @contextmanager
 def topology(root: Path) -> Iterator[Topology]:
-    """Every service of the production topology started under `root`, stopped afterwards."""
+    """Every service of the production topology started under `root`, stopped afterwards (each as
+    soon as it is started is registered for stopping, so a failed start leaves nothing behind)."""
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -335,35 +367,39 @@ def topology(root: Path) -> Iterator[Topology]:
         (root / part).mkdir(parents=True)
     locks = machine.lock_dir()  # the one fixed path in /tmp the code uses; each host gets its own
     locks.mkdir(mode=0o700, exist_ok=True)
-    postgres = Postgres(root / "services" / "pg" / "data")
-    postgres.start()
-    chroma_port = free_port()
-    chroma = subprocess.Popen(
-        [
-            str(chroma_binary()),
-            "run",
-            "--path",
-            str(root / "services" / "chroma"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(chroma_port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    moto.start()
-    proxy = None
-    topo = None
-    try:
+    with ExitStack() as stack:
+        postgres = Postgres(root / "services" / "pg" / "data")
+        stack.callback(postgres.stop)
+        postgres.start()
+        chroma_port = free_port()
+        chroma = subprocess.Popen(
+            [
+                str(chroma_binary()),
+                "run",
+                "--path",
+                str(root / "services" / "chroma"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(chroma_port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        stack.callback(_stop_popen, chroma)
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
+        moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        moto.start()
+        stack.callback(moto.stop)
+        # Before the hosts' processes are ended (callbacks run last first): nothing of theirs outlives them.
+        stack.callback(_end_every_host, root / "hosts")
         deadline = time.monotonic() + 60
         while not chroma_heartbeat(f"http://127.0.0.1:{chroma_port}"):
             assert time.monotonic() < deadline and chroma.poll() is None, "chroma did not start"
             time.sleep(0.1)
         token = secrets.token_urlsafe(24)
         proxy = TokenProxy(f"http://127.0.0.1:{chroma_port}", token)
+        stack.callback(proxy.close)
         host, port = moto.get_host_and_port()
         aws = {
             "AWS_ENDPOINT_URL_KMS": f"http://{host}:{port}",
@@ -417,22 +453,5 @@ def topology(root: Path) -> Iterator[Topology]:
             if name in os.environ:
                 env[name] = os.environ[name]
         topo = Topology(root, env, postgres, proxy, bucket, s3)
+        stack.callback(topo.stop)
         yield topo
-    finally:
-        if topo is not None:
-            for proc in topo.processes:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
-            for proc in topo.processes:
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(10)
-        _end_every_host(root / "hosts")
-        if proxy is not None:
-            proxy.close()
-        moto.stop()
-        chroma.terminate()
-        chroma.wait(20)
-        postgres.stop()
