@@ -359,6 +359,11 @@ def cmd_deletion(args: argparse.Namespace) -> None:
             _document(args, platform.deletion_certificate(job_id=args.job_id, fmt=args.format))
     elif args.deletion_command == "list":
         _emit(platform.deletion_jobs(state=args.state, tenant_id=args.tenant))
+    elif args.deletion_command == "notifications":
+        if args.deliver:
+            _emit(platform.deliver_notifications())
+        else:
+            _emit(platform.notifications(job_id=args.job, limit=args.limit))
     else:
         job = platform.deletion_status(job_id=args.job_id)
         if job["state"] == "COMPLETE":
@@ -788,6 +793,14 @@ def _forget_commands(add: Adder) -> None:
     listing_jobs = deletion_sub.add_parser("list")
     listing_jobs.add_argument("--state")
     listing_jobs.add_argument("--tenant")
+    notices = deletion_sub.add_parser(
+        "notifications",
+        help="the notices sent when jobs reach COMPLETE (or ERASED) and each channel's delivery state;"
+        " --deliver sends the due ones now",
+    )
+    notices.add_argument("--job", metavar="JOB", help="only this job's notices")
+    notices.add_argument("--limit", type=int, default=50, help="the newest N notices (default 50)")
+    notices.add_argument("--deliver", action="store_true", help="send the due notices now (as the `notify` job does)")
     erase = deletion_sub.add_parser(
         "erase", help="run the tenant's physical erasure now: rewrite its files, byte-scan them, mark ERASED"
     )

@@ -9,10 +9,14 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import socket
 import warnings
 from concurrent.futures import Future, ProcessPoolExecutor
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from email.message import EmailMessage
+from email.parser import BytesParser
+from email.policy import default
+from typing import Any, cast
 
 from memory_pipelines.lib.forget.canary import CANARY_PREFIX
 from memory_pipelines.lib.forget.deletion import DeletionService
@@ -22,6 +26,9 @@ from memory_pipelines.lib.infra.services import Endpoints, ensure_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.infra.validation import SHARING_MODES
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.notify.channels import channels_of
+from memory_pipelines.lib.notify.config import NotifySettings
+from memory_pipelines.lib.notify.outbox import deliver
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
 from memory_pipelines.materialize import (
@@ -294,6 +301,57 @@ def _forget_bob(settings: Settings, derived: DerivedStores, corpus: dict[str, An
         "targets": forgotten["targets"],
         "proof": proof,
         "after": bob_after,
+        "notifications": _notify(derived, forget_request["job_id"]),
+    }
+
+
+class _Mailbox:
+    """The demo's SMTP server on loopback: it keeps what it is sent, in memory."""
+
+    def __init__(self) -> None:
+        self.messages: list[EmailMessage] = []
+
+    async def handle_DATA(self, server: object, session: object, envelope: Any) -> str:
+        self.messages.append(cast(EmailMessage, BytesParser(policy=default).parsebytes(envelope.content)))
+        return "250 OK"
+
+
+def _notify(derived: DerivedStores, job_id: str) -> dict[str, Any]:
+    """bob's notices (COMPLETE, then ERASED) sent to a local SMTP server, as the `notify` job sends
+    them to the operator's (MEMORY_PIPELINES_SMTP_HOST), and what that server received."""
+    from aiosmtpd.controller import Controller
+
+    mailbox = _Mailbox()
+    with socket.socket() as probe:  # a free port: aiosmtpd checks its server by connecting to it
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    controller = Controller(mailbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        settings = NotifySettings.build(
+            smtp_host="127.0.0.1",
+            smtp_port=port,
+            smtp_starttls="off",  # loopback only; a real server is reached with STARTTLS
+            email_from="memory-pipelines@demo.invalid",
+            email_to="privacy-office@demo.invalid",
+            events="completed,erased",
+        )
+        sent = deliver(db=derived.store, channels=channels_of(settings), events=settings.events)
+    finally:
+        controller.stop()
+    return {
+        "smtp_server": f"127.0.0.1:{port} (the demo's own)",
+        "delivered": [d for d in sent["delivered"] if d["job_id"] == job_id],
+        "received": [
+            {
+                "to": m["To"],
+                "subject": m["Subject"],
+                "idempotency_key": m["X-Idempotency-Key"],
+                "body": cast(EmailMessage, m).get_content().splitlines(),
+            }
+            for m in mailbox.messages
+            if job_id in str(m["Subject"])
+        ],
     }
 
 

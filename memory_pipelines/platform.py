@@ -54,6 +54,8 @@ from memory_pipelines.lib.results import (
     LineageRecord,
     MemoryVersion,
     MemoryWrite,
+    Notification,
+    NotificationsDelivered,
     PromptSnapshot,
     RecallHit,
     RecordSources,
@@ -617,6 +619,27 @@ class _Forgetting(_Parts):
         if tenant_id is not None:
             _check_tenant(tenant_id)
         return self.ledger.list_jobs(state=state, tenant_id=tenant_id)
+
+    def notifications(self, *, job_id: str | None = None, limit: int = 50) -> list[Notification]:
+        """The newest deletion notices (or one job's), each with every channel's delivery state."""
+        from memory_pipelines.lib.notify.outbox import notifications
+
+        if not 1 <= limit <= 10_000:
+            raise ValidationError("limit", "must be from 1 to 10000")
+        return cast(list[Notification], notifications(self.store, job_id=job_id, limit=limit))
+
+    def deliver_notifications(self) -> NotificationsDelivered:
+        """Send the due deletion notices now on the channels the environment configures (what the
+        `notify` job does); none configured: nothing is sent and `channels` is empty."""
+        import os
+
+        from memory_pipelines.lib.notify.channels import channels_of
+        from memory_pipelines.lib.notify.config import NotifySettings
+        from memory_pipelines.lib.notify.outbox import deliver
+
+        settings = NotifySettings.from_env(os.environ)
+        found = deliver(db=self.store, channels=channels_of(settings), events=settings.events)
+        return cast(NotificationsDelivered, found)
 
     def shred_keys(self, *, tenant_id: str, subject: str | None = None, confirm: str | None = None) -> KeysShredded:
         """Crypto-shred now: destroy the subject's key, or every key of the tenant (`confirm` repeats

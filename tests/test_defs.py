@@ -35,6 +35,7 @@ def test_assets_partitions_and_checks(definitions):
         "tenant_backups",
         "memory_eval",
         "memory_drift",
+        "deletion_notifications",
     } | DERIVED
     memories = definitions.resolve_assets_def("memories")
     partitions = memories.partitions_def
@@ -76,6 +77,7 @@ def test_sensors_jobs_and_resources(definitions):
         "erasures_on_time_sensor",
         "key_conversion_sensor",
         "dead_run_workers_sensor",
+        "deletion_notifications_sensor",
     }
     assert {s.name for s in definitions.schedules} == {
         "canary_drill_schedule",
@@ -110,7 +112,9 @@ def test_sensors_jobs_and_resources(definitions):
     assert definitions.resolve_sensor_def("tenant_partitions_sensor").default_status == dg.DefaultSensorStatus.RUNNING
     assert definitions.resolve_job_def("memories_snapshot").partitions_def.name == "tenants"
     assert isinstance(definitions.resources["memory_store"], MemoryStoreResource)
-    assert {"chroma", "summarizer", "analytics", "backups", "judge"} <= set(definitions.resources)
+    assert {"chroma", "summarizer", "analytics", "backups", "judge", "notifier"} <= set(definitions.resources)
+    notify = definitions.resolve_sensor_def("deletion_notifications_sensor")
+    assert notify.default_status == dg.DefaultSensorStatus.RUNNING and notify.job_name == "notify"
     assert definitions.resolve_job_def("tenant_refresh") is not None
 
 
@@ -244,7 +248,7 @@ def test_every_asset_and_job_has_a_domain_and_every_check_a_description(definiti
     assert [s.key.to_user_string() for s in specs if not s.tags.get("domain")] == []
     assert {s.tags["domain"] for s in specs} == {"memories", "derived", "forget", "backups", "evaluation"}
     jobs = [job for job in definitions.resolve_all_job_defs() if not job.name.startswith("__")]
-    assert len(jobs) == 10
+    assert len(jobs) == 11
     assert [job.name for job in jobs if not job.tags.get("domain")] == []
     graph = definitions.resolve_asset_graph()
     assert len(graph.asset_check_keys) == 12

@@ -5,12 +5,14 @@ import os
 import dagster as dg
 
 from memory_pipelines.lib.infra import settings as env
+from memory_pipelines.lib.notify import config as notify
 from memory_pipelines.resources import (
     AnalyticsResource,
     BackupResource,
     ChromaResource,
     JudgeResource,
     MemoryStoreResource,
+    NotifierResource,
     SummarizerResource,
 )
 
@@ -56,5 +58,6 @@ def resources() -> dg.Definitions:
                     env.ENV_BACKUP_DAYS, os.environ.get(env.ENV_BACKUP_DAYS), env.DEFAULT_BACKUP_DAYS
                 ),
             ),
+            "notifier": NotifierResource(**{field: _env_or(name, None) for field, name in notify.FIELDS.items()}),
         }
     )

@@ -39,6 +39,10 @@ __all__ = [
     "LineageRecord",
     "MemoryVersion",
     "MemoryWrite",
+    "NoticeDelivery",
+    "NoticeSent",
+    "Notification",
+    "NotificationsDelivered",
     "PromptSnapshot",
     "RecallHit",
     "RecordSource",
@@ -180,6 +184,48 @@ class TestTenant(TypedDict):
 
     tenant_id: str
     test: bool
+
+
+class NoticeDelivery(TypedDict):
+    """One channel's state of one notice: attempts, when delivered or next tried, the last error."""
+
+    channel: str
+    attempts: int
+    delivered_at: str | None
+    next_attempt_at: str
+    last_error: str | None
+
+
+class Notification(TypedDict):
+    """`MemoryPlatform.notifications`: a deletion job's notice (COMPLETE or ERASED) and its deliveries."""
+
+    job_id: str
+    tenant_id: str
+    event: str
+    queued_at: str
+    delivered_at: str | None
+    deliveries: list[NoticeDelivery]
+
+
+class NoticeSent(TypedDict):
+    """One delivery attempt of `MemoryPlatform.deliver_notifications`."""
+
+    channel: str
+    job_id: str
+    event: str
+    idempotency_key: str
+    attempt: int
+    error: NotRequired[str]
+    next_attempt_at: NotRequired[str]
+
+
+class NotificationsDelivered(TypedDict):
+    """`MemoryPlatform.deliver_notifications`: what was sent, what failed (retried later), what is left."""
+
+    channels: list[str]
+    delivered: list[NoticeSent]
+    failed: list[NoticeSent]
+    pending: int
 
 
 class TenantMode(TypedDict):

@@ -85,6 +85,15 @@ def _the_demo_says_what_it_should(demo: dict[str, Any]) -> None:
     forget = out["forget_bob"]
     assert forget["state"] == "COMPLETE" and forget["proof"]["targets"]["backups"] == "SHREDDED:1"
     assert forget["after"]["list"] == []
+    # bob's two notices reached the demo's SMTP server, once each, with nothing of him in them.
+    notices = forget["notifications"]
+    assert sorted(d["event"] for d in notices["delivered"]) == ["deletion.completed", "deletion.erased"]
+    assert [m["subject"] for m in notices["received"]] == [
+        f"Deletion {job_id} completed",
+        f"Deletion {job_id} physically erased",
+    ]
+    assert len({m["idempotency_key"] for m in notices["received"]}) == 2
+    assert "bob" not in json.dumps(notices["received"])
     # The privacy officer's certificate of that forget: the job, every registered store, no content.
     corpus = json.loads((ASSETS_DIR / "demo" / "corpus.json").read_text(encoding="utf-8"))
     texts = [m["text"] for m in corpus["memories"]] + [corpus["versioned"]["first"], corpus["versioned"]["second"]]

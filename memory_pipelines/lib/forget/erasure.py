@@ -297,6 +297,11 @@ class ErasureService(ErasureLedger):
             (json.dumps(targets), json.dumps(proof), erased, json.dumps(proof["erasure"]), job_id),
         )
         self._audit(conn, job_id, tenant_id, "erased", {"byteScan": report["byteScan"]})
+        # Queued with the state change, as COMPLETE's is: sent only where the operator asked for it.
+        conn.execute(
+            "INSERT INTO control.outbox (job_id, tenant_id, kind, payload) VALUES (%s, %s, 'deletion.erased', %s)",
+            (job_id, tenant_id, json.dumps({"jobId": job_id, "scopeHash": proof.get("scopeHash")})),
+        )
 
     @staticmethod
     def _audit(conn: psycopg.Connection, job_id: str, tenant_id: str, event: str, detail: dict[str, Any]) -> None:
