@@ -310,7 +310,7 @@ def cmd_forget(args: argparse.Namespace) -> None:
         confirm=args.confirm,
         basis=args.basis,
     )
-    if args.wait and job["state"] != "COMPLETE":
+    if args.wait and job["state"] != "COMPLETE" and not _paused(job):
         try:
             waited = _wait_for(args, job)
         except Exception as exc:
@@ -319,6 +319,19 @@ def cmd_forget(args: argparse.Namespace) -> None:
         _emit({**waited, "duplicate": job["duplicate"]})
     else:
         _emit(job)
+
+
+def _paused(job: Mapping[str, Any]) -> bool:
+    """Whether the job waits for `deletion resume` (said on stderr): nothing is run for it now."""
+    pause = job.get("paused")
+    if pause:
+        whose = "every tenant" if pause["tenant_id"] is None else f"tenant {pause['tenant_id']}"
+        print(
+            f"deletion work of {whose} is paused since {pause['paused_at']} ({pause['reason']}): job"
+            f" {job['job_id']} is accepted and hidden, and runs after `memory-pipelines deletion resume`",
+            file=sys.stderr,
+        )
+    return bool(pause)
 
 
 def _after_acceptance(exc: Exception, job: Mapping[str, Any]) -> MemoryPipelinesError:
@@ -359,6 +372,19 @@ def cmd_deletion(args: argparse.Namespace) -> None:
             _document(args, platform.deletion_certificate(job_id=args.job_id, fmt=args.format))
     elif args.deletion_command == "list":
         _emit(platform.deletion_jobs(state=args.state, tenant_id=args.tenant))
+    elif args.deletion_command == "pause":
+        _emit(platform.pause_deletions(tenant_id=args.tenant, reason=args.reason))
+    elif args.deletion_command == "resume":
+        _emit(platform.resume_deletions(tenant_id=args.tenant))
+    elif args.deletion_command == "pauses":
+        _emit(platform.deletion_pauses(tenant_id=args.tenant))
+    elif args.deletion_command == "adapter":
+        if args.adapter_command == "pin":
+            _emit(platform.pin_adapter(store=args.store, version=args.version, reason=args.reason))
+        elif args.adapter_command == "unpin":
+            _emit(platform.unpin_adapter(store=args.store))
+        else:
+            _emit(platform.adapters())
     elif args.deletion_command == "notifications":
         if args.deliver:
             _emit(platform.deliver_notifications())
@@ -366,7 +392,7 @@ def cmd_deletion(args: argparse.Namespace) -> None:
             _emit(platform.notifications(job_id=args.job, limit=args.limit))
     else:
         job = platform.deletion_status(job_id=args.job_id)
-        if job["state"] == "COMPLETE":
+        if job["state"] == "COMPLETE" or _paused(job):
             _emit(job)
         else:
             try:
@@ -777,7 +803,12 @@ def _forget_commands(add: Adder) -> None:
     )
     forget.add_argument("--wait", action="store_true", help="run the forget job now and return its final state")
 
-    deletion = add("deletion", cmd_deletion, "deletion jobs: status, proof, list, retry; erase a tenant's bytes now")
+    deletion = add(
+        "deletion",
+        cmd_deletion,
+        "deletion jobs: status, proof, list, retry; erase a tenant's bytes now; pause, resume, adapter pins;"
+        " notifications",
+    )
     deletion_sub = deletion.add_subparsers(dest="deletion_command", required=True, metavar="ACTION")
     for action in ("status", "proof", "retry"):
         one = deletion_sub.add_parser(action)
@@ -793,6 +824,26 @@ def _forget_commands(add: Adder) -> None:
     listing_jobs = deletion_sub.add_parser("list")
     listing_jobs.add_argument("--state")
     listing_jobs.add_argument("--tenant")
+    pause = deletion_sub.add_parser(
+        "pause", help="incident switch: accept and hide requests, but start no cascade or erasure until resume"
+    )
+    pause.add_argument("--tenant", help="only this tenant (default: every tenant)")
+    pause.add_argument("--reason", required=True, help="why, in one line (an incident id); shown in every proof")
+    resume = deletion_sub.add_parser("resume", help="end the pause of --tenant (or of every tenant)")
+    resume.add_argument("--tenant")
+    pauses = deletion_sub.add_parser("pauses", help="every pause, newest first (the tenant's and every tenant's)")
+    pauses.add_argument("--tenant")
+    adapter = deletion_sub.add_parser(
+        "adapter", help="which deletion adapter version each store runs: list, pin STORE VERSION, unpin STORE"
+    )
+    adapter_sub = adapter.add_subparsers(dest="adapter_command", required=True, metavar="ACTION")
+    adapter_sub.add_parser("list", help="every store: the version cascades run, its default, what it ships")
+    pin = adapter_sub.add_parser("pin", help="later cascades run VERSION of STORE's adapter (one it ships)")
+    pin.add_argument("store", metavar="STORE")
+    pin.add_argument("version", metavar="VERSION")
+    pin.add_argument("--reason", required=True, help="why, in one line (an incident id)")
+    unpin = adapter_sub.add_parser("unpin", help="later cascades run STORE's default adapter version")
+    unpin.add_argument("store", metavar="STORE")
     notices = deletion_sub.add_parser(
         "notifications",
         help="the notices sent when jobs reach COMPLETE (or ERASED) and each channel's delivery state;"

@@ -37,12 +37,14 @@ from memory_pipelines.lib.infra.services import Endpoints
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.results import (
+    AdapterPin,
     AnalyticsAnswer,
     BackupListing,
     BackupsExpired,
     BackupTaken,
     CanaryDrill,
     DeletionJob,
+    DeletionPause,
     DeletionProof,
     DeletionRequest,
     DoNotSell,
@@ -66,6 +68,7 @@ from memory_pipelines.lib.results import (
     RollBack,
     RunExplanation,
     RunLease,
+    StoreAdapter,
     Summary,
     SummaryMode,
     SyncCounts,
@@ -680,6 +683,63 @@ class _Forgetting(_Parts):
         return rules.sweep(self.deletions, day=day, tenant_id=tenant_id, run=run)
 
 
+class _Switches(_Parts):
+    """Incident switches: deletion work paused and resumed, a store's adapter version pinned. None
+    re-opens a COMPLETE deletion."""
+
+    def pause_deletions(self, *, tenant_id: str | None = None, reason: str) -> DeletionPause:
+        """Pause deletion work of the tenant (None: of every tenant): requests are still accepted and
+        hidden at once; no cascade or erasure starts until `resume_deletions`. Deadlines keep running."""
+        from memory_pipelines.lib.forget import switches
+
+        if tenant_id is not None:
+            _check_tenant(tenant_id)
+        with self.store.transaction() as conn:
+            return cast(DeletionPause, switches.pause(conn, tenant_id=tenant_id, reason=reason))
+
+    def resume_deletions(self, *, tenant_id: str | None = None) -> DeletionPause:
+        """End the pause of exactly that scope (the tenant's, or with None every tenant's); NotFoundError
+        when none is open. The waiting jobs run at the forget sensor's next tick (or `deletion retry`)."""
+        from memory_pipelines.lib.forget import switches
+
+        if tenant_id is not None:
+            _check_tenant(tenant_id)
+        with self.store.transaction() as conn:
+            return cast(DeletionPause, switches.resume(conn, tenant_id=tenant_id))
+
+    def deletion_pauses(self, *, tenant_id: str | None = None) -> list[DeletionPause]:
+        """Every pause (the tenant's and every tenant's, when a tenant is given), newest first."""
+        from memory_pipelines.lib.forget import switches
+
+        if tenant_id is not None:
+            _check_tenant(tenant_id)
+        with self.store.transaction() as conn:
+            return cast(list[DeletionPause], switches.pauses(conn, tenant_id=tenant_id))
+
+    def pin_adapter(self, *, store: str, version: str, reason: str) -> AdapterPin:
+        """Make later cascades run `version` of the store's deletion adapter (one the store ships);
+        every proof records the versions its cascade ran."""
+        from memory_pipelines.lib.forget import switches
+
+        with self.store.transaction() as conn:
+            return cast(AdapterPin, switches.pin(conn, store=store, version=version, reason=reason))
+
+    def unpin_adapter(self, *, store: str) -> AdapterPin:
+        """Later cascades run the store's default adapter version again."""
+        from memory_pipelines.lib.forget import switches
+
+        with self.store.transaction() as conn:
+            return cast(AdapterPin, switches.unpin(conn, store=store))
+
+    def adapters(self) -> list[StoreAdapter]:
+        """Every registered store: the adapter version cascades run now, its default, what it ships, the pin."""
+        from memory_pipelines.lib.forget import switches
+
+        with self.store.transaction() as conn:
+            found = switches.adapter_versions(conn)
+        return [cast(StoreAdapter, {"store": name, **entry}) for name, entry in found.items()]
+
+
 class _Backups(_Parts):
     """Encrypted backups and safe restores."""
 
@@ -802,7 +862,7 @@ class _Checks(_Parts):
         return run_canary_drill(derived, home=home, backups=backups)
 
 
-class MemoryPlatform(_Memories, _Tenants, _DerivedViews, _Forgetting, _Backups, _Runs, _Checks):
+class MemoryPlatform(_Memories, _Tenants, _DerivedViews, _Forgetting, _Switches, _Backups, _Runs, _Checks):
     """Write, recall, version, export, forget, back up and explain memories: one object for all of it.
 
     `MemoryPlatform.from_env()` reads the settings from the environment (MEMORY_PIPELINES_HOME and

@@ -248,7 +248,7 @@ def test_every_asset_and_job_has_a_domain_and_every_check_a_description(definiti
     assert [s.key.to_user_string() for s in specs if not s.tags.get("domain")] == []
     assert {s.tags["domain"] for s in specs} == {"memories", "derived", "forget", "backups", "evaluation"}
     jobs = [job for job in definitions.resolve_all_job_defs() if not job.name.startswith("__")]
-    assert len(jobs) == 11
+    assert len(jobs) == 12
     assert [job.name for job in jobs if not job.tags.get("domain")] == []
     graph = definitions.resolve_asset_graph()
     assert len(graph.asset_check_keys) == 12

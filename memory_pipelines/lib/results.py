@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Literal, NotRequired, TypedDict
 
 __all__ = [
+    "AdapterPin",
     "AnalyticsAnswer",
     "AtK",
     "BackupListing",
@@ -25,6 +26,7 @@ __all__ = [
     "CanaryErasure",
     "CanaryRestore",
     "DeletionJob",
+    "DeletionPause",
     "DeletionProof",
     "DeletionRequest",
     "DeletionScope",
@@ -56,6 +58,7 @@ __all__ = [
     "RunExplanation",
     "RunLease",
     "SnapshotEntry",
+    "StoreAdapter",
     "Summary",
     "SummaryMode",
     "SyncCounts",
@@ -331,6 +334,37 @@ class DeletionScope(TypedDict):
     version: int | None
 
 
+class DeletionPause(TypedDict):
+    """`MemoryPlatform.pause_deletions`: deletion work of a tenant (None: every tenant) paused since
+    `paused_at`, until `resumed_at` (None: still paused)."""
+
+    pause_id: int
+    tenant_id: str | None
+    reason: str
+    paused_at: str
+    resumed_at: str | None
+
+
+class AdapterPin(TypedDict):
+    """`MemoryPlatform.pin_adapter` / `unpin_adapter`: the adapter version later cascades run for a store."""
+
+    store: str
+    version: str
+    default: str
+    reason: str | None
+
+
+class StoreAdapter(TypedDict):
+    """`MemoryPlatform.adapters`: the deletion adapter version a store's cascades run now, its
+    default, the versions it ships, and the operator's pin (None: not pinned)."""
+
+    store: str
+    version: str
+    default: str
+    shipped: list[str]
+    pinned: dict[str, str] | None
+
+
 class DeletionJob(TypedDict):
     """A deletion job's status (`DeletionLedger.status`): ids, HMACs, counts and states, never text."""
 
@@ -346,6 +380,8 @@ class DeletionJob(TypedDict):
     attempts: int
     created_at: str
     completed_at: str | None
+    # An open job of a paused tenant: the pause that holds it (nothing cascades until resumed)
+    paused: NotRequired[DeletionPause]
     # RETENTION jobs only
     sweep_date: NotRequired[str]
     categories: NotRequired[dict[str, int]]

@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "memory_pipelines"
 ROOT = "memory_pipelines"
 # Domains of lib, each importing only those before it (module-level imports; lazy ones are for
 # speed and may reach across, never up to dagster or out of lib).
-LIB_ORDER = ["infra", "memories", "stores", "backups", "forget", "agent_runs", "retention", "evaluation"]
+LIB_ORDER = ["infra", "memories", "stores", "backups", "forget", "notify", "agent_runs", "retention", "evaluation"]
 # A lower domain reaching a higher one, by design, with the reason (none today).
 ALLOWED_UP: set[tuple[str, str]] = set()
 ABOVE_LIB = ("defs", "resources", "cli", "platform", "materialize", "demo", "devserver", "definitions")

@@ -4,10 +4,18 @@ from urllib.parse import quote, urlencode
 
 import dagster as dg
 
-from memory_pipelines.defs.forget.ops import deletion_service
+from memory_pipelines.defs.forget.ops import deletion_service, switch_deletions
 from memory_pipelines.defs.runs.executors import leased_in_process
 
-__all__ = ["FORGET_JOB", "deletion_service", "forget_job", "forget_run_config", "named_job_ids"]
+__all__ = [
+    "FORGET_JOB",
+    "SWITCH_JOB",
+    "deletion_service",
+    "deletion_switch_job",
+    "forget_job",
+    "forget_run_config",
+    "named_job_ids",
+]
 
 FORGET_JOB = "forget"
 
@@ -88,6 +96,19 @@ forget_job = dg.define_asset_job(
     description=HOW_TO,
     tags={"domain": "forget"},
 )
+
+SWITCH_JOB = "deletion_switch"
+
+
+@dg.job(
+    name=SWITCH_JOB,
+    description="Incident switch: `action: pause` (with a `reason`) or `resume` deletion work of `tenant`"
+    " (empty: every tenant). While paused, requests are accepted and hidden at once, but no cascade or"
+    " erasure starts; deadlines keep running and every proof lists the pause. No COMPLETE job is re-opened.",
+    tags={"domain": "forget"},
+)
+def deletion_switch_job() -> None:
+    switch_deletions()
 
 
 def forget_run_config(*, job_ids: list[str], **request: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from memory_pipelines.defs.stores.jobs import DERIVED_ASSETS
 from memory_pipelines.lib.forget import certificate
 from memory_pipelines.lib.forget.cascade import FREEZE, PROVE, STORE, VERIFY, Phase
 from memory_pipelines.lib.forget.deletion import Batch, DeletionBlocked, DeletionLedger, DeletionService
+from memory_pipelines.lib.forget.switches import DeletionPaused
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError, ValidationError
 from memory_pipelines.lib.infra.settings import Settings, lower_priority
 from memory_pipelines.lib.stores import registry
@@ -165,7 +166,7 @@ def _tag_jobs(context: dg.OpExecutionContext, job_ids: list[str]) -> None:
 
 def _invalid(exc: MemoryPipelinesError) -> dg.Failure:
     return dg.Failure(
-        description=f"invalid forget request: {exc.field}: {exc.message}",
+        description=f"invalid request: {exc.field}: {exc.message}",
         metadata={"field": dg.MetadataValue.text(exc.field)},
         allow_retries=False,
     )
@@ -272,8 +273,13 @@ def freeze(
     if _is_new(config):
         _tag_jobs(context, job_ids)
     forget_batch.drop()  # a retried step starts from the ledger, never from a half-used batch
-    with _guard(forget_batch):
-        _, batch = _batch(context, FREEZE, job_ids, resources, forget_batch)
+    try:
+        with _guard(forget_batch):
+            _, batch = _batch(context, FREEZE, job_ids, resources, forget_batch)
+    except DeletionPaused as exc:
+        # An operator's switch, not a failure: the jobs stay accepted and hidden, and run on resume.
+        context.log.warning(f"{exc.message}; job(s) {', '.join(job_ids)} wait")
+        return
     if not batch.jobs:
         # Already COMPLETE (another run, e.g. `forget --wait`, got there first) or none pending: the
         # later steps are skipped, so no materialization hides the tenant's last proof.
@@ -439,3 +445,45 @@ def report_forgotten(
     # purge counts as handled and no refresh is requested for it.
     for asset in TOUCHED_ASSETS:
         context.log_event(dg.AssetMaterialization(asset_key=asset, partition=tenant_id, metadata=metadata))
+
+
+class DeletionSwitchConfig(dg.Config):
+    """An incident switch: pause or resume deletion work (of one tenant, or of every tenant)."""
+
+    action: str = Field(default="pause", description="pause or resume")
+    tenant: str = Field(default="", description="The tenant; empty: every tenant")
+    reason: str = Field(
+        default="", description="Why, in one line (an incident id); required to pause, shown in every proof"
+    )
+
+
+@dg.op(tags=TAGS)
+def switch_deletions(
+    context: dg.OpExecutionContext, config: DeletionSwitchConfig, memory_store: MemoryStoreResource
+) -> dg.Output[dict]:
+    """Pause or resume deletion work; requests stay accepted and hidden, no COMPLETE job is touched."""
+    from memory_pipelines.lib.forget import switches
+
+    if config.action not in ("pause", "resume"):
+        raise dg.Failure(description=f"action: must be pause or resume, got {config.action!r}", allow_retries=False)
+    tenant_id = config.tenant or None
+    try:
+        with memory_store.store().transaction() as conn:
+            if config.action == "pause":
+                found = switches.pause(conn, tenant_id=tenant_id, reason=config.reason)
+            else:
+                found = switches.resume(conn, tenant_id=tenant_id)
+    except MemoryPipelinesError as exc:
+        raise _invalid(exc) from exc
+    whose = "every tenant" if tenant_id is None else f"tenant {tenant_id}"
+    context.log.info(f"deletion work of {whose}: {'paused' if config.action == 'pause' else 'resumed'}")
+    return dg.Output(
+        found,
+        metadata={
+            "action": dg.MetadataValue.text(config.action),
+            "tenant": dg.MetadataValue.text(tenant_id or "every tenant"),
+            "paused_at": dg.MetadataValue.text(found["paused_at"]),
+            "resumed_at": dg.MetadataValue.text(found["resumed_at"] or ""),
+            "reason": dg.MetadataValue.text(found["reason"]),
+        },
+    )

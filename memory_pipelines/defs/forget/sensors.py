@@ -95,7 +95,8 @@ def last_forget_run(
 def forget_requests_sensor(context: dg.SensorEvaluationContext, memory_store: MemoryStoreResource) -> dg.SensorResult:
     ledger = DeletionLedger(memory_store.store())
     # Canary and evaluation tenants run their own deletions and never become partitions.
-    rows = [row for row in ledger.ledger() if not is_reserved_tenant(row["tenant_id"])]
+    # A paused tenant's jobs wait, accepted and hidden, for `deletion resume` (their deadlines run on).
+    rows = [row for row in ledger.ledger(paused=False) if not is_reserved_tenant(row["tenant_id"])]
     cursor = int(context.cursor or 0)
     last_runs = {
         tenant: run

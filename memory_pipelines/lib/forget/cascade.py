@@ -38,7 +38,7 @@ from typing import Any, NoReturn, TypeVar
 import psycopg
 from psycopg import sql
 
-from memory_pipelines.lib.forget import gate, targets
+from memory_pipelines.lib.forget import gate, switches, targets
 from memory_pipelines.lib.forget.ledger import REBUILT_PREFIX, DeletionBlocked, DeletionLedger, rebuilt_counts
 from memory_pipelines.lib.forget.targets import Probes
 from memory_pipelines.lib.infra import faults, validation
@@ -119,6 +119,8 @@ class Batch:
     # derived write checks its sources under the gate lock), so it is still complete; an edge removed
     # meanwhile only means a record whose deletion finds nothing.
     lineage: Lineage | None = None
+    # store -> the adapter version this batch runs (read at the freeze: a pin applies from the next batch).
+    versions: dict[str, str] = field(default_factory=dict)
 
     @property
     def job_ids(self) -> list[str]:
@@ -235,10 +237,15 @@ class DeletionCascade:
         tenant_id = batch.tenant_id
         with self.store.transaction() as conn:
             jobs = self.ledger.job_rows(conn, job_ids)
+            # Read under the run lock: a pause committed before this start holds every later one.
+            paused = switches.active_pause(conn, tenant_id)
+            batch.versions = {name: found["version"] for name, found in switches.adapter_versions(conn).items()}
         for job in jobs:
             if job["tenant_id"] != tenant_id:
                 raise ValidationError("job_id", f"job {job['job_id']} belongs to another tenant")
         jobs = [job for job in jobs if job["state"] != "COMPLETE"]
+        if jobs and paused is not None:
+            raise switches.DeletionPaused(tenant_id, paused)
         for job in jobs:
             # A retry starts from the stores' last statuses; failures of other steps are history (audit).
             job["targets"] = {k: v for k, v in job["targets"].items() if registry.is_registered(k)}
@@ -407,6 +414,7 @@ class DeletionCascade:
                 batch.verification,
                 batch.found,
                 erasure_hours=self.erasure_hours,
+                adapter_versions=batch.versions,
             )
         except Exception as exc:
             self._fail(batch, "verify", exc)
@@ -472,6 +480,7 @@ def _context(derived: DerivedStores, batch: Batch, store_name: str | None = None
         jobs=batch.jobs,
         everything=set().union(*batch.targets.values()),
         records=batch.deleted.get(store_name, set()) if store_name else set(),
+        versions=batch.versions,
     )
 
 
@@ -494,6 +503,7 @@ def _prepare(derived: DerivedStores, batch: Batch, store_names: Sequence[str]) -
                 jobs=batch.jobs,
                 everything=everything,
                 lineage=snapshot,
+                versions=batch.versions,
             )
             ctx.records = registry.adapter(name).find(conn, ctx)
             ctxs[name] = ctx

@@ -288,6 +288,14 @@ def build(proof: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> 
             # The request is accepted and its scope hidden from every read in the same transaction.
             ("Accepted (hidden from every read)", _text(status.get("created_at") or proof.get("requestedAt"))),
             ("Deadline", _text(proof.get("deadline"))),
+            # An operator's pause held the cascade; the deadline ran on (it is never extended).
+            *(
+                (
+                    f"Paused ({_text(p.get('scope'))}: {_text(p.get('reason'))})",
+                    f"{_text(p.get('pausedAt'))} to {_text(p.get('resumedAt'))}",
+                )
+                for p in proof.get("pauses") or []
+            ),
             ("Completed", _text(proof.get("completedAt"))),
             ("Physically erased", _text(erased_at) if erased_at else _physical(physical)),
         ],

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from memory_pipelines.lib.forget import datadir, deployment, guarantees, wal
+from memory_pipelines.lib.forget import datadir, deployment, guarantees, switches, wal
 from memory_pipelines.lib.infra import faults, home, validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError
 from memory_pipelines.lib.infra.progress import Progress, no_progress
@@ -79,7 +79,7 @@ class ErasureLedger:
 
     def due_tenants(self, *, now: datetime | None = None) -> list[str]:
         """Tenants whose erasure should run now: their oldest pending deletion has waited the batch
-        window, or its deadline is less than a quarter of the erasure window away."""
+        window, or its deadline is less than a quarter of the erasure window away; none paused."""
         now = now or _now()
         batch = timedelta(minutes=self.settings.erasure_batch_minutes)
         margin = timedelta(hours=self.settings.erasure_hours) / 4
@@ -88,7 +88,8 @@ class ErasureLedger:
             deadline = job["erasure_deadline"] or job["completed_at"]
             if job["completed_at"] + batch <= now or deadline - margin <= now:
                 due[job["tenant_id"]] = None
-        return list(due)
+        with self.store.transaction() as conn:
+            return [tenant_id for tenant_id in due if switches.active_pause(conn, tenant_id) is None]
 
     def overdue(self, *, now: datetime | None = None) -> list[dict[str, Any]]:
         """Pending erasures past their deadline."""
@@ -116,6 +117,8 @@ class ErasureService(ErasureLedger):
         with psycopg.connect(self.store.conninfo, autocommit=True) as lock_conn:
             lock_conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 2))", (lock_key,))
             try:
+                with self.store.transaction() as conn:
+                    switches.require_running(conn, tenant_id)  # under the run lock, as a cascade checks it
                 return self._erase(tenant_id, started, progress)
             finally:
                 lock_conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 2))", (lock_key,))

@@ -13,18 +13,18 @@ import json
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg.rows import dict_row
 
-from memory_pipelines.lib.forget import gate, guarantees
+from memory_pipelines.lib.forget import gate, guarantees, switches
 from memory_pipelines.lib.forget.targets import LEGACY_SEALED
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.memories import crypto, ordering
 from memory_pipelines.lib.memories.store import MemoryStore
-from memory_pipelines.lib.results import DeletionJob, DeletionProof, DeletionRequest, KeysShredded
+from memory_pipelines.lib.results import DeletionJob, DeletionPause, DeletionProof, DeletionRequest, KeysShredded
 from memory_pipelines.lib.stores import registry
 from memory_pipelines.lib.stores.adapter import Source
 from memory_pipelines.lib.stores.derived import DerivedStores
@@ -79,7 +79,7 @@ class DeletionLedger:
             row = cur.execute("SELECT * FROM control.deletion_jobs WHERE job_id = %s", (job_id,)).fetchone()
         if row is None:
             raise NotFoundError("job_id", f"no deletion job {job_id!r}")
-        return _job_of(row)
+        return _with_pause(conn, _job_of(row))
 
     @staticmethod
     def job_rows(conn: psycopg.Connection, job_ids: list[str]) -> list[DeletionJob]:
@@ -94,7 +94,7 @@ class DeletionLedger:
         for job_id in job_ids:
             if job_id not in rows:
                 raise NotFoundError("job_id", f"no deletion job {job_id!r}")
-        return [_job_of(rows[job_id]) for job_id in job_ids]
+        return [_with_pause(conn, _job_of(rows[job_id])) for job_id in job_ids]
 
     def status(self, *, job_id: str) -> DeletionJob:
         with self.store.transaction() as conn:
@@ -138,17 +138,22 @@ class DeletionLedger:
                 out.setdefault(job_tenant, []).append(job_id)
         return out
 
-    def ledger(self, *, tenant_id: str | None = None) -> list[dict[str, Any]]:
-        """Every open job as ids, state, ledger sequence, attempts and times (what the forget sensor reads)."""
+    def ledger(self, *, tenant_id: str | None = None, paused: bool = True) -> list[dict[str, Any]]:
+        """Every open job as ids, state, ledger sequence, attempts and times (what the forget sensor
+        reads); `paused` False leaves out the jobs of tenants whose deletion work is paused."""
         validation.check_optional_id("tenant", tenant_id)
         with self.store.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
-            return cur.execute(
+            rows = cur.execute(
                 "SELECT job_id, tenant_id, state, seq, attempts, next_attempt_at, deadline, updated_at,"
                 " targets::text LIKE '%%FAILED:VERIFICATION\\_%%' AS verification_failed"
                 " FROM control.deletion_jobs WHERE state <> 'COMPLETE' AND (%s::text IS NULL OR tenant_id = %s)"
                 " ORDER BY seq NULLS FIRST, created_at",
                 (tenant_id, tenant_id),
             ).fetchall()
+            if paused or not rows:
+                return rows
+            held = switches.paused_tenants(conn, sorted({row["tenant_id"] for row in rows}))
+        return [row for row in rows if row["tenant_id"] not in held]
 
     def forget_running(self, *, tenant_id: str) -> bool:
         """Whether a live process holds the tenant's forget run lock now (a forget or a restore).
@@ -293,24 +298,21 @@ class DeletionLedger:
         found: Mapping[str, Mapping[str, Any]] | None = None,
         *,
         erasure_hours: int,
+        adapter_versions: Mapping[str, str] | None = None,
     ) -> list[dict[str, Any]]:
         """Mark verified jobs COMPLETE with their proofs, in one transaction (one statement per kind
         of row for all the jobs); returns the proofs."""
         _require_every_store_done(jobs)
         proofs = []
         job_ids = [job["job_id"] for job in jobs]
-        adapter_versions = {spec.name: spec.adapter_version for spec in registry.stores()}
+        versions = _versions_ran(adapter_versions or {})
         with self.store.transaction() as conn:
-            rows = {
-                job_id: (epoch, created)
-                for job_id, epoch, created in conn.execute(
-                    "SELECT job_id, subject_epoch, created_at FROM control.deletion_jobs WHERE job_id = ANY(%s)",
-                    (job_ids,),
-                )
-            }
+            rows = _epochs_and_times(conn, job_ids)
             backups = _backups(conn, tenant_id)
             completed = _now()
             erase_by = completed + timedelta(hours=erasure_hours)
+            # Pauses that held the tenant while any of these jobs was open: each proof lists its own.
+            held = switches.pauses_between(conn, tenant_id, min(c for _, c in rows.values()), completed)
             new_targets = []
             for job in jobs:
                 epoch, created = rows[job["job_id"]]
@@ -334,7 +336,7 @@ class DeletionLedger:
                         job_targets,
                         # Of DONE:n (records reached), those rebuilt without the scope rather than deleted.
                         rebuilt=rebuilt_counts((found or {}).get(job["job_id"], {})),
-                        adapter_versions=adapter_versions,
+                        adapter_versions=versions,
                         verification=verification,
                         times=(created, completed),
                     )
@@ -343,6 +345,7 @@ class DeletionLedger:
                             job["scope"]["type"], legacy=None if legacy is None else int(legacy)
                         )
                     }
+                    | _pauses_of(held, created)
                 )
             conn.execute(
                 "UPDATE control.deletion_jobs j SET state = 'COMPLETE', proof = x.proof::jsonb, completed_at = %s,"
@@ -363,6 +366,24 @@ class DeletionLedger:
             job["targets"] = job_targets
             job["state"] = "COMPLETE"  # only once the transaction committed
         return proofs
+
+
+def _versions_ran(ran: Mapping[str, str]) -> dict[str, str]:
+    """The adapter versions a batch ran (a pin included); each store's default where it did not say."""
+    return {spec.name: ran.get(spec.name, spec.adapter_version) for spec in registry.stores()}
+
+
+def _epochs_and_times(conn: psycopg.Connection, job_ids: list[str]) -> dict[str, tuple[int | None, datetime]]:
+    rows = conn.execute(
+        "SELECT job_id, subject_epoch, created_at FROM control.deletion_jobs WHERE job_id = ANY(%s)", (job_ids,)
+    ).fetchall()
+    return {job_id: (epoch, created) for job_id, epoch, created in rows}
+
+
+def _pauses_of(held: list[dict[str, Any]], created: datetime) -> dict[str, Any]:
+    """A proof's `pauses`: those of `held` still open when the job was requested (none: no key)."""
+    mine = [p for p in held if p["resumedAt"] is None or datetime.fromisoformat(p["resumedAt"]) >= created]
+    return {"pauses": mine} if mine else {}
 
 
 def _require_every_store_done(jobs: list[DeletionJob]) -> None:
@@ -745,6 +766,15 @@ def _job_of(row: dict[str, Any]) -> DeletionJob:
     if row["scope"] == "RETENTION":
         job["sweep_date"] = row["sweep_date"].isoformat()
         job.update(row["detail"])  # categories, retentionPolicyVersion
+    return job
+
+
+def _with_pause(conn: psycopg.Connection, job: DeletionJob) -> DeletionJob:
+    """The job, with the pause that holds it when it is open and its tenant's deletion work is paused."""
+    if job["state"] != "COMPLETE":
+        found = switches.active_pause(conn, job["tenant_id"])
+        if found is not None:
+            job["paused"] = cast(DeletionPause, found)
     return job
 
 

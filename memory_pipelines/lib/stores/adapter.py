@@ -72,6 +72,8 @@ class Context:
     lineage: Lineage | None = None
     # What an adapter opened for this context (a collection, a bucket list), for its later calls on it.
     opened: dict[str, Any] = field(default_factory=dict)
+    # store -> the adapter version this batch runs (its default, or the operator's pin).
+    versions: dict[str, str] = field(default_factory=dict)
 
     @property
     def store(self) -> MemoryStore:

@@ -89,7 +89,7 @@ class StoreSpec:
     name: str
     owner: str
     locator_key: str
-    adapter_version: str
+    adapter_version: str  # the version a cascade runs unless an operator pins another (lib/forget/switches.py)
     max_completion_seconds: int
     verification: str
     adapter: str | Callable[[], Any]  # its deletion adapter's class (see stores/adapter.py)
@@ -117,6 +117,8 @@ class StoreSpec:
     key_erasure: tuple[str, ...] = ()
     sealed_by: str = "nothing: its records are not sealed under a key of the scope"
     stage: str = ENFORCED  # ONBOARDING: only test tenants' memories reach it
+    # Earlier versions its adapter still runs when pinned (`deletion adapter pin`); it reads `Context.versions`.
+    older_adapter_versions: tuple[str, ...] = ()
 
 
 _lock = threading.RLock()

@@ -121,7 +121,11 @@ class ChromaAdapter:
             vectors.drop(ctx.tenant_id)
             return
         ids = self._ids(ctx)
-        vectors.discard(ctx.tenant_id, ids)  # Chroma only flags them: see VectorStore.delete
+        if ctx.versions.get(STORE) == "chroma-v1":
+            # The earlier adapter: read which ids are present, then delete those (one request more).
+            vectors.delete(ctx.tenant_id, ids)
+        else:
+            vectors.discard(ctx.tenant_id, ids)  # Chroma only flags them: see VectorStore.delete
         with ctx.store.transaction() as conn:
             drop_edges(conn, ctx.tenant_id, STORE, ids)
 

@@ -36,6 +36,7 @@ SPECS = (
         owner="team:memory-platform",
         locator_key="memory_id:version (collection per tenant)",
         adapter_version="chroma-v2",
+        older_adapter_versions=("chroma-v1",),
         max_completion_seconds=600,
         verification="collection.get(ids=targets) is empty; paraphrase probes return no target",
         adapter="memory_pipelines.lib.stores.vectors.adapter:ChromaAdapter",
