@@ -414,9 +414,26 @@ class _Memories(_Parts):
         return list(self.store.iter_export(tenant_id=tenant_id, subject=subject))
 
     def export_json(self, *, tenant_id: str, subject: str) -> Iterator[str]:
-        """The subject's export as chunks of one JSON document, streamed (what `memory-pipelines export` prints)."""
+        """The subject's export as chunks of one JSON document, streamed (what `memory-pipelines export`
+        prints): every version of every memory they wrote, then their subject summary (decrypted),
+        consent (`do_not_sell`, summary mode), deletion jobs, and the agent runs that read their memories."""
         _check_tenant(tenant_id)
-        return self.store.export_json(tenant_id=tenant_id, subject=subject)
+        return self.store.export_json(
+            tenant_id=tenant_id, subject=subject, more=lambda: self._held_about(tenant_id, subject)
+        )
+
+    def _held_about(self, tenant_id: str, subject: str) -> dict[str, Any]:
+        from memory_pipelines.lib.forget.about_subject import held_about
+        from memory_pipelines.lib.infra.errors import NotFoundError
+
+        try:
+            summary: Summary | None = self.derived.summaries.read(
+                tenant_id=tenant_id, scope="subject", scope_id=subject
+            )
+        except NotFoundError:
+            summary = None
+        with self.store.transaction() as conn:
+            return {"summary": summary, **held_about(conn, tenant_id=tenant_id, subject=subject)}
 
 
 class _Tenants(_Parts):

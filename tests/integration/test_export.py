@@ -105,3 +105,55 @@ def test_concurrent_identical_writes_make_one_memory(store, tenant, session_sett
         s.close()
     assert len({r.memory_id for r in results}) == 1
     assert sum(r.changed for r in results) == 1
+
+
+def test_the_export_holds_what_is_derived_and_recorded_about_the_subject_until_their_forget(
+    session_settings, endpoints, store, derived, tenant
+):
+    from memory_pipelines import MemoryPlatform
+
+    parts = {"settings": session_settings, "store": store, "endpoints": endpoints, "derived": derived}
+    with MemoryPlatform(**parts) as mp:
+
+        def document(subject="ivy"):
+            return json.loads("".join(mp.export_json(tenant_id=tenant, subject=subject)))
+
+        mp.write(tenant_id=tenant, user_id="ivy", text="Ivy's cat is called Pixel")
+        trip = mp.write(tenant_id=tenant, user_id="ivy", text="Ivy flies to Lisbon in May")
+        mp.write(tenant_id=tenant, user_id="jo", text="Jo's cat is called Biscuit")
+        before = document()
+        assert before["format"] == "memory-pipelines.export.v2" and len(before["memories"]) == 2
+        assert before["summary"] is None and before["deletion_jobs"] == [] and before["agent_runs"] == []
+        assert before["consent"] == {"do_not_sell": False, "summary_mode": "hybrid", "summary_mode_chosen": False}
+
+        mp.sync(tenant_id=tenant)
+        assert "Pixel" in document()["summary"]["summary"]
+        mp.set_do_not_sell(tenant_id=tenant, user_id="ivy", subject="ivy")
+        mp.set_summary_mode(tenant_id=tenant, subject="ivy", mode="full")
+        assert document()["consent"] == {"do_not_sell": True, "summary_mode": "full", "summary_mode_chosen": True}
+
+        forgotten_trip = mp.forget(tenant_id=tenant, memory_id=trip["memory_id"])
+        forgotten_trip.wait()
+        [job] = document()["deletion_jobs"]
+        assert (job["job_id"], job["state"], job["scope"]["type"]) == (forgotten_trip.job_id, "COMPLETE", "MEMORY")
+        assert job["scope"]["memory_id"] == trip["memory_id"] and job["completed_at"]
+        assert document("jo")["deletion_jobs"] == []
+
+        ivy_run = mp.open_run(tenant_id=tenant, subject_id="ivy", run_id="run-ivy-1")
+        assert mp.run_recall(lease_id=ivy_run["lease_id"], query="what is the cat called")
+        with mp.permit(lease_id=ivy_run["lease_id"], sink="model_output"):
+            pass
+        jo_run = mp.open_run(tenant_id=tenant, subject_id="jo", run_id="run-jo-1")
+        assert mp.run_recall(lease_id=jo_run["lease_id"], query="what is the cat called")
+        [run] = document()["agent_runs"]
+        assert run["run_id"] == "run-ivy-1" and run["sinks"] == ["model_output"] and run["versions_read"] == 1
+        assert [r["run_id"] for r in document("jo")["agent_runs"]] == ["run-jo-1"]
+
+        mp.forget(tenant_id=tenant, subject="ivy").wait()
+        after = document()
+        assert after["memories"] == [] and after["summary"] is None
+        assert after["consent"] == {"do_not_sell": False, "summary_mode": "hybrid", "summary_mode_chosen": False}
+        assert after["deletion_jobs"] == [] and after["agent_runs"] == []
+        assert "Pixel" not in json.dumps(after) and trip["memory_id"] not in json.dumps(after)
+        # jo's part is untouched
+        assert [r["run_id"] for r in document("jo")["agent_runs"]] == ["run-jo-1"]

@@ -472,11 +472,15 @@ class DeletionRequests(DeletionLedger):
         """Record the new job, hide its scope and close the gate's fences on it; returns its id."""
         job_id = "del_" + uuid.uuid4().hex
         deadline = _now() + timedelta(days=DEADLINE_DAYS[basis])
+        # A MEMORY job names its memory's author, for the author's export (cleared by their SUBJECT forget).
         conn.execute(
             "INSERT INTO control.deletion_jobs (job_id, tenant_id, scope, subject_id, memory_id, version,"
-            " scope_hash, basis, policy_version, state, deadline) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s,"
-            " 'REQUESTED', %s)",
-            (job_id, tenant_id, scope, subject, memory_id, version, scope_hash, basis, POLICY_VERSION, deadline),
+            " scope_hash, basis, policy_version, state, deadline, author_id) VALUES (%s, %s, %s, %s, %s, %s, %s,"
+            " %s, %s, 'REQUESTED', %s, (SELECT user_id FROM memory.memories WHERE tenant_id = %s AND memory_id = %s))",
+            (
+                *(job_id, tenant_id, scope, subject, memory_id, version, scope_hash, basis, POLICY_VERSION, deadline),
+                *(tenant_id, memory_id),
+            ),
         )
         epoch = self._hide(conn, job_id, scope, tenant_id, subject, memory_id, versions, whole_memory=version is None)
         gate.close_fences(

@@ -6,7 +6,7 @@ document.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -80,12 +80,16 @@ class ExportMixin(TenantsMixin, SealingMixin):
             "superseded_at": _iso(row["superseded_at"]),
         }
 
-    def export_json(self, *, tenant_id: str, subject: str) -> Iterator[str]:
-        """The subject's export (GDPR Art. 15/20, CCPA) as chunks of one JSON document."""
+    def export_json(
+        self, *, tenant_id: str, subject: str, more: Callable[[], Mapping[str, Any]] | None = None
+    ) -> Iterator[str]:
+        """The subject's export (GDPR Art. 15/20, CCPA) as chunks of one JSON document; `more` gives
+        the sections that follow `memories` (what higher layers hold about the subject), read once the
+        memories are streamed."""
         rows = self.iter_export(tenant_id=tenant_id, subject=subject)
         first_row = next(rows, None)  # validates before the first byte is produced
         header = {
-            "format": "memory-pipelines.export.v1",
+            "format": "memory-pipelines.export.v1" if more is None else "memory-pipelines.export.v2",
             "tenant": tenant_id,
             "subject": subject,
             "exported_at": datetime.now().astimezone().isoformat(),
@@ -95,4 +99,7 @@ class ExportMixin(TenantsMixin, SealingMixin):
             yield "\n" + json.dumps(first_row)
             for row in rows:
                 yield ",\n" + json.dumps(row)
-        yield "\n]}\n"
+        yield "\n]"
+        for name, section in (more() if more is not None else {}).items():
+            yield f",\n{json.dumps(name)}: {json.dumps(section)}"
+        yield "}\n"

@@ -33,6 +33,14 @@ _TENANT_ROWS = (
     "DELETE FROM derived.prompt_snapshots WHERE tenant_id = %s",
     "DELETE FROM derived.lineage WHERE tenant_id = %s",
 )
+# What a SUBJECT deletion removes besides the versions: what the subject's export lists about them
+# that is no memory (memberships, their opt-outs and summary mode, the MEMORY jobs naming them).
+_SUBJECT_ROWS = (
+    "DELETE FROM memory.team_members WHERE tenant_id = %s AND user_id = ANY(%s)",
+    "UPDATE memory.subjects SET do_not_sell = false WHERE tenant_id = %s AND user_id = ANY(%s) AND do_not_sell",
+    "DELETE FROM derived.summary_modes WHERE tenant_id = %s AND user_id = ANY(%s)",
+    "UPDATE control.deletion_jobs SET author_id = NULL WHERE tenant_id = %s AND author_id = ANY(%s)",
+)
 _LEFTOVER = (
     "SELECT count(*) FROM memory.memory_versions x JOIN unnest(%s::text[], %s::int[])"
     " AS w(memory_id, version) ON x.memory_id = w.memory_id AND x.version = w.version WHERE x.tenant_id = %s"
@@ -62,9 +70,8 @@ class PrimaryAdapter:
     def _delete_rest(conn: psycopg.Connection, ctx: Context) -> None:
         subjects = sorted({str(scope["subject"]) for scope in ctx.scopes("SUBJECT")})
         if subjects:
-            conn.execute(
-                "DELETE FROM memory.team_members WHERE tenant_id = %s AND user_id = ANY(%s)", (ctx.tenant_id, subjects)
-            )
+            for query in _SUBJECT_ROWS:
+                conn.execute(query, (ctx.tenant_id, subjects))
         if ctx.tenant_scope:
             for query in _TENANT_ROWS:
                 conn.execute(query, (ctx.tenant_id,))
