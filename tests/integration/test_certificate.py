@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from memory_pipelines.defs.forget.ops import job_key
 from memory_pipelines.lib.forget import certificate, deployment
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
@@ -169,8 +170,8 @@ def test_the_forget_run_attaches_the_certificate_and_the_data_map(store, derived
             if e.asset_key.to_user_string() == "memory_deletions"
         ]
     metadata = deletions.metadata
-    md = metadata[f"certificate_{job['job_id']}"].value
-    assert isinstance(metadata[f"certificate_{job['job_id']}"], dg.MarkdownMetadataValue)
+    md = metadata[job_key("certificate", job["job_id"])].value
+    assert isinstance(metadata[job_key("certificate", job["job_id"])], dg.MarkdownMetadataValue)
     assert job["job_id"] in md and "ccpa" in md and all(spec.name in md for spec in registry.stores())
     assert metadata["data_map_before"].value["primary"] == 3 and metadata["data_map_after"].value["primary"] == 1
     assert metadata["data_map_before"].value["chroma"] == 3 and metadata["data_map_after"].value["chroma"] == 1

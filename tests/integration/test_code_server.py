@@ -47,12 +47,18 @@ def test_commands_share_one_warm_server_per_environment_and_an_idle_one_ends(tmp
         ok(run_cli("write", "--tenant", "acme", "--user", "alice", "alice likes green tea", home=home))
         env = {**os.environ, "MEMORY_PIPELINES_HOME": str(home), **IDLE}
         together = [
-            subprocess.Popen([str(CLI), "materialize", "--tenant", "acme"], env=env, stdout=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                [str(CLI), "materialize", "--tenant", "acme"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for _ in range(2)
         ]
         for proc in together:
-            out, _ = proc.communicate(timeout=300)
-            assert proc.returncode == 0 and json.loads(out)["success"]
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0 and json.loads(out)["success"], (proc.returncode, out[-3000:], err[-3000:])
         first = code_servers(home)
         assert len(first) == 1, "two commands starting at once started one server"
 

@@ -17,6 +17,7 @@ import dagster as dg
 import pytest
 from dagster._core.execution.backfill import BulkActionStatus
 
+from memory_pipelines.defs.forget.ops import job_key
 from memory_pipelines.demo import last_completed_month
 from memory_pipelines.lib.infra import services
 from memory_pipelines.lib.infra import settings as infra_settings
@@ -154,17 +155,23 @@ def test_the_demo_end_to_end_then_the_instance_is_a_clean_first_look(demo, tmp_p
         ).records
         metadata = {k: v.value for k, v in latest.asset_materialization.metadata.items()}
         assert metadata["deletion_job_ids"] == [bob] and metadata["deletion_states"] == {bob: "COMPLETE"}
-        assert metadata[f"proof_{bob}"]["jobId"] == bob and {"data_map", f"certificate_{bob}"} <= set(metadata)
+        assert metadata[job_key("proof", bob)]["jobId"] == bob and {"data_map", job_key("certificate", bob)} <= set(
+            metadata
+        )
         # The certificate's records deleted are the data map's before - after, store by store (the team
         # summary bob wrote into is rebuilt without him: reached, not deleted).
         removed = {s: metadata["data_map_before"][s] - metadata["data_map_after"][s] for s in registry.names()}
-        assert _deleted_by_certificate(metadata[f"certificate_{bob}"]) == removed
-        assert removed["team_summaries"] == 0 and metadata[f"proof_{bob}"]["targets"]["team_summaries"] == "DONE:1"
-        # The retention run that came after removed nothing: an observation, not a materialization.
+        assert _deleted_by_certificate(metadata[job_key("certificate", bob)]) == removed
+        assert (
+            removed["team_summaries"] == 0 and metadata[job_key("proof", bob)]["targets"]["team_summaries"] == "DONE:1"
+        )
+        # The retention run that came after removed nothing: no event of its own above bob's forget (the
+        # tabs open on the newest), only the erasure's observation of bob's certificate as it stands.
         observed = instance.fetch_observations(
-            dg.AssetRecordsFilter(asset_key=DELETIONS, asset_partitions=["demo"]), limit=1
+            dg.AssetRecordsFilter(asset_key=DELETIONS, asset_partitions=["demo"]), limit=10
         ).records
-        assert observed and observed[0].run_id == out["retention"]["run_id"]
+        assert out["retention"]["run_id"] not in {o.run_id for o in observed}
+        assert observed and observed[0].run_id == out["forget_bob"]["erasure_run_id"]
         # The check's result targets that materialization: the asset page shows it, not "Not evaluated".
         [check] = instance.event_log_storage.get_asset_check_partition_info([CHECK], partition_keys=["demo"])
         assert check.is_current and check.latest_execution_status.value == "SUCCEEDED", check

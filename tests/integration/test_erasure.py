@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
+from memory_pipelines.defs.forget.ops import job_key
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureIncomplete, ErasureLedger, ErasureService
 from memory_pipelines.lib.stores import bytescan, registry
@@ -221,7 +222,7 @@ def test_the_physical_erasure_asset_materializes_the_proof_and_its_check_passes(
         # memory_deletions shows the certificate as it stands now, not the one rendered at COMPLETE.
         [observed] = [e.asset_observation_data.asset_observation for e in result.all_events if e.is_asset_observation]
         assert observed.asset_key == dg.AssetKey("memory_deletions") and observed.partition == tenant
-        md = observed.metadata[f"certificate_{job['job_id']}"].value
+        md = observed.metadata[job_key("certificate", job["job_id"])].value
         assert "- **Physically erased:** `" in md and "PENDING: to be erased by" not in md
         assert "What this deployment proves" in md and "alice" not in md
     assert service.status(job_id=job["job_id"])["targets"]["physical"].startswith("ERASED:")

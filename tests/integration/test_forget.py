@@ -11,6 +11,7 @@ import uuid
 import psycopg
 import pytest
 
+from memory_pipelines.defs.forget.ops import job_key
 from memory_pipelines.lib.forget.deletion import DeletionBlocked, DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
 from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError, ValidationError
@@ -231,7 +232,7 @@ def test_proofs_audit_rows_outbox_and_dagster_metadata_hold_no_memory_text(
             if e.asset_key.to_user_string() == "memory_deletions"
         ]
         assert deletions.metadata["deletion_states"].value == {job["job_id"]: "COMPLETE"}
-        assert deletions.metadata[f"proof_{job['job_id']}"].value["scopeHash"] == job["scope_hash"]
+        assert deletions.metadata[job_key("proof", job["job_id"])].value["scopeHash"] == job["scope_hash"]
     with psycopg.connect(endpoints.store_conninfo) as conn:
         for table in (
             "control.deletion_jobs",

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from memory_pipelines.defs.forget.ops import job_key
 from memory_pipelines.lib.backups.service import BackupService
 from memory_pipelines.lib.backups.storage import LocalBackupStorage
 from memory_pipelines.lib.forget import certificate
@@ -159,7 +160,7 @@ def test_the_forget_graph_has_and_runs_a_step_for_the_toy_store(
         assert done.metadata["store_toy_notes"].value == 1
         assert done.metadata["data_map_before"].value["toy_notes"] == 2
         assert done.metadata["data_map_after"].value["toy_notes"] == 1
-        assert "| `toy_notes`" in done.metadata[f"certificate_{job['job_id']}"].value
+        assert "| `toy_notes`" in done.metadata[job_key("certificate", job["job_id"])].value
         assert len(toy.notes(store, tenant)) == 1
     finally:
         _cleanup(store, tenant)

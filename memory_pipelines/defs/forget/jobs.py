@@ -88,9 +88,22 @@ it, and nothing is created. The CLI's `memory-pipelines forget --tenant T --subj
 `forget_requests_sensor` run the same job.
 """
 
+# The launchpad opens on this: every request field, null until set (a run's own config fills in the rest).
+DEFAULT_REQUEST = {
+    "job_ids": [],
+    "scope": None,
+    "subject": None,
+    "memory_id": None,
+    "version": None,
+    "confirm": None,
+    "basis": "user-request",
+    "requested_by": None,
+}
+
 forget_job = dg.define_asset_job(
     FORGET_JOB,
     selection=dg.AssetSelection.assets("memory_deletions"),
+    config={"ops": {"memory_deletions": {"ops": {"freeze": {"config": DEFAULT_REQUEST}}}}},
     # One process, so every step shares the `forget_batch` resource's batch (lock, probes): see ops.py.
     executor_def=leased_in_process,
     description=HOW_TO,

@@ -390,7 +390,7 @@ def _prove_op(phase: Phase) -> dg.OpDefinition:
                 **{f"store_{name}": dg.MetadataValue.int(n) for name, n in summary["stores"].items()},
                 **({"rebuilt": dg.MetadataValue.json(summary["rebuilt"])} if summary.get("rebuilt") else {}),
                 "seconds": dg.MetadataValue.json(summary.get("seconds", {})),
-                **{f"proof_{p['jobId']}": dg.MetadataValue.json(p) for p in proofs},
+                **{job_key("proof", str(p["jobId"])): dg.MetadataValue.json(p) for p in proofs},
                 **certificates(service, proofs),
                 **data_map_metadata(context, service, tenant_id, before),
             }
@@ -399,11 +399,18 @@ def _prove_op(phase: Phase) -> dg.OpDefinition:
     return prove
 
 
+def job_key(kind: str, job_id: str) -> str:
+    """The metadata key of one job's proof or certificate: `proof_del_1a2b3c4d`. The job's first 8 hex
+    digits (its full id is in the proof and in `deletion_job_ids`): a full id made the key column of the
+    UI's metadata table overlap the links beside it."""
+    return f"{kind}_{job_id[:12]}"
+
+
 def certificates(service: DeletionLedger, proofs: Sequence[Mapping[str, Any]]) -> dict[str, dg.MetadataValue]:
-    """One Markdown deletion certificate per completed job (`certificate_<job_id>`): ids, hashes,
-    states, counts and times only."""
+    """One Markdown deletion certificate per completed job (`job_key("certificate", job_id)`): ids,
+    hashes, states, counts and times only."""
     return {
-        f"certificate_{p['jobId']}": dg.MetadataValue.md(
+        job_key("certificate", str(p["jobId"])): dg.MetadataValue.md(
             certificate.render_markdown(p, service.status(job_id=str(p["jobId"])))
         )
         for p in proofs

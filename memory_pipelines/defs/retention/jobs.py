@@ -5,7 +5,13 @@ import dagster as dg
 from pydantic import Field
 
 from memory_pipelines.defs.forget.checks import check_evaluation
-from memory_pipelines.defs.forget.ops import certificates, data_map_metadata, deletion_service, report_forgotten
+from memory_pipelines.defs.forget.ops import (
+    certificates,
+    data_map_metadata,
+    deletion_service,
+    job_key,
+    report_forgotten,
+)
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.defs.runs.executors import leased_in_process
 from memory_pipelines.lib.forget import certificate
@@ -62,14 +68,13 @@ def retention_sweep(
         # One asset tells what a tenant has forgotten, whoever asked: forget runs and retention sweeps,
         # each materialization with the proofs, certificates and data map a forget run attaches.
         proofs = [service.proof(job_id=j) for j, state in states.items() if state == "COMPLETE"]
-        metadata.update({f"proof_{p['jobId']}": dg.MetadataValue.json(p) for p in proofs})
+        metadata.update({job_key("proof", str(p["jobId"])): dg.MetadataValue.json(p) for p in proofs})
         metadata.update(certificates(service, proofs))
         metadata.update(data_map_metadata(context, service, tenant_id, before))
         context.log_event(dg.AssetMaterialization(asset_key="memory_deletions", partition=tenant_id, metadata=metadata))
         report_forgotten(context, tenant_id, job_ids, ["retention"], result["stores"].get(tenant_id, {}))
-    else:
-        # Nothing was due: on record as an observation, which never hides the tenant's last proof.
-        context.log_event(dg.AssetObservation(asset_key="memory_deletions", partition=tenant_id, metadata=metadata))
+    # Nothing due: no event on `memory_deletions` (the run's own output says so), whose Partitions and
+    # Events tabs would otherwise open on an empty sweep above the tenant's last forget.
     return dg.Output(
         {"tenant_id": tenant_id, **{k: v for k, v in result.items() if k not in ("stores",)}},
         metadata=metadata,
