@@ -89,7 +89,7 @@ it, and nothing is created. The CLI's `memory-pipelines forget --tenant T --subj
 """
 
 # The launchpad opens on this: every request field, null until set (a run's own config fills in the rest).
-DEFAULT_REQUEST = {
+DEFAULT_REQUEST: dict[str, Any] = {
     "job_ids": [],
     "scope": None,
     "subject": None,
