@@ -1,6 +1,6 @@
 -- Copies in PostgreSQL's history (WAL, dead tuples, replicas) must be useless (issue 20, item 3).
 -- Every key a tenant's rows hold is wrapped by the tenant's key-encryption key (KEK), which lives in
--- the key vault outside PostgreSQL (lib/key_vault.py) and which the physical erasure rotates.
+-- the key vault outside PostgreSQL (lib/memories/key_vault.py) and which the physical erasure rotates.
 -- `kek_id` names the KEK that wraps a row. NULL marks a row wrapped before key vaults: a tenant key
 -- wrapped by the master key, other keys wrapped by the tenant key. Such rows still open, and the
 -- tenant's first rotation rewraps them under a KEK.
@@ -22,7 +22,7 @@ CREATE TABLE keystore.build_keys (
     PRIMARY KEY (tenant_id, key_id)
 ) PARTITION BY LIST (tenant_id);
 
--- The partitioned tables, in the order a tenant's partitions are made (lib/partitions.py has the
+-- The partitioned tables, in the order a tenant's partitions are made (lib/memories/partitions.py has the
 -- same list, and a test holds them equal).
 CREATE OR REPLACE FUNCTION memory.partitioned_tables() RETURNS regclass[] LANGUAGE sql STABLE AS $$
     SELECT ARRAY['memory.memory_versions', 'derived.keyword_postings', 'derived.summaries',

@@ -1,7 +1,7 @@
 -- The blind keyword index MACs the tokens of an author-only version (a personal memory's version not
 -- marked shareable: its author alone sees it under every sharing mode) under a key derived from the
 -- author's subject key, so no other writer of the tenant can MAC a chosen token the same way and
--- match it (lib/keyword.py). Postings written before, under the tenant keyword key, are marked: they
+-- match it (lib/stores/keyword/index.py). Postings written before, under the tenant keyword key, are marked: they
 -- stay findable (a personal view's search asks the tenant key too) until the tenant's next keyword
 -- sync rewrites them under the author's key and clears the mark. The partial index holds the marked
 -- postings alone: a sync asks it for them at a cost that does not grow with the tenant's postings.

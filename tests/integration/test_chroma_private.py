@@ -1,7 +1,7 @@
 """No other local user can reach the embedded Chroma server. On 55bd21e `chroma run` listened on
 127.0.0.1 with no authentication: any local user (`nobody` here) could list, read and delete every
 tenant's vectors. Now the server runs in a network namespace of its own, and the only way in is its
-proxy (lib/chroma_proxy.py), which takes HOME's token (HOME/chroma/token, 0600) on a connection's
+proxy (lib/infra/chroma_proxy.py), which takes HOME's token (HOME/chroma/token, 0600) on a connection's
 first request and refuses anything else with a 401 and a closed connection.
 """
 

@@ -1,4 +1,4 @@
-"""Per-tenant LIST partitions (migration 0011, lib/partitions.py), on the session's real PostgreSQL.
+"""Per-tenant LIST partitions (migration 0011, lib/memories/partitions.py), on the session's real PostgreSQL.
 
 The point of them: compacting one tenant (VACUUM FULL of its partitions, ACCESS EXCLUSIVE) never
 makes another tenant's reads wait, prepared statements included.

@@ -135,7 +135,7 @@ def carve(files: Iterable[Path], lengths: Iterable[int]) -> set[bytes]:
 
 
 def _vault_entries(raw: bytes) -> list[dict[str, str]]:
-    """Every KEK entry of every slot of a vault file (lib/key_vault.py: slots of 2,048 bytes, each a
+    """Every KEK entry of every slot of a vault file (lib/memories/key_vault.py: slots of 2,048 bytes, each a
     4-byte length, a SHA-256 and a JSON document), valid or not: the attacker takes whatever is there."""
     entries: list[dict[str, str]] = []
     for start in range(0, len(raw), 2048):

@@ -1,4 +1,4 @@
-"""lib/private.py: owner-only modes for what we create, and nothing narrowed that is not ours."""
+"""lib/infra/owner_only.py: owner-only modes for what we create, and nothing narrowed that is not ours."""
 
 from __future__ import annotations
 

@@ -92,7 +92,7 @@ class RestoreLoading(BackupServiceBase):
     ) -> None:
         """Stage, filter by both journals, publish the survivors, then the safety net; fills `report`."""
         # The gate lock again, held to commit: every journal writer takes it, so the journal the
-        # staged rows were filtered by is the one the published rows meet (lib/restore_replay.py).
+        # staged rows were filtered by is the one the published rows meet (lib/backups/restore_replay.py).
         ordering.lock_tenant_exclusive(conn, tenant_id)
         clock = [time.perf_counter()]
 

@@ -12,7 +12,7 @@ uploads counts it among the backups that may hold its scope.
 A restore closes the tenant's reads (the restore gate), loads the snapshot into temporary tables,
 applies the deletion journal (subject epochs, tombstones, key destructions) and the consent journal
 there, copies only what survives into the tenant's tables, replays and verifies again on them, and
-only then reopens reads (lib/restore_replay.py). A restore id names one restore of one tenant.
+only then reopens reads (lib/backups/restore_replay.py). A restore id names one restore of one tenant.
 
 `BackupService` is assembled from one module per concern: taking.py (taking a backup), archive.py
 (the sealed object and its manifest), listing.py (listing, looking up and expiring backups),

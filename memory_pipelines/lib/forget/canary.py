@@ -31,7 +31,7 @@ __all__ = [
 
 # -- tenants that are never `tenants` partitions ------------------------------------------------
 # The canary drill's tenants (`canary-...`) and the evaluation's (`eval`, `eval-...`) are the
-# platform's own (lib/validation.py): no customer door accepts them; sensors, schedules and the CLI
+# platform's own (lib/infra/validation.py): no customer door accepts them; sensors, schedules and the CLI
 # treat them as outside the tenant partitions.
 CANARY_PREFIX = "canary-"
 RESERVED_TENANT_IDS = validation.RESERVED_TENANT_IDS

@@ -6,7 +6,7 @@ rewritten (Chroma's HNSW segments and SQLite free pages, PostgreSQL's dead tuple
 erasure run per tenant batches every such deletion: it rotates the tenant's key-encryption key (so
 wrapped keys left in PostgreSQL's history open nothing), each registered adapter rewrites the
 tenant's own files (never another tenant's), the WAL segments holding the old rows are removed
-(lib/wal.py), then a byte scan of those files and of pg_wal looks for the keyed fingerprints the
+(lib/forget/wal.py), then a byte scan of those files and of pg_wal looks for the keyed fingerprints the
 cascade took before deleting. Only a clean scan marks the jobs `physical: ERASED:<time>` and
 claims `SHREDDED` for backups. A deletion must be erased within MEMORY_PIPELINES_ERASURE_HOURS of
 completing (default 24); an overdue one fails the `erasures_on_time` check.

@@ -3,7 +3,7 @@
 Every row ever written is in the WAL (an INSERT logs the whole tuple; the first change of a page
 after a checkpoint logs the whole page, dead tuples included). A checkpoint makes old segments
 unneeded, and the server then recycles them: renamed to a future segment's name, their bytes kept
-until overwritten. The embedded server runs with `wal_recycle = off` (lib/services.py), so unneeded
+until overwritten. The embedded server runs with `wal_recycle = off` (lib/infra/services.py), so unneeded
 segments are unlinked instead; `purge` switches to a new segment until the current one is younger
 than every segment that existed when it started (recycled future segments included), then
 checkpoints, so none of them is needed any more, and none is left. A server whose files are not
@@ -98,7 +98,7 @@ def _current(conn: psycopg.Connection) -> str:
 
 
 def _no_recycling(conn: psycopg.Connection) -> None:
-    """wal_recycle off, for a server started before memory_pipelines set it (lib/services.py)."""
+    """wal_recycle off, for a server started before memory_pipelines set it (lib/infra/services.py)."""
     row = conn.execute("SELECT setting FROM pg_catalog.pg_settings WHERE name = 'wal_recycle'").fetchone()
     if row is not None and row[0] != "off":
         conn.execute("ALTER SYSTEM SET wal_recycle = off")

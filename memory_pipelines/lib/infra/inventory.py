@@ -3,7 +3,7 @@
 One host today holds all of HOME. In production (the README's Production section: the Dagster
 Helm chart, every run a pod of its own) each host has a HOME of its own, empty at start, and what
 more than one host must see cannot live there. This table is the one place that says, for each
-path, which is which; `tests/integration/test_inventory.py` walks a HOME after the whole lifecycle
+path, which is which; `tests/integration/test_private_files.py` walks a HOME after the whole lifecycle
 and fails on a path no entry covers, and the README's table is checked against it.
 """
 

@@ -498,7 +498,7 @@ def _isolation_problem(detail: str) -> str:
 
 
 def _start_chroma(settings: Settings, token: str, timeout: float = CHROMA_START_SECONDS) -> dict[str, Any]:
-    """`chroma run` on HOME/chroma behind its proxy (lib/chroma_proxy.py), in a session of its own so
+    """`chroma run` on HOME/chroma behind its proxy (lib/infra/chroma_proxy.py), in a session of its own so
     it outlives us; returns the state recorded once the server answers through the proxy."""
     path = private_dir(settings.chroma_path)
     log_path = path / CHROMA_LOG

@@ -95,7 +95,7 @@ DEFAULT_ANALYTICS_MEMORY_MB = 1024
 DEFAULT_ANALYTICS_THREADS = 2
 DEFAULT_ANALYTICS_TIMEOUT = 30
 # The embedded Chroma server runs in a network namespace of its own ("netns"), reachable only through
-# its token-checking proxy; "none" is the opt-out for a system that cannot make one (lib/chroma_proxy.py).
+# its token-checking proxy; "none" is the opt-out for a system that cannot make one (lib/infra/chroma_proxy.py).
 CHROMA_ISOLATIONS = ("auto", "netns", "none")
 # The sentence embedding models (lib/stores/vectors/embedding.py); the first is the default. Changing
 # it rebuilds each tenant's collection at its next memory_embeddings sync.
@@ -188,7 +188,7 @@ class Settings:
 
     @property
     def key_vault_path(self) -> Path:
-        """The key vault: one file per tenant holding its key-encryption key (lib/key_vault.py)."""
+        """The key vault: one file per tenant holding its key-encryption key (lib/memories/key_vault.py)."""
         return self.key_vault or self.home / "keys" / "vault"
 
     @property

@@ -2,7 +2,7 @@
 subject, team and per-build keys (PostgreSQL) -> memory text, summaries, prompt snapshots.
 
 The master key is a local key file by default, or an AWS KMS key; it seals each tenant's
-key-encryption key (lib/key_vault.py), which wraps the keys kept in PostgreSQL (lib/keystore.py).
+key-encryption key (lib/memories/key_vault.py), which wraps the keys kept in PostgreSQL (lib/memories/keys.py).
 Every wrap binds its position in the hierarchy as associated data, so a wrapped key copied to
 another row does not unwrap.
 """
@@ -206,7 +206,7 @@ TENANT_KEY = "tenant-key"
 
 class MasterKey(Protocol):
     """Wraps and unwraps keys bound to a tenant and a purpose: tenant keys (`tenant-key`, of tenants
-    made before key vaults) and the tenants' key-encryption keys (`tenant-kek`, lib/key_vault.py).
+    made before key vaults) and the tenants' key-encryption keys (`tenant-kek`, lib/memories/key_vault.py).
     `provider` is recorded beside every key it wraps."""
 
     provider: str

@@ -139,7 +139,7 @@ class TenantsMixin(ConnectionsMixin):
 
     @staticmethod
     def _set_mode(conn: psycopg.Connection, tenant_id: str, sharing_mode: str) -> None:
-        # A change is journalled with it, so no restore of an older backup undoes it (lib/consent.py).
+        # A change is journalled with it, so no restore of an older backup undoes it (lib/memories/consent.py).
         row = conn.execute(
             "SELECT sharing_mode FROM memory.tenants WHERE tenant_id = %s FOR UPDATE", (tenant_id,)
         ).fetchone()

@@ -1,5 +1,5 @@
 """Writes: a new memory or a new version of one, sealed under a key of its own, with the no-op rule
-(identical text and fields to a current version write nothing), bulk writes (lib/bulk_write.py),
+(identical text and fields to a current version write nothing), bulk writes (lib/memories/bulk_write.py),
 and the do-not-sell flags (CCPA opt-out) of a memory or a subject.
 """
 
@@ -132,7 +132,7 @@ class WritesMixin(VersionsMixin, TeamsMixin):
         `confidence`, `original_query`, `do_not_sell`. The no-op rule holds as for `write`: an
         item identical to a current memory of its author in the same scope returns that memory.
         Every item is checked before anything is written; the write commits in chunks (see
-        lib/bulk_write.py), and one stopped part way raises `PartialWriteError` naming what landed.
+        lib/memories/bulk_write.py), and one stopped part way raises `PartialWriteError` naming what landed.
         """
         validation.check_id("tenant", tenant_id)
         store = cast("MemoryStore", self)  # this part is only ever used as part of a MemoryStore

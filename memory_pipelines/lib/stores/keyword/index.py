@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 STORE = "keyword_index"
-KEY_PURPOSE = "keyword-index"  # of the tenant subkey, and of each subject's (lib/keystore.py)
+KEY_PURPOSE = "keyword-index"  # of the tenant subkey, and of each subject's (lib/memories/keys.py)
 Source = tuple[str, int]
 # Versions with postings of an older release under the wrong key (migration 0018's partial index).
 _LEGACY = "SELECT DISTINCT memory_id, version FROM derived.keyword_postings WHERE tenant_id = %s AND legacy_key"
