@@ -193,7 +193,7 @@ def report(name: str, rows: dict[str, Figures], ks: tuple[int, ...]) -> bool:
 
 
 def markdown(tables: dict[str, dict[str, Figures]], ks: tuple[int, ...]) -> str:
-    """The README's table: corpus | fusion row | P@K R@K per K."""
+    """The table in docs/using.md: corpus | fusion row | P@K R@K per K."""
     head = "| corpus | recall | " + " | ".join(f"P@{k} | R@{k}" for k in ks) + " |"
     lines = [head, "|---|---|" + "---|" * (2 * len(ks))]
     for name, rows in tables.items():

@@ -201,10 +201,10 @@ def test_the_rehearsal_runs_the_topology_these_files_describe(values):
         k: theirs[k] for k in ("password", "db_name", "scheme")
     }
     assert rehearsal["run_launcher"]["class"] == "HostPerRunLauncher"
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "operating.md").read_text()
     for name in SECRET_VARIABLES:
         if name.startswith("MEMORY_PIPELINES_"):
-            assert f"| `{name}` |" in readme, f"README's environment table lacks {name}"
+            assert f"| `{name}` |" in readme, f"docs/operating.md's environment table lacks {name}"
     kubectl = set(re.findall(r"--from-literal=([A-Z_0-9]+)=", readme))
     assert kubectl and kubectl <= set(SECRET_VARIABLES), kubectl - set(SECRET_VARIABLES)
     assert "MEMORY_PIPELINES_KEY_VAULT" not in SECRET_VARIABLES

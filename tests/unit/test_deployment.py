@@ -1,5 +1,5 @@
 """What a proof claims per deployment (lib/forget/deployment.py): one line per target whatever the
-deployment, chosen by the settings, and the README's table."""
+deployment, chosen by the settings, and the operators' table (docs/operating.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from memory_pipelines.lib.forget import deployment
 from memory_pipelines.lib.infra.settings import Settings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPERATING = Path(__file__).resolve().parents[2] / "docs" / "operating.md"
 TARGETS = list(dict.fromkeys(row.target for row in deployment.ROWS))
 
 
@@ -36,8 +36,8 @@ def test_the_settings_choose_the_lines():
     assert deployment.of(production, postgres_files_ours=True)["postgres"] == deployment.EMBEDDED
 
 
-def test_the_readme_table_is_the_module():
-    text = README.read_text()
+def test_the_operators_table_is_the_module():
+    text = OPERATING.read_text()
     for row in deployment.ROWS:
         line = f"| {row.target} | {row.mode} | {row.proven} | {row.operator_bounds} | {row.settings} |"
-        assert line in text, f"README lacks the {row.mode} line of {row.target}"
+        assert line in text, f"docs/operating.md lacks the {row.mode} line of {row.target}"

@@ -1,4 +1,4 @@
-"""The inventory of HOME's paths (lib/infra/inventory.py): its matching, and the README's table."""
+"""The inventory of HOME's paths (lib/infra/inventory.py): its matching, and the table in docs/operating.md."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from memory_pipelines.lib.infra.inventory import INVENTORY, entry_for, unlisted
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPERATING = Path(__file__).resolve().parents[2] / "docs" / "operating.md"
 
 
 def test_patterns_cover_their_paths_and_nothing_else():
@@ -25,12 +25,12 @@ def test_patterns_cover_their_paths_and_nothing_else():
     assert unlisted(home, [home / "pg", home / "a.out", home / "chroma" / "door.sock"]) == [home / "a.out"]
 
 
-def test_the_readme_table_is_the_inventory():
-    text = README.read_text()
+def test_the_operators_table_is_the_inventory():
+    text = OPERATING.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| `") and line.count("|") == 5]
     listed = {line.split("|")[1].strip().strip("`"): line for line in rows}
     for entry in INVENTORY:
         line = listed.get(entry.pattern)
-        assert line is not None, f"README has no row for {entry.pattern}"
+        assert line is not None, f"docs/operating.md has no row for {entry.pattern}"
         cells = [cell.strip() for cell in line.split("|")[1:-1]]
         assert cells == [f"`{entry.pattern}`", entry.what, entry.hosts or "—", entry.production or "—"], cells

@@ -47,7 +47,7 @@ __all__ = [
 
 FORMATS = ("json", "md", "html")
 NOT_RECORDED = "not recorded"
-# Plain-language meaning of the two end states, as the README's "Forgetting" section defines them.
+# Plain-language meaning of the two end states, as docs/forgetting.md's "Forgetting" section defines them.
 MEANING = {
     "COMPLETE": "Every registered store has confirmed its deletion (`DONE`) and verification found nothing: exact-id"
     " queries on every store and paraphrase probes built from the deleted text returned zero. The data can no"

@@ -4,7 +4,7 @@ A deployment is which parts are ours (embedded, files on this machine) and which
 reach by URL: PostgreSQL, Chroma, the backups' storage, the master key. For each target the rows say
 what the erasure proves there and what the operator must bound, with the settings that make each
 hold. The erasure records the deployment in its report (`of`), every certificate renders the rows of
-the one recorded (`rows`), and the README's table is checked against `ROWS` by a test.
+the one recorded (`rows`), and the table in docs/operating.md is checked against `ROWS` by a test.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ until overwritten. The embedded server runs with `wal_recycle = off` (lib/infra/
 segments are unlinked instead; `purge` switches to a new segment until the current one is younger
 than every segment that existed when it started (recycled future segments included), then
 checkpoints, so none of them is needed any more, and none is left. A server whose files are not
-on this machine (MEMORY_PIPELINES_PG_URL) is left alone: its operator configures it (README).
+on this machine (MEMORY_PIPELINES_PG_URL) is left alone: its operator configures it (docs/operating.md, Production).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _no_recycling(conn: psycopg.Connection) -> None:
 def _archived(conn: psycopg.Connection, segment: str, timeout: float = ARCHIVE_WAIT_SECONDS) -> None:
     """With WAL archiving on (an operator's choice), a segment stays until the archiver has copied it:
     wait (bounded) until it has copied `segment` and every one before it, so the checkpoint can
-    remove them. The archive's copies are the operator's to bound (README, Production)."""
+    remove them. The archive's copies are the operator's to bound (docs/operating.md, Production)."""
     if not segment:
         return
     row = conn.execute("SELECT setting FROM pg_catalog.pg_settings WHERE name = 'archive_mode'").fetchone()

@@ -1,10 +1,10 @@
 """Every path the code writes under HOME: what it is, which host needs it, where it lives in production.
 
-One host today holds all of HOME. In production (the README's Production section: the Dagster
+One host today holds all of HOME. In production (docs/operating.md, Production: the Dagster
 Helm chart, every run a pod of its own) each host has a HOME of its own, empty at start, and what
 more than one host must see cannot live there. This table is the one place that says, for each
 path, which is which; `tests/integration/test_private_files.py` walks a HOME after the whole lifecycle
-and fails on a path no entry covers, and the README's table is checked against it.
+and fails on a path no entry covers, and the table in docs/operating.md is checked against it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ One file per tenant, `<dir>/<sha256 of the tenant id>.kek` (the raw id never nam
 0600 in a 0700 directory, always VAULT_BYTES long: two slots, each a length, a SHA-256 and a JSON
 document padded with zeros. A write goes in place (same offsets, same size, then fsync), never to a
 new file renamed over the old one: a rename leaves the old blocks as they were, whereas an in-place
-write overwrites them (on a filesystem that writes in place; see the README for the limits). A
+write overwrites them (on a filesystem that writes in place; see docs/guarantees.md for the limits). A
 change writes the slot not holding the newest valid document first, so a crash mid-write always
 leaves one valid slot; a rotation's last step writes both slots, so the old KEK is left in neither.
 """

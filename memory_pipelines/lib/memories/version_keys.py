@@ -47,7 +47,7 @@ __all__ = [
 VERSION_KEY_PREFIX = "vk_"
 GROUP_KEY_PREFIX = "gk_"
 # Versions per group key: a rotation rewraps one key per group, a rekey after a forget rewraps the
-# group's survivors. Chosen by measurement (README, "Performance": version keys).
+# group's survivors. Chosen by measurement (docs/performance.md: version keys).
 GROUP_SIZE = 256
 
 

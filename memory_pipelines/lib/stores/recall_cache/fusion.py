@@ -15,7 +15,7 @@ flaw, the best of a poor list becoming 1.
 
 No constant is tuned: the two similarities are added as they are. Weighting the keyword share from
 0.5 to 5 gives the same recall on the project's evaluation set, the demo corpus and the pooled set
-(`benchmarks/recall_quality.py`; README "Memory quality evaluation").
+(`benchmarks/recall_quality.py`; docs/using.md "Memory quality evaluation").
 """
 
 from __future__ import annotations

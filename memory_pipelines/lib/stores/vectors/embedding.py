@@ -486,7 +486,7 @@ def _session_for(model_dir: Path, threads: int, *, quantized: bool = False, cach
             options.inter_op_num_threads = 1
             # Idle threads sleep instead of spinning: the CPU is shared with Chroma's index inserts and
             # other steps, and spinning took it from them (a 10,000-memory sync 10% slower; one query
-            # gains under 1 ms from spinning). benchmarks/ingest.py, README "Embeddings".
+            # gains under 1 ms from spinning). benchmarks/ingest.py, docs/performance.md "Embeddings".
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             path = _cache_path(model_dir, quantized, cache_dir)

@@ -239,7 +239,7 @@ class VectorErasure(ChromaCollections):
 
         One request of a forget run's 5,000-8,000 ids held other tenants' queries on the shared
         server for up to 2 s on a loaded machine; in requests of 500 their p99 went from 540 to
-        131 ms and the deletes took no longer in all (benchmarks/forget_stream.py, README)."""
+        131 ms and the deletes took no longer in all (benchmarks/forget_stream.py, docs/performance.md)."""
         step = min(_DELETE_REQUEST, int(self._call("reading the batch limit", self.client().get_max_batch_size)))
         for start in range(0, len(record_ids), step):
             part = list(record_ids[start : start + step])
