@@ -32,7 +32,7 @@ from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.retention import rules as retention
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import open_derived
-from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+from memory_pipelines.lib.stores.embedding import HashingEmbedder
 
 SWEEP_DAY = date(2026, 6, 15)
 

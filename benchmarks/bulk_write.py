@@ -28,7 +28,7 @@ from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import open_derived
-from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+from memory_pipelines.lib.stores.embedding import HashingEmbedder
 
 SUBJECTS = 100
 

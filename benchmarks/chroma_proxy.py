@@ -22,7 +22,7 @@ from pathlib import Path
 
 from memory_pipelines.lib.infra import services
 from memory_pipelines.lib.infra.settings import Settings
-from memory_pipelines.lib.stores.vectors.client import http_client
+from memory_pipelines.lib.stores.chroma.client import http_client
 
 DIMENSION = 384
 
@@ -32,7 +32,7 @@ import chromadb
 from chromadb.config import Settings
 url, headers, calls = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 if url.startswith("unix://"):
-    from memory_pipelines.lib.stores.vectors.client import http_client
+    from memory_pipelines.lib.stores.chroma.client import http_client
     client = http_client(url, headers=headers)
 else:
     host, port = url.removeprefix("http://").split(":")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from memory_pipelines.lib.stores.vectors.embedding import MiniLMEmbedder, pad_batch
+from memory_pipelines.lib.stores.embedding import MiniLMEmbedder, pad_batch
 
 SUBJECTS = ["I", "My sister", "Alex", "The user", "My manager", "Our team", "Dr. Patel", "My landlord", "Sam", "Mum"]
 VERBS = [

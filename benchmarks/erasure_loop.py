@@ -46,8 +46,8 @@ from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores import bytescan
+from memory_pipelines.lib.stores.chroma import index as vectors
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived, sync_embeddings
-from memory_pipelines.lib.stores.vectors import index as vectors
 
 TEAMS = 5
 

@@ -65,7 +65,7 @@ from memory_pipelines.lib.stores.derived import (
     sync_embeddings,
     sync_keywords,
 )
-from memory_pipelines.lib.stores.vectors.embedding import MODEL_NAME
+from memory_pipelines.lib.stores.embedding import MODEL_NAME
 
 VERSIONS = 100  # memory versions of every subject
 TEAMS = 10

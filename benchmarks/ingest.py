@@ -22,7 +22,7 @@ from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import default_embedder, open_derived, sync_embeddings, sync_keywords
-from memory_pipelines.lib.stores.vectors.embedding import Embedder
+from memory_pipelines.lib.stores.embedding import Embedder
 
 TEMPLATES = [
     "Prefers {lang} for {task} and writes tests before refactoring.",

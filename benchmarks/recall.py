@@ -40,9 +40,9 @@ from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.results import RecallHit
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import default_embedder, open_derived, sync_embeddings, sync_keywords
-from memory_pipelines.lib.stores.recall_cache import fusion
-from memory_pipelines.lib.stores.recall_cache.recall import MODES, Recaller, chroma_where
-from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+from memory_pipelines.lib.stores.embedding import HashingEmbedder
+from memory_pipelines.lib.stores.recall import fusion
+from memory_pipelines.lib.stores.recall.recall import MODES, Recaller, chroma_where
 
 VIEWER = "user0000"
 PERSONAL = "user0001"

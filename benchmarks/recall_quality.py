@@ -44,8 +44,8 @@ from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
-from memory_pipelines.lib.stores.recall_cache import fusion
-from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+from memory_pipelines.lib.stores.embedding import HashingEmbedder
+from memory_pipelines.lib.stores.recall import fusion
 
 DEMO_QUERIES = ASSETS_DIR / "eval" / "demo_queries.json"
 CORPORA = ("eval", "demo", "pooled")

@@ -71,7 +71,7 @@ class Worker:
         from memory_pipelines.lib.infra.settings import Settings
         from memory_pipelines.lib.runtime import open_store
         from memory_pipelines.lib.stores.derived import open_derived
-        from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+        from memory_pipelines.lib.stores.embedding import HashingEmbedder
 
         self.settings = Settings.from_env({"MEMORY_PIPELINES_HOME": str(home)})
         endpoints = ensure_services(self.settings)

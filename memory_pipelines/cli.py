@@ -6,7 +6,7 @@ Errors go to stderr as `memory-pipelines: error: FIELD: message` with a non-zero
 One front door: every command calls a `MemoryPlatform` method (memory_pipelines/platform.py), the
 same API a host application uses. What stays outside it, each saying why where it happens:
 commands that launch Dagster runs (`materialize`, `forget --wait`, `deletion retry|erase`, `backup`,
-`restore --wait`, `retention sweep --wait`, `eval run`, `demo`: memory_pipelines/materialize.py)
+`restore --wait`, `retention sweep --wait`, `eval run`, `demo`: memory_pipelines/launch/materialize.py)
 and those that manage HOME's services and processes (`stop`, `dev`, `env`). From the library
 itself the CLI takes errors, settings and input checks only, the checks run before any service
 starts (tests/integration/test_front_door.py keeps it so).
@@ -259,15 +259,15 @@ def cmd_analytics(args: argparse.Namespace) -> None:
 
 
 def cmd_materialize(args: argparse.Namespace) -> None:
-    # A Dagster run of the code location (memory_pipelines/materialize.py), not a platform call:
+    # A Dagster run of the code location (memory_pipelines/launch/materialize.py), not a platform call:
     # MemoryPlatform has no Dagster (its `sync` is the in-process equivalent).
-    from memory_pipelines.materialize import materialize
+    from memory_pipelines.launch.materialize import materialize
 
     select = [name.strip() for name in args.select.split(",") if name.strip()] if args.select else None
     result = materialize(_settings(args), args.tenant, select)
     _emit(result)
     if not result["success"]:
-        from memory_pipelines.materialize import run_failed
+        from memory_pipelines.launch.materialize import run_failed
 
         raise run_failed("run", result["failures"], prefix=f"run {result['run_id']} failed: ")
 
@@ -285,10 +285,10 @@ def cmd_summary_mode(args: argparse.Namespace) -> None:
 
 
 def _wait_for(args: argparse.Namespace, job: Mapping[str, Any]) -> dict[str, Any]:
-    """Run the job's forget now, as a Dagster run of the code location (memory_pipelines/materialize.py,
+    """Run the job's forget now, as a Dagster run of the code location (memory_pipelines/launch/materialize.py,
     the platform has no Dagster), and return the job's final status with the run."""
+    from memory_pipelines.launch.materialize import run_failed, run_forget
     from memory_pipelines.lib.forget.ledger import DeletionBlocked
-    from memory_pipelines.materialize import run_failed, run_forget
 
     run = run_forget(_settings(args), job["tenant_id"], [job["job_id"]])
     status = _platform(args).deletion_status(job_id=job["job_id"])
@@ -353,7 +353,7 @@ def _after_acceptance(exc: Exception, job: Mapping[str, Any]) -> MemoryPipelines
 def cmd_deletion(args: argparse.Namespace) -> None:
     if args.deletion_command == "erase":
         # A Dagster run (physical erasure), as the erasure sensor launches it.
-        from memory_pipelines.materialize import run_erasure, run_failed
+        from memory_pipelines.launch.materialize import run_erasure, run_failed
 
         _platform(args).require_tenant(tenant_id=args.tenant)  # an unknown tenant is not made a partition
         result = run_erasure(_settings(args), args.tenant)
@@ -408,7 +408,7 @@ def cmd_backup(args: argparse.Namespace) -> None:
         _emit(_platform(args).sweep_backups())
     else:
         # A Dagster run of the `backup` job (what the nightly schedule launches).
-        from memory_pipelines.materialize import run_backup, run_failed
+        from memory_pipelines.launch.materialize import run_backup, run_failed
 
         if not args.tenant:
             raise ValidationError("tenant", "is required: backup --tenant T")
@@ -430,7 +430,7 @@ def cmd_restore(args: argparse.Namespace) -> None:
         _emit(platform.request_restore(tenant_id=args.tenant, backup_id=args.backup, restore_id=args.restore_id))
         return
     # A Dagster run of the `restore` job (what the restore sensor launches); bad ids fail before it starts.
-    from memory_pipelines.materialize import run_failed, run_restore
+    from memory_pipelines.launch.materialize import run_failed, run_restore
 
     platform.check_restore(tenant_id=args.tenant, backup_id=args.backup, restore_id=args.restore_id)
     result = run_restore(_settings(args), args.tenant, args.backup, restore_id=args.restore_id)
@@ -460,7 +460,7 @@ def cmd_retention(args: argparse.Namespace) -> None:
         _emit(_platform(args).sweep_retention(day=day, run=False))
         return
     # One Dagster run of the `retention` job per tenant partition (what the daily schedule launches).
-    from memory_pipelines.materialize import run_failed, run_retention
+    from memory_pipelines.launch.materialize import run_failed, run_retention
 
     retention.load_policies()  # a broken policy file fails here, naming its line
     if day < retention.FIRST_DAY:
@@ -502,7 +502,7 @@ def cmd_explain(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     if args.eval_command == "run":
         # A Dagster run materializing memory_eval and memory_drift for the month's partition.
-        from memory_pipelines.materialize import run_evaluation, run_failed
+        from memory_pipelines.launch.materialize import run_evaluation, run_failed
 
         month = _month(args.month)
         result = run_evaluation(_settings(args), month)
@@ -554,8 +554,8 @@ def cmd_stop(args: argparse.Namespace) -> None:
 
 def cmd_dev(args: argparse.Namespace) -> None:
     """Embedded services and `dg dev` under supervision: process management, not a platform call."""
-    from memory_pipelines.code_server import module_workspace
-    from memory_pipelines.devserver import GRACE_SECONDS, dg_dev_command, port_taken, run_supervised
+    from memory_pipelines.launch.code_server import module_workspace
+    from memory_pipelines.launch.devserver import GRACE_SECONDS, dg_dev_command, port_taken, run_supervised
     from memory_pipelines.lib.infra.errors import ConflictError, ServiceError
     from memory_pipelines.lib.infra.services import ensure_services
 
@@ -987,7 +987,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         _check_arguments(args)
-        # Runs launched by this command read it too (memory_pipelines.materialize).
+        # Runs launched by this command read it too (memory_pipelines.launch.materialize).
         if args.verbose:
             os.environ[ENV_VERBOSE] = "1"
         else:

@@ -18,6 +18,17 @@ from email.parser import BytesParser
 from email.policy import default
 from typing import Any, cast
 
+from memory_pipelines.launch.materialize import (
+    IN_PROCESS,
+    Launch,
+    launch_and_wait,
+    materialize,
+    run_backup,
+    run_erasure,
+    run_forget,
+    run_restore,
+    run_retention,
+)
 from memory_pipelines.lib.forget.canary import CANARY_PREFIX
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.infra.paths import ASSETS_DIR
@@ -31,17 +42,6 @@ from memory_pipelines.lib.notify.config import NotifySettings
 from memory_pipelines.lib.notify.outbox import deliver
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
-from memory_pipelines.materialize import (
-    IN_PROCESS,
-    Launch,
-    launch_and_wait,
-    materialize,
-    run_backup,
-    run_erasure,
-    run_forget,
-    run_restore,
-    run_retention,
-)
 
 CORPUS = ASSETS_DIR / "demo" / "corpus.json"
 # The first month partition of `memory_eval` (defs/evaluation/assets.py `months`).

@@ -1,5 +1,5 @@
 -- One LIST partition per tenant for every table that holds content, MACs or keys. Compacting a
--- tenant (VACUUM FULL of its partitions, lib/memories/partitions.py) rewrites only its rows and locks only
+-- tenant (VACUUM FULL of its partitions, lib/memories/table_partitions.py) rewrites only its rows and locks only
 -- its files: another tenant's reads never wait for it. Partitions are made with the tenant, by a
 -- trigger on memory.tenants, in the transaction that creates it. There is no DEFAULT partition: a
 -- row for a tenant without partitions fails loudly instead of landing in a shared file.
@@ -118,7 +118,7 @@ CREATE TABLE keystore.tenant_keys (
     UNIQUE (tenant_id, key_id)
 ) PARTITION BY LIST (tenant_id);
 
--- The partitioned tables, in the order a tenant's partitions are made (lib/memories/partitions.py has the
+-- The partitioned tables, in the order a tenant's partitions are made (lib/memories/table_partitions.py has the
 -- same list, and a test holds them equal).
 CREATE FUNCTION memory.partitioned_tables() RETURNS regclass[] LANGUAGE sql STABLE AS $$
     SELECT ARRAY['memory.memory_versions', 'derived.keyword_postings', 'derived.summaries',

@@ -22,7 +22,7 @@ CREATE TABLE keystore.build_keys (
     PRIMARY KEY (tenant_id, key_id)
 ) PARTITION BY LIST (tenant_id);
 
--- The partitioned tables, in the order a tenant's partitions are made (lib/memories/partitions.py has the
+-- The partitioned tables, in the order a tenant's partitions are made (lib/memories/table_partitions.py has the
 -- same list, and a test holds them equal).
 CREATE OR REPLACE FUNCTION memory.partitioned_tables() RETURNS regclass[] LANGUAGE sql STABLE AS $$
     SELECT ARRAY['memory.memory_versions', 'derived.keyword_postings', 'derived.summaries',

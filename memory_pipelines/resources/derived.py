@@ -15,15 +15,15 @@ from memory_pipelines.lib.infra.settings import DEFAULT_HOME, ENV_CHROMA_URL, EN
 from memory_pipelines.lib.infra.settings import EMBEDDING_MODELS as MODELS
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
+from memory_pipelines.lib.stores.chroma.index import VectorStore
 from memory_pipelines.lib.stores.derived import DerivedStores, chroma_url_for
+from memory_pipelines.lib.stores.embedding import Embedder, HashingEmbedder
 from memory_pipelines.lib.stores.summaries.store import (
     ExtractiveSummarizer,
     OpenAICompatibleSummarizer,
     Summarizer,
     SummaryStore,
 )
-from memory_pipelines.lib.stores.vectors.embedding import Embedder, HashingEmbedder
-from memory_pipelines.lib.stores.vectors.index import VectorStore
 from memory_pipelines.resources.memory_store import MemoryStoreResource
 
 EMBEDDING_MODELS = (*MODELS, "hashing-test-only")

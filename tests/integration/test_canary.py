@@ -9,11 +9,11 @@ import uuid
 import psycopg
 import pytest
 
+from memory_pipelines.launch.materialize import materialize
 from memory_pipelines.lib.forget.canary import files_containing as scan_for
 from memory_pipelines.lib.infra import services
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import open_derived
-from memory_pipelines.materialize import materialize
 from tests.conftest import run_cli, settings_for
 
 pytestmark = pytest.mark.slow

@@ -24,9 +24,9 @@ import pytest
 
 from memory_pipelines.lib.infra import processes, services, unix_http
 from memory_pipelines.lib.infra.settings import Settings
-from memory_pipelines.lib.stores.vectors.client import http_client
-from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
-from memory_pipelines.lib.stores.vectors.index import VectorStore
+from memory_pipelines.lib.stores.chroma.client import http_client
+from memory_pipelines.lib.stores.chroma.index import VectorStore
+from memory_pipelines.lib.stores.embedding import HashingEmbedder
 from tests.conftest import settings_for
 from tests.support.local_user import run_as_nobody
 
@@ -271,9 +271,9 @@ def test_a_process_given_only_the_url_uses_the_token(served, tmp_path):
     code = textwrap.dedent(
         f"""
         import json
-        from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+        from memory_pipelines.lib.stores.embedding import HashingEmbedder
         from memory_pipelines.lib.infra.services import chroma_heartbeat
-        from memory_pipelines.lib.stores.vectors.index import VectorStore
+        from memory_pipelines.lib.stores.chroma.index import VectorStore
         store = VectorStore(embedder=HashingEmbedder(dimension=4), url={url!r})
         names = [c.name for c in store.client().list_collections()]
         print(json.dumps({{"names": names, "heartbeat": chroma_heartbeat({url!r})}}))

@@ -86,7 +86,7 @@ def test_eval_report_before_any_evaluation_is_not_found(monkeypatch, capsys, tmp
 
 
 def test_a_failed_runs_error_names_the_run_log_unless_verbose(monkeypatch, tmp_path):
-    from memory_pipelines import materialize
+    from memory_pipelines.launch import materialize
 
     log = tmp_path / "logs" / "cli-runs.log"
     monkeypatch.setattr(materialize, "_run_log", log)

@@ -1,4 +1,4 @@
-"""The HOME's warm code server (memory_pipelines/code_server.py): commands started together share one,
+"""The HOME's warm code server (memory_pipelines/launch/code_server.py): commands started together share one,
 another environment gets its own, a dead one is replaced, an idle one ends by itself, and where no
 private runtime directory can be had a command runs its own server and leaves nothing behind."""
 

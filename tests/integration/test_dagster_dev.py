@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from memory_pipelines.devserver import group_members
+from memory_pipelines.launch.devserver import group_members
 from memory_pipelines.lib.infra import services, validation
 from memory_pipelines.lib.runtime import open_store
 from tests.conftest import CLI, settings_for

@@ -256,7 +256,7 @@ def test_a_sync_of_many_chunks_writes_each_once_and_a_forget_accepted_mid_sync_w
     lineage, progress only grows, and a subject forgotten while chunks are still in flight ends with
     no vector once the cascade has run."""
     from memory_pipelines.lib.forget.deletion import DeletionService
-    from memory_pipelines.lib.stores.vectors.sync import EMBED_CHUNK
+    from memory_pipelines.lib.stores.chroma.sync import EMBED_CHUNK
 
     assert derived.vectors.url is not None  # the overlapped path is the server's
     count = 3 * EMBED_CHUNK + 100
@@ -295,7 +295,7 @@ def test_a_model_change_rebuilds_the_collection_and_never_mixes_vectors(
     derived, store, tenant, session_settings, endpoints
 ):
     from memory_pipelines.lib.stores.derived import open_derived
-    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder, MiniLMEmbedder
+    from memory_pipelines.lib.stores.embedding import HashingEmbedder, MiniLMEmbedder
 
     written = [
         store.write(tenant_id=tenant, user_id="alice", text=f"Alice visits Porto in month {i}.") for i in range(5)

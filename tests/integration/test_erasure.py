@@ -15,7 +15,7 @@ from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureIncomplete, ErasureLedger, ErasureService
 from memory_pipelines.lib.stores import bytescan, registry
 from memory_pipelines.lib.stores.adapter import REQUIRED, postgres_files
-from memory_pipelines.lib.stores.vectors.hnsw_files import unused_capacity_holds_data
+from memory_pipelines.lib.stores.chroma.hnsw_files import unused_capacity_holds_data
 
 
 def seed(store, derived, tenant):
@@ -229,11 +229,11 @@ def test_the_physical_erasure_asset_materializes_the_proof_and_its_check_passes(
 
 
 def test_an_offboarded_tenants_erasure_drops_its_partitions(store, derived, tenant):
-    from memory_pipelines.lib.memories import partitions
+    from memory_pipelines.lib.memories import table_partitions
 
     seed(store, derived, tenant)
     with store.transaction() as conn:
-        assert len(partitions.tenant_partitions(conn, tenant)) == len(partitions.PARTITIONED_TABLES)
+        assert len(table_partitions.tenant_partitions(conn, tenant)) == len(table_partitions.PARTITIONED_TABLES)
     service = DeletionService(derived)
     job = service.request(tenant_id=tenant, all_tenant=True, confirm=tenant, basis="offboarding")
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
@@ -241,7 +241,7 @@ def test_an_offboarded_tenants_erasure_drops_its_partitions(store, derived, tena
     report = ErasureService(derived).erase_tenant(tenant_id=tenant)
     assert report["erased"] == 1 and report["byteScan"]["hits"] == 0
     with store.transaction() as conn:
-        assert partitions.tenant_partitions(conn, tenant) == {}  # its files are unlinked, not rewritten
+        assert table_partitions.tenant_partitions(conn, tenant) == {}  # its files are unlinked, not rewritten
     status = service.status(job_id=job["job_id"])
     assert status["targets"]["physical"].startswith("ERASED:") and status["targets"]["backups"] == "SHREDDED:0"
     assert [f.name for f in derived.vectors.files(tenant)] == ["chroma.sqlite3"]  # no segment of its own left
@@ -253,9 +253,9 @@ def test_deletes_larger_than_one_request_remove_every_id_and_only_those(tmp_path
     ids are no error."""
     import numpy as np
 
-    from memory_pipelines.lib.stores.vectors import erasure
-    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
-    from memory_pipelines.lib.stores.vectors.index import VectorStore
+    from memory_pipelines.lib.stores.chroma import erasure
+    from memory_pipelines.lib.stores.chroma.index import VectorStore
+    from memory_pipelines.lib.stores.embedding import HashingEmbedder
 
     vectors = VectorStore(embedder=HashingEmbedder(dimension=8), path=tmp_path / "chroma")
     col = vectors.collection("t-del")
@@ -279,7 +279,7 @@ def test_probes_find_every_target_left_whether_asked_at_once_or_paced(derived):
     (two at once held the server's cores from other tenants): either way every probe is asked and
     each hit on a target counts, as one query of all of them would count it."""
     from memory_pipelines.lib.stores.adapter import Context
-    from memory_pipelines.lib.stores.vectors import adapter
+    from memory_pipelines.lib.stores.chroma import adapter
 
     vectors = derived.vectors
     tenant = "t-probes-" + os.urandom(4).hex()
@@ -310,8 +310,8 @@ def test_a_rebuild_pages_through_a_collection_larger_than_one_get_can_read(tmp_p
     the erasure's rebuild pages, so a large tenant can still be erased."""
     import numpy as np
 
-    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
-    from memory_pipelines.lib.stores.vectors.index import VectorStore
+    from memory_pipelines.lib.stores.chroma.index import VectorStore
+    from memory_pipelines.lib.stores.embedding import HashingEmbedder
 
     vectors = VectorStore(embedder=HashingEmbedder(dimension=8), path=tmp_path / "chroma")
     col = vectors.collection("t-big")
@@ -418,9 +418,9 @@ def test_clearing_unused_capacity_keeps_the_index_whole_across_server_restarts(t
     rebuilt index never persisted (all its capacity unused), in one persisted with slots to spare,
     and after either grows past the capacity it was created with."""
     from memory_pipelines.lib.infra.services import ensure_chroma, stop_chroma
-    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
-    from memory_pipelines.lib.stores.vectors.hnsw_files import clear_unused_capacity
-    from memory_pipelines.lib.stores.vectors.index import VectorStore
+    from memory_pipelines.lib.stores.chroma.hnsw_files import clear_unused_capacity
+    from memory_pipelines.lib.stores.chroma.index import VectorStore
+    from memory_pipelines.lib.stores.embedding import HashingEmbedder
     from tests.conftest import settings_for
 
     settings = settings_for(tmp_path / "home")

@@ -118,7 +118,7 @@ def test_monthly_assets_backfill_and_dashboard(session_settings, store):
     evaluation tenant never becomes a `tenants` partition."""
     import dagster as dg
 
-    from memory_pipelines.materialize import read_run, run_evaluation
+    from memory_pipelines.launch.materialize import read_run, run_evaluation
 
     runs = [run_evaluation(session_settings, month) for month in ("2026-08-01", "2026-09-01")]
     assert all(run["success"] for run in runs), [run["failures"] for run in runs]

@@ -9,9 +9,9 @@ import pytest
 from memory_pipelines.defs.memories.assets import memories
 from memory_pipelines.defs.stores.assets import STORE_ASSETS
 from memory_pipelines.lib.infra.errors import ServiceError
+from memory_pipelines.lib.stores.chroma.index import VectorStore
+from memory_pipelines.lib.stores.embedding import HashingEmbedder
 from memory_pipelines.lib.stores.summaries.store import OpenAICompatibleSummarizer, SummarizerError, SummaryStore
-from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
-from memory_pipelines.lib.stores.vectors.index import VectorStore
 from memory_pipelines.resources import AnalyticsResource, ChromaResource, MemoryStoreResource, SummarizerResource
 from tests.support.servers import FakeLLM, chroma_server, free_port
 

@@ -437,7 +437,7 @@ def test_process_killed_between_steps_resumes_from_the_control_plane(store, deri
 def test_chroma_server_down_blocks_then_completes_when_it_is_back(store, derived, tenant, tmp_path):
     import dataclasses
 
-    from memory_pipelines.lib.stores.vectors.index import VectorStore
+    from memory_pipelines.lib.stores.chroma.index import VectorStore
     from tests.support.servers import chroma_server
 
     memory = store.write(tenant_id=tenant, user_id="alice", text="Alice's vectors live on a Chroma server")

@@ -69,7 +69,7 @@ def test_chroma_server_is_shared_by_processes_and_stopped_with_postgres(fresh_ho
     # Every product path goes to that server, never to an embedded PersistentClient.
     from memory_pipelines.lib.runtime import open_store
     from memory_pipelines.lib.stores.derived import open_derived
-    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+    from memory_pipelines.lib.stores.embedding import HashingEmbedder
     from memory_pipelines.resources import ChromaResource
 
     store = open_store(settings, endpoints)
@@ -222,8 +222,8 @@ def _worker(home: str, tenant: str, label: str, seconds: float, out: Any) -> Non
     from memory_pipelines.lib.forget.deletion import DeletionService
     from memory_pipelines.lib.runtime import open_store
     from memory_pipelines.lib.stores.derived import open_derived
-    from memory_pipelines.lib.stores.recall_cache.recall import MODES
-    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+    from memory_pipelines.lib.stores.embedding import HashingEmbedder
+    from memory_pipelines.lib.stores.recall.recall import MODES
 
     ops: dict[str, int] = {}
     errors: list[str] = []
@@ -311,7 +311,7 @@ def test_two_processes_refreshing_recalling_and_forgetting_one_tenant_at_once_pr
     from memory_pipelines.lib.runtime import open_store
     from memory_pipelines.lib.stores import lineage
     from memory_pipelines.lib.stores.derived import open_derived
-    from memory_pipelines.lib.stores.vectors.embedding import HashingEmbedder
+    from memory_pipelines.lib.stores.embedding import HashingEmbedder
 
     store = open_store(session_settings)
     try:

@@ -1,4 +1,4 @@
-"""Per-tenant LIST partitions (migration 0011, lib/memories/partitions.py), on the session's real PostgreSQL.
+"""Per-tenant LIST partitions (migration 0011, lib/memories/table_partitions.py), on the session's real PostgreSQL.
 
 The point of them: compacting one tenant (VACUUM FULL of its partitions, ACCESS EXCLUSIVE) never
 makes another tenant's reads wait, prepared statements included.
@@ -24,10 +24,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from memory_pipelines.lib.infra import migrations
 from memory_pipelines.lib.infra.errors import NotFoundError, ServiceError, ValidationError
 from memory_pipelines.lib.infra.services import Endpoints
-from memory_pipelines.lib.memories import crypto, partitions
+from memory_pipelines.lib.memories import crypto, table_partitions
 from memory_pipelines.lib.memories.keys import KeyStore
-from memory_pipelines.lib.memories.partitions import PARTITIONED_TABLES
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.memories.table_partitions import PARTITIONED_TABLES
 from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
 from memory_pipelines.lib.stores.summaries.store import ExtractiveSummarizer, SummaryStore
@@ -112,7 +112,7 @@ def test_a_new_tenant_gets_one_partition_of_each_table(store: MemoryStore, tenan
         store.create_tenant(tenant_id=tenant)
         children = _children(conn, tenant)
         assert {parent: len(found) for parent, found in children.items()} == dict.fromkeys(PARTITIONED_TABLES, 1)
-        found = partitions.tenant_partitions(conn, tenant)
+        found = table_partitions.tenant_partitions(conn, tenant)
         assert found == {parent: names[0] for parent, names in children.items()}
         digest = hashlib.md5(tenant.encode()).hexdigest()[:16]
         assert all(name.endswith(f"__t_{digest}") for name in found.values())
@@ -123,8 +123,8 @@ def test_a_new_tenant_gets_one_partition_of_each_table(store: MemoryStore, tenan
             (list(PARTITIONED_TABLES),),
         ).fetchone()
         assert defaults == (0,)
-        partitions.ensure_tenant(conn, tenant)  # idempotent
-        assert partitions.tenant_partitions(conn, tenant) == found
+        table_partitions.ensure_tenant(conn, tenant)  # idempotent
+        assert table_partitions.tenant_partitions(conn, tenant) == found
 
 
 def test_odd_tenant_ids_get_partitions(store: MemoryStore) -> None:
@@ -132,7 +132,7 @@ def test_odd_tenant_ids_get_partitions(store: MemoryStore) -> None:
     longest = ("T." + uuid.uuid4().hex + "_-x" * 11)[:64]
     store.create_tenant(tenant_id=longest)
     with psycopg.connect(store.conninfo) as conn:
-        assert set(partitions.tenant_partitions(conn, longest)) == set(PARTITIONED_TABLES)
+        assert set(table_partitions.tenant_partitions(conn, longest)) == set(PARTITIONED_TABLES)
         # Ids validation refuses still reach the trigger safely: quotes, backslashes, unicode, 300 bytes.
         odd = [
             'o\'brien\\ "q" ; DROP TABLE memory.tenants; --' + uuid.uuid4().hex,
@@ -142,7 +142,7 @@ def test_odd_tenant_ids_get_partitions(store: MemoryStore) -> None:
         with conn.transaction(force_rollback=True):
             for tenant_id in odd:
                 conn.execute("INSERT INTO memory.tenants (tenant_id) VALUES (%s)", (tenant_id,))
-                found = partitions.tenant_partitions(conn, tenant_id)
+                found = table_partitions.tenant_partitions(conn, tenant_id)
                 assert set(found) == set(PARTITIONED_TABLES)
                 assert all(len(name.encode()) <= 63 for name in found.values())
                 conn.execute(
@@ -168,10 +168,10 @@ def test_a_name_collision_takes_the_next_suffix(store: MemoryStore, tenant: str,
             )
         )
         conn.execute("INSERT INTO memory.tenants (tenant_id) VALUES (%s)", (tenant,))
-        assert partitions.tenant_partitions(conn, tenant)["keystore.tenant_keys"] == f"keystore.{taken}_2"
-        assert partitions.tenant_partitions(conn, other_tenant) == {"keystore.tenant_keys": f"keystore.{taken}"}
+        assert table_partitions.tenant_partitions(conn, tenant)["keystore.tenant_keys"] == f"keystore.{taken}_2"
+        assert table_partitions.tenant_partitions(conn, other_tenant) == {"keystore.tenant_keys": f"keystore.{taken}"}
         assert _children(conn, tenant)["keystore.tenant_keys"] == [f"keystore.{taken}_2"]
-        partitions.ensure_tenant(conn, tenant)  # finds `_2`, makes nothing
+        table_partitions.ensure_tenant(conn, tenant)  # finds `_2`, makes nothing
         assert len(_children(conn, tenant)["keystore.tenant_keys"]) == 1
 
 
@@ -179,8 +179,8 @@ def test_rows_land_in_the_tenants_partitions(store: MemoryStore, tenant: str, ot
     _populate(store, tenant)
     store.create_tenant(tenant_id=other_tenant)
     with psycopg.connect(store.conninfo) as conn:
-        mine = partitions.tenant_partitions(conn, tenant)
-        theirs = partitions.tenant_partitions(conn, other_tenant)
+        mine = table_partitions.tenant_partitions(conn, tenant)
+        theirs = table_partitions.tenant_partitions(conn, other_tenant)
         for parent in PARTITIONED_TABLES:
             in_parent = conn.execute(
                 sql.SQL("SELECT count(*) FROM {} WHERE tenant_id = %s").format(sql.SQL(parent)), (tenant,)
@@ -254,11 +254,11 @@ def test_compacting_one_tenant_never_blocks_another_tenants_reads(
     holder = psycopg.connect(store.conninfo)
     outcome: dict[str, Any] = {}
     compaction = threading.Thread(
-        target=lambda: outcome.update(partitions.compact_tenant(endpoints.store_conninfo, a, lock_timeout="60s")),
+        target=lambda: outcome.update(table_partitions.compact_tenant(endpoints.store_conninfo, a, lock_timeout="60s")),
         daemon=True,
     )
     try:
-        for name in partitions.tenant_partitions(holder, a).values():
+        for name in table_partitions.tenant_partitions(holder, a).values():
             holder.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.SQL(name)))
         compaction.start()
         _wait_for_queued_vacuum(store)
@@ -272,8 +272,8 @@ def test_compacting_one_tenant_never_blocks_another_tenants_reads(
             prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
             assert prepared is not None and prepared[0] >= 5
         with psycopg.connect(impatient_store.conninfo) as conn:  # lookups never deparse through a lock
-            assert set(partitions.tenant_partitions(conn, b)) == set(PARTITIONED_TABLES)
-            assert partitions.tenant_partitions(conn, "t-none-" + uuid.uuid4().hex[:8]) == {}  # all bounds read
+            assert set(table_partitions.tenant_partitions(conn, b)) == set(PARTITIONED_TABLES)
+            assert table_partitions.tenant_partitions(conn, "t-none-" + uuid.uuid4().hex[:8]) == {}  # all bounds read
         for n in range(READS):  # B's writes too
             impatient_store.write(tenant_id=b, user_id="alice", text=f"Alice's note number {n}")
 
@@ -329,17 +329,17 @@ def test_compaction_finishes_once_the_lock_is_released(store: MemoryStore, endpo
     try:
         holder.execute(
             sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(
-                sql.SQL(partitions.tenant_partitions(holder, tenant)["derived.summaries"])
+                sql.SQL(table_partitions.tenant_partitions(holder, tenant)["derived.summaries"])
             )
         )
         # A lock not granted in time is a clear, typed error (the job retries later).
-        with pytest.raises(partitions.CompactionLockTimeout, match=r"derived\.summaries"):
-            partitions.compact_tenant(
+        with pytest.raises(table_partitions.CompactionLockTimeout, match=r"derived\.summaries"):
+            table_partitions.compact_tenant(
                 endpoints.store_conninfo, tenant, tables=["derived.summaries"], lock_timeout="200ms"
             )
         result: dict[str, Any] = {}
         worker = threading.Thread(
-            target=lambda: result.update(partitions.compact_tenant(endpoints.store_conninfo, tenant)), daemon=True
+            target=lambda: result.update(table_partitions.compact_tenant(endpoints.store_conninfo, tenant)), daemon=True
         )
         worker.start()
         time.sleep(0.5)
@@ -371,25 +371,25 @@ def test_compact_tenant_rewrites_only_that_tenants_files(
     _populate(store, other_tenant)
     with psycopg.connect(store.conninfo, autocommit=True) as conn:
         data = _data_directory(conn)
-        before, theirs = partitions.tenant_files(conn, tenant), partitions.tenant_files(conn, other_tenant)
+        before, theirs = table_partitions.tenant_files(conn, tenant), table_partitions.tenant_files(conn, other_tenant)
         assert before and not set(before) & set(theirs)
         # Main forks of each partition, its TOAST table, their indexes (at least a key and the TOAST one).
         main = _main_forks(before)
         assert len(main) >= 4 * len(PARTITIONED_TABLES)
         if data is not None:
             assert all((data / f).is_file() for f in before)
-        written = partitions.compact_tenant(endpoints.store_conninfo, tenant)
+        written = table_partitions.compact_tenant(endpoints.store_conninfo, tenant)
         assert set(written) == set(PARTITIONED_TABLES) and all(size > 0 for size in written.values())
-        after = partitions.tenant_files(conn, tenant)
+        after = table_partitions.tenant_files(conn, tenant)
         # Every main fork moved to a new file (the rewrite); the other tenant's did not.
         assert not main & set(after)
-        assert _main_forks(partitions.tenant_files(conn, other_tenant)) == _main_forks(theirs)
+        assert _main_forks(table_partitions.tenant_files(conn, other_tenant)) == _main_forks(theirs)
         if data is not None:
             assert all((data / f).is_file() for f in after)
         with pytest.raises(ValidationError):
-            partitions.compact_tenant(endpoints.store_conninfo, tenant, tables=["memory.memories"])
+            table_partitions.compact_tenant(endpoints.store_conninfo, tenant, tables=["memory.memories"])
         with pytest.raises(NotFoundError):
-            partitions.compact_tenant(endpoints.store_conninfo, "t-never-" + uuid.uuid4().hex[:8])
+            table_partitions.compact_tenant(endpoints.store_conninfo, "t-never-" + uuid.uuid4().hex[:8])
     # Still the same rows, readable.
     assert store.list_visible(tenant_id=tenant, user_id="alice")[0]["text"] == "Alice drinks oolong tea now"
 
@@ -398,38 +398,40 @@ def test_drop_tenant_removes_its_partitions(store: MemoryStore, tenant: str, oth
     _populate(store, tenant)
     store.create_tenant(tenant_id=other_tenant)
     with psycopg.connect(store.conninfo, autocommit=True) as conn:
-        names = partitions.tenant_partitions(conn, tenant)
-        theirs = partitions.tenant_partitions(conn, other_tenant)
+        names = table_partitions.tenant_partitions(conn, tenant)
+        theirs = table_partitions.tenant_partitions(conn, other_tenant)
         # A drop interrupted after one detach (marked, no longer a partition) is finished too.
         parent, name = "derived.summaries", names["derived.summaries"]
         conn.execute(
-            sql.SQL("COMMENT ON TABLE {} IS {}").format(sql.SQL(name), sql.Literal(partitions._DROP_MARK + tenant))
+            sql.SQL("COMMENT ON TABLE {} IS {}").format(
+                sql.SQL(name), sql.Literal(table_partitions._DROP_MARK + tenant)
+            )
         )
         conn.execute(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(sql.SQL(parent), sql.SQL(name)))
-        assert parent not in partitions.tenant_partitions(conn, tenant)
-        assert partitions.drop_tenant(conn, tenant) == len(PARTITIONED_TABLES)
-        assert partitions.tenant_partitions(conn, tenant) == {}
+        assert parent not in table_partitions.tenant_partitions(conn, tenant)
+        assert table_partitions.drop_tenant(conn, tenant) == len(PARTITIONED_TABLES)
+        assert table_partitions.tenant_partitions(conn, tenant) == {}
         assert _children(conn, tenant) == {}
         gone = conn.execute(
             "SELECT count(*) FROM unnest(%s::text[]) n WHERE to_regclass(n) IS NOT NULL", (list(names.values()),)
         )
         assert gone.fetchone() == (0,)
-        assert partitions.tenant_partitions(conn, other_tenant) == theirs
+        assert table_partitions.tenant_partitions(conn, other_tenant) == theirs
         # A row for the tenant fails loudly: no DEFAULT partition to land in.
         with pytest.raises(psycopg.errors.CheckViolation, match="no partition"):
             conn.execute(
                 "INSERT INTO keystore.tenant_keys (tenant_id, key_id, provider) VALUES (%s, 'tk_x', 'test')", (tenant,)
             )
-        assert partitions.drop_tenant(conn, tenant) == 0
-        partitions.ensure_tenant(conn, tenant)
-        assert set(partitions.tenant_partitions(conn, tenant)) == set(PARTITIONED_TABLES)
+        assert table_partitions.drop_tenant(conn, tenant) == 0
+        table_partitions.ensure_tenant(conn, tenant)
+        assert set(table_partitions.tenant_partitions(conn, tenant)) == set(PARTITIONED_TABLES)
     # Inside a transaction: dropped directly, and a rollback keeps them.
     with psycopg.connect(store.conninfo) as conn:
         with conn.transaction(force_rollback=True):
-            assert partitions.drop_tenant(conn, tenant) == len(PARTITIONED_TABLES)
-            assert partitions.tenant_partitions(conn, tenant) == {}
-        assert set(partitions.tenant_partitions(conn, tenant)) == set(PARTITIONED_TABLES)
-        assert partitions.drop_tenant(conn, tenant) == len(PARTITIONED_TABLES)
+            assert table_partitions.drop_tenant(conn, tenant) == len(PARTITIONED_TABLES)
+            assert table_partitions.tenant_partitions(conn, tenant) == {}
+        assert set(table_partitions.tenant_partitions(conn, tenant)) == set(PARTITIONED_TABLES)
+        assert table_partitions.drop_tenant(conn, tenant) == len(PARTITIONED_TABLES)
         conn.commit()
 
 
@@ -564,7 +566,7 @@ def test_migration_moves_rows_of_the_old_layout_into_partitions(
             (written.memory_id, 1): "Carol joined after the upgrade"
         }
         with psycopg.connect(scratch_database) as conn:
-            assert set(partitions.tenant_partitions(conn, "initech")) == set(PARTITIONED_TABLES)
+            assert set(table_partitions.tenant_partitions(conn, "initech")) == set(PARTITIONED_TABLES)
     finally:
         upgraded.close()
 
@@ -577,7 +579,7 @@ def test_a_bulk_write_refreshes_the_planner_statistics_of_the_tenants_partitions
     items = [{"user_id": f"u{i % 7}", "text": f"note {i} of {tenant}"} for i in range(ANALYZE_AFTER)]
     store.write_many(tenant_id=tenant, items=items)
     with store.transaction() as conn:
-        part = partitions.tenant_partitions(conn, tenant)["memory.memory_versions"]
+        part = table_partitions.tenant_partitions(conn, tenant)["memory.memory_versions"]
         analyzed, tuples = conn.execute(
             "SELECT s.last_analyze IS NOT NULL OR s.last_autoanalyze IS NOT NULL, c.reltuples"
             " FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid WHERE s.relid = %s::regclass",

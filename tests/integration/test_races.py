@@ -27,10 +27,10 @@ from memory_pipelines.lib.memories.keys import KeyDestroyedError, KeyStore
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.results import DeletionJob, DeletionRequest, RollBack
 from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
+from memory_pipelines.lib.stores.chroma.index import VectorStore
 from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
 from memory_pipelines.lib.stores.summaries.store import ExtractiveSummarizer, SummaryStore
-from memory_pipelines.lib.stores.vectors.index import VectorStore
 from tests.integration.test_forget import _files_with_vector, everything_of
 
 pytestmark = pytest.mark.slow

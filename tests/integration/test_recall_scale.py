@@ -12,7 +12,7 @@ import pytest
 from benchmarks.recall import old_recall
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.infra.errors import PermissionDeniedError
-from memory_pipelines.lib.stores.recall_cache import recall as recall_module
+from memory_pipelines.lib.stores.recall import recall as recall_module
 
 WORDS = (
     "kayak bicycle garden python rust coffee tea marathon piano violin berlin lisbon invoice budget "

@@ -91,10 +91,10 @@ from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.retention import rules as retention
 from memory_pipelines.lib.runtime import master_key, open_backups
 from memory_pipelines.lib.stores.adapter import postgres_files
+from memory_pipelines.lib.stores.chroma.index import VectorStore
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived, sync_embeddings, sync_keywords
+from memory_pipelines.lib.stores.embedding import MiniLMEmbedder
 from memory_pipelines.lib.stores.summaries.store import ExtractiveSummarizer, SummaryStore
-from memory_pipelines.lib.stores.vectors.embedding import MiniLMEmbedder
-from memory_pipelines.lib.stores.vectors.index import VectorStore
 from tests.support.servers import chroma_server
 
 Source = tuple[str, int]

@@ -1,4 +1,4 @@
-"""memory_pipelines/dagster_internals.py: each private Dagster name, signature and behaviour the
+"""memory_pipelines/launch/dagster_internals.py: each private Dagster name, signature and behaviour the
 project relies on, pinned here so that a Dagster upgrade fails in this file first, with a message
 naming what changed. And no other module of the package imports `dagster._`.
 
@@ -19,7 +19,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from memory_pipelines import dagster_internals as internals
+from memory_pipelines.launch import dagster_internals as internals
 
 PACKAGE = Path(internals.__file__).parent
 INTERNALS = Path(internals.__file__)
@@ -28,7 +28,8 @@ INTERNALS = Path(internals.__file__)
 def pinned(condition: object, what: str, got: object = None) -> None:
     assert condition, (
         f"dagster {dg.__version__}: {what} changed{'' if got is None else f' (got {got!r})'}."
-        " memory_pipelines/dagster_internals.py relies on it; adapt it there (its docstring says what it is for)."
+        " memory_pipelines/launch/dagster_internals.py relies on it; adapt it there"
+        " (its docstring says what it is for)."
     )
 
 
@@ -76,7 +77,7 @@ def test_only_dagster_internals_imports_private_dagster_modules() -> None:
         for hit in _private_imports(path)
     ]
     assert not offenders, (
-        "private Dagster imports outside memory_pipelines/dagster_internals.py (use the public API, or add"
+        "private Dagster imports outside memory_pipelines/launch/dagster_internals.py (use the public API, or add"
         " what has none to dagster_internals.py with a pin here):\n" + "\n".join(offenders)
     )
 
@@ -239,7 +240,7 @@ def test_submit_job_run_creates_a_queued_run_of_the_location_job(
 def test_a_location_that_failed_to_load_is_reported_with_its_error(
     instance: dg.DagsterInstance, workspace: internals.WorkspaceProcessContext
 ) -> None:
-    from memory_pipelines.materialize import _root_cause
+    from memory_pipelines.launch.materialize import _root_cause
 
     with pytest.raises(internals.CodeLocationLoadError) as failed:
         internals.submit_job_run(
@@ -306,7 +307,7 @@ def test_the_instance_names_its_postgres_run_storage() -> None:
 def test_reading_a_run_from_the_event_log() -> None:
     """What materialize.py reads from the instance (not public methods: all_logs, get_records_for_run,
     DagsterEvent.event_specific_data), through its own readers."""
-    from memory_pipelines.materialize import _RunBars, read_run
+    from memory_pipelines.launch.materialize import _RunBars, read_run
 
     with dg.instance_for_test() as test_instance:
         good = dg.materialize([first, first_checked], instance=test_instance, selection=[first, first_checked])

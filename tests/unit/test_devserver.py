@@ -1,4 +1,4 @@
-"""The `dev` supervisor (memory_pipelines/devserver.py) on stand-in process trees: no Dagster, a second each.
+"""The `dev` supervisor (memory_pipelines/launch/devserver.py) on stand-in process trees: no Dagster, a second each.
 
 The stand-in does what Dagster's commands do with signals: it copies its SIGINT disposition onto
 SIGTERM (dagster/_utils/interrupts.py). Started the old way with SIGINT ignored, it ignores both.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from memory_pipelines.devserver import group_members
+from memory_pipelines.launch.devserver import group_members
 
 # Ignores SIGINT and SIGTERM outright, as the old code servers did.
 STUBBORN = "import signal, time; [signal.signal(s, signal.SIG_IGN) for s in (2, 15)]; time.sleep(600)"
@@ -45,7 +45,7 @@ import dataclasses, json, os, signal, sys
 for name in sys.argv[3].split(","):
     if name:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
-from memory_pipelines.devserver import run_supervised
+from memory_pipelines.launch.devserver import run_supervised
 command = [sys.executable, "-c", sys.argv[1], *sys.argv[2].split("|")]
 outcome = run_supervised(command, dict(os.environ), grace=float(sys.argv[4]), on_stop="stopping on {signal}")
 print(json.dumps(dataclasses.asdict(outcome)))

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from memory_pipelines.lib.stores.vectors import embedding
-from memory_pipelines.lib.stores.vectors.embedding import (
+from memory_pipelines.lib.stores import embedding
+from memory_pipelines.lib.stores.embedding import (
     Embedder,
     EmbeddingModelMissing,
     HashingEmbedder,
@@ -147,7 +147,7 @@ def test_missing_model_names_the_package_and_install_command(tmp_path):
 
 def test_module_imports_no_heavy_or_dagster_modules():
     code = (
-        "import sys, memory_pipelines.lib.stores.vectors.embedding; "
+        "import sys, memory_pipelines.lib.stores.embedding; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'torch', 'onnx', 'onnxruntime'}))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -213,7 +213,7 @@ _LOAD_WITHOUT_ONNX = """
 import sys
 sys.modules["onnx"] = None  # building a model needs onnx: only a cached model can load now
 from pathlib import Path
-from memory_pipelines.lib.stores.vectors.embedding import MiniLMEmbedder
+from memory_pipelines.lib.stores.embedding import MiniLMEmbedder
 vector = MiniLMEmbedder(cache_dir=Path(sys.argv[1])).embed(["I am allergic to penicillin."])[0]
 print(repr(float(vector[0])))
 """

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from benchmarks.recall_quality import rrf
-from memory_pipelines.lib.stores.recall_cache.fusion import fuse
+from memory_pipelines.lib.stores.recall.fusion import fuse
 
 
 def src(name: str, version: int = 1) -> tuple[str, int]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from memory_pipelines.lib.infra.errors import ServiceError
-from memory_pipelines.lib.stores.vectors import hnsw_files
+from memory_pipelines.lib.stores.chroma import hnsw_files
 
 
 def walk(data: bytes, count: int) -> int | None:

@@ -13,7 +13,7 @@ ROOT = "memory_pipelines"
 LIB_ORDER = ["infra", "memories", "stores", "backups", "forget", "notify", "agent_runs", "retention", "evaluation"]
 # A lower domain reaching a higher one, by design, with the reason (none today).
 ALLOWED_UP: set[tuple[str, str]] = set()
-ABOVE_LIB = ("defs", "resources", "cli", "platform", "materialize", "demo", "devserver", "definitions")
+ABOVE_LIB = ("defs", "resources", "cli", "platform", "launch", "demo", "definitions")
 
 
 def _modules() -> dict[str, Path]:
@@ -147,3 +147,24 @@ def test_no_class_over_400_lines_and_no_function_over_80():
                 if lines > limit and f"{name}.{node.name}" not in LONGER_BY_DESIGN:
                     too_long.append((f"{name}.{node.name}", lines))
     assert too_long == []
+
+
+def test_no_import_circle_and_no_upward_import_even_inside_functions():
+    """A function-level import is still a dependency: `tests/support/structure.py` counts them too."""
+    from tests.support import structure
+
+    assert structure.LIB_ORDER == LIB_ORDER
+    assert structure.circles() == []
+    assert structure.upward_imports() == []
+
+
+# `_private` names used outside their module (a mixin reaching into its sibling, `store._bump(...)`):
+# 149 when counted first (2026-12-05), 140 after the SQL fragments became public; the collaborators
+# of issue 37 take it to 0. It may only go down.
+PRIVATE_USES_AT_MOST = 140
+
+
+def test_cross_module_private_uses_only_go_down():
+    from tests.support import structure
+
+    assert len(structure.private_uses()) <= PRIVATE_USES_AT_MOST

@@ -1,9 +1,9 @@
 import dagster as dg
 
-from memory_pipelines.dagster_internals import backfill_request
 from memory_pipelines.defs.backups.jobs import restore_job
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.defs.stores.jobs import DERIVED_ASSETS
+from memory_pipelines.launch.dagster_internals import backfill_request
 from memory_pipelines.lib.backups.service import completed_restores, restores
 from memory_pipelines.lib.forget.canary import is_reserved_tenant, retired_tenants
 from memory_pipelines.resources import MemoryStoreResource

@@ -1,7 +1,7 @@
 import dagster as dg
 
-from memory_pipelines.dagster_internals import AssetCheckEvaluationTargetMaterializationData, check_target
 from memory_pipelines.defs.memories.partitions import check_result, tenant_asset_check
+from memory_pipelines.launch.dagster_internals import AssetCheckEvaluationTargetMaterializationData, check_target
 from memory_pipelines.lib.forget.deletion import NEAR_DEADLINE, DeletionLedger
 from memory_pipelines.resources import MemoryStoreResource
 

@@ -37,6 +37,10 @@ from memory_pipelines.resources import (
 TOUCHED_ASSETS = ("memories", *DERIVED_ASSETS)
 SCOPES = ("SUBJECT", "MEMORY", "TENANT")
 TAGS = {"domain": "forget"}
+# The run tag naming the deletion jobs a forget run works on (the forget sensor reads it).
+JOBS_TAG = "memory_pipelines/deletion_jobs"
+# Ids listed in a run's tag; the run config holds them all.
+TAGGED_IDS = 10
 Resources = tuple[MemoryStoreResource, ChromaResource, SummarizerResource, AnalyticsResource]
 
 
@@ -151,11 +155,15 @@ def _request(
     return [job["job_id"]]
 
 
+def jobs_tag(job_ids: list[str]) -> str:
+    """The run tag naming a batch's job ids: the first few, then how many more."""
+    shown = ",".join(job_ids[:TAGGED_IDS])
+    return shown if len(job_ids) <= TAGGED_IDS else f"{shown},+{len(job_ids) - TAGGED_IDS}"
+
+
 def _tag_jobs(context: dg.OpExecutionContext, job_ids: list[str]) -> None:
     """Name the jobs a run's new request created on the run, as the sensor's runs are named (the
     forget sensor leaves the jobs of a run that has not ended alone)."""
-    from memory_pipelines.defs.forget.sensors import JOBS_TAG, jobs_tag  # the sensors import this module
-
     if not job_ids or context.dagster_run.tags.get(JOBS_TAG):
         return
     try:

@@ -5,14 +5,12 @@ import dagster as dg
 
 from memory_pipelines.defs.forget.checks import check_evaluation
 from memory_pipelines.defs.forget.jobs import FORGET_JOB, forget_job, forget_run_config, named_job_ids
+from memory_pipelines.defs.forget.ops import JOBS_TAG, jobs_tag
 from memory_pipelines.defs.memories.partitions import tenants_partitions
 from memory_pipelines.lib.forget.canary import is_reserved_tenant
 from memory_pipelines.lib.forget.deletion import STALL_GRACE, DeletionLedger, LastRun, plan_forget_runs
 from memory_pipelines.resources import MemoryStoreResource
 
-JOBS_TAG = "memory_pipelines/deletion_jobs"
-# Ids listed in a run's tag; the run config holds them all.
-TAGGED_IDS = 10
 # Forget runs read to count a tenant's consecutive failures (the relaunch backoff doubles per failure).
 RECENT_RUNS = 8
 # Forget runs not yet ended, read for the job ids they name; far above the tenants with one at a time.
@@ -25,12 +23,6 @@ _ACTIVE = {
     dg.DagsterRunStatus.CANCELING,
     dg.DagsterRunStatus.MANAGED,
 }
-
-
-def jobs_tag(job_ids: list[str]) -> str:
-    """The run tag naming a batch's job ids: the first few, then how many more."""
-    shown = ",".join(job_ids[:TAGGED_IDS])
-    return shown if len(job_ids) <= TAGGED_IDS else f"{shown},+{len(job_ids) - TAGGED_IDS}"
 
 
 def claimed_job_ids(instance: dg.DagsterInstance) -> set[str]:

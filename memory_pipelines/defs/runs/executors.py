@@ -11,7 +11,7 @@ from typing import Any
 
 import dagster as dg
 
-from memory_pipelines.dagster_internals import instance_conninfo
+from memory_pipelines.launch.dagster_internals import instance_conninfo
 from memory_pipelines.lib.infra import faults, leases
 
 # Set on a run once its worker holds the lease: from then on a free lease means a dead worker.

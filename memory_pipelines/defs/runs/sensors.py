@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from memory_pipelines.code_server import LOCATION
-from memory_pipelines.dagster_internals import instance_conninfo
 from memory_pipelines.defs.runs.executors import LEASE_TAG
+from memory_pipelines.launch.code_server import LOCATION
+from memory_pipelines.launch.dagster_internals import instance_conninfo
 from memory_pipelines.lib.infra import leases
 
 CONFIRM_SECONDS = 3.0

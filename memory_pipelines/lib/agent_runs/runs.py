@@ -18,7 +18,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable
 
-from memory_pipelines.lib.forget.gate import FenceClosed, Gate
+from memory_pipelines.lib.forget.gate import Fence, FenceClosed, Gate, lease_fenced
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import NotFoundError
 from memory_pipelines.lib.memories import crypto, ordering
@@ -42,7 +42,7 @@ class AgentRuns:
     def __init__(self, derived: DerivedStores) -> None:
         self.derived = derived
         self.store = derived.store
-        self.gate: Gate = derived.recaller.gate  # one gate (and its connections) for recall and sinks
+        self.gate = Gate(derived.store)  # one gate (and its connections) for the run's reads and sinks
 
     def open(self, *, tenant_id: str, subject_id: str, run_id: str, ttl_seconds: int = 300) -> str:
         """Open the run's lease; returns its id."""
@@ -52,7 +52,11 @@ class AgentRuns:
         self, *, lease_id: str, query: str, team_id: str | None = None, k: int = 5, mode: str = "hybrid"
     ) -> list[RecallHit]:
         """Recall for the run's subject; every hit is fenced on the lease."""
-        lease = self.gate._lease(lease_id)
+        lease = self.gate.lease(lease_id)
+
+        def fence(reads: list[tuple[str, int, str, int]]) -> None:
+            self.gate.record_reads(lease_id=lease_id, fences=[Fence(*read) for read in reads])
+
         return self.derived.recaller.recall(
             tenant_id=lease["tenant_id"],
             user_id=lease["subject_id"],
@@ -60,7 +64,7 @@ class AgentRuns:
             team_id=team_id,
             k=k,
             mode=mode,
-            lease_id=lease_id,
+            on_read=fence,
         )
 
     def snapshot_prompt(
@@ -69,7 +73,7 @@ class AgentRuns:
         """Store the prompt the run sent, sealed under a key of its own (a build key), with lineage to
         every memory version in it (default: everything the lease read). A state write: it takes a permit."""
         validation.check_text("prompt", prompt)
-        lease = self.gate._lease(lease_id)
+        lease = self.gate.lease(lease_id)
         chosen = sorted(
             set(sources)
             if sources is not None
@@ -80,7 +84,7 @@ class AgentRuns:
         with self.gate.permit(lease_id=lease_id, sink="state_write"), self.store.transaction() as conn:
             # The permit was issued before any closure; this commit is ordered by the gate lock too,
             # so a snapshot of versions forgotten since (or of a forgotten run subject) is refused.
-            if ordering.guard_build(conn, tenant_id, chosen) or Gate._lease_fenced(conn, lease_id):
+            if ordering.guard_build(conn, tenant_id, chosen) or lease_fenced(conn, lease_id):
                 raise FenceClosed("lease", f"lease {lease_id} read something that is being forgotten")
             try:
                 self.store.keys.subject_key(conn, tenant_id, subject_id, create=False)

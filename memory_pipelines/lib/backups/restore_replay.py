@@ -28,7 +28,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from memory_pipelines.lib.infra.progress import Progress, no_progress
-from memory_pipelines.lib.memories import consent, partitions
+from memory_pipelines.lib.memories import consent, table_partitions
 from memory_pipelines.lib.memories.store import repair_heads
 from memory_pipelines.lib.stores import bytescan, registry
 
@@ -163,7 +163,7 @@ _ANALYZED_SHARED = ("memory.memories", "memory.subjects", "memory.team_members")
 
 def analyze_published(conn: psycopg.Connection, tenant_id: str) -> None:
     """ANALYZE what the restore published, so the safety net and every later query plan on its rows."""
-    part = partitions.tenant_partitions(conn, tenant_id).get("memory.memory_versions")
+    part = table_partitions.tenant_partitions(conn, tenant_id).get("memory.memory_versions")
     if part is not None:
         row = conn.execute(
             "SELECT n.nspname, c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"

@@ -34,7 +34,7 @@ from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.results import AtK, TrendMonth
 from memory_pipelines.lib.stores.derived import DerivedStores
-from memory_pipelines.lib.stores.recall_cache.recall import MODES
+from memory_pipelines.lib.stores.recall.recall import MODES
 
 __all__ = [
     "CHART_MONTHS",

@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from memory_pipelines.lib.memories import partitions
+from memory_pipelines.lib.memories import table_partitions
 from memory_pipelines.lib.stores.adapter import data_directory
 
 __all__ = [
@@ -58,7 +58,7 @@ def clear_statistics(conninfo: str, tenant_id: str) -> dict[str, Any]:
     statistics hold none: `memory.sealed_column_statistics`), and `pg_statistic` is rewritten (VACUUM
     FULL) so none lingers in a dead tuple. Counts only."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        tables = [*partitions.PARTITIONED_TABLES, *partitions.tenant_partitions(conn, tenant_id).values()]
+        tables = [*table_partitions.PARTITIONED_TABLES, *table_partitions.tenant_partitions(conn, tenant_id).values()]
         row = conn.execute(
             "SELECT coalesce(sum(memory.sealed_column_statistics(t::regclass)), 0) FROM unnest(%s::text[]) AS t",
             (tables,),

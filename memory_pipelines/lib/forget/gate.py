@@ -42,6 +42,7 @@ __all__ = [
     "Permit",
     "PermitCancelled",
     "close_fences",
+    "lease_fenced",
     "lock_gate_exclusive",
 ]
 
@@ -206,7 +207,7 @@ class Gate:
         cancel and FenceClosed is raised, so the read's text never reaches a sink.
         """
         rows = [(f.memory_id, f.version, f.author_id, f.epoch) for f in fences]
-        lease = self._lease(lease_id)
+        lease = self.lease(lease_id)
         if not rows:
             return 0
         conn = self._conn()
@@ -219,7 +220,7 @@ class Gate:
                     [(lease_id, lease["tenant_id"], *row) for row in rows],
                 )
             stale = conn.execute(_STALE_FENCES, {"lease": lease_id, "tenant": lease["tenant_id"]}).fetchone()
-            if self._lease_fenced(conn, lease_id):
+            if lease_fenced(conn, lease_id):
                 stale = (max(1, stale[0] if stale else 0),)
             if stale is not None and stale[0]:
                 conn.execute(
@@ -242,7 +243,7 @@ class Gate:
         Cancelled permits count as drained (expiry alone does not), so a deletion waiting on them
         can complete on its next run.
         """
-        self._lease(lease_id)
+        self.lease(lease_id)
         cur = self._conn().execute(
             "UPDATE control.permits SET state = 'CANCELLED', cancel_requested = true, ended_at = clock_timestamp()"
             " WHERE lease_id = %s AND state = 'IN_FLIGHT'",
@@ -254,7 +255,9 @@ class Gate:
     def close_lease(self, *, lease_id: str) -> None:
         self._conn().execute("UPDATE control.leases SET closed_at = now() WHERE lease_id = %s", (lease_id,))
 
-    def _lease(self, lease_id: str) -> dict[str, Any]:
+    def lease(self, lease_id: str) -> dict[str, Any]:
+        """The lease's tenant, subject, run, expiry and whether it is closed or expired; NotFoundError
+        when there is no such lease."""
         validation.check_id("lease", lease_id)
         row = (
             self._conn()
@@ -294,12 +297,12 @@ class Gate:
             raise ValidationError("sink", f"must be one of {', '.join(SINKS)}")
         conn = self._conn()
         with conn.transaction():
-            lease = self._lease(lease_id)
+            lease = self.lease(lease_id)
             if lease["closed"] or lease["expired"]:
                 raise FenceClosed("lease", f"lease {lease_id} is {'closed' if lease['closed'] else 'expired'}")
             self._lock_shared(conn, lease["tenant_id"])
             # A new statement after the lock: it sees every closure committed before we got it.
-            if self._lease_fenced(conn, lease_id):
+            if lease_fenced(conn, lease_id):
                 raise FenceClosed("lease", f"lease {lease_id} acts for a user or tenant that is being forgotten")
             stale = conn.execute(_STALE_FENCES, {"lease": lease_id, "tenant": lease["tenant_id"]}).fetchone()
             if stale is not None and stale[0]:
@@ -328,13 +331,6 @@ class Gate:
             raise
         if not held.cancelled:
             self._end(held.permit_id, "RELEASED")
-
-    @staticmethod
-    def _lease_fenced(conn: psycopg.Connection, lease_id: str) -> bool:
-        """The lease's own scope closed: its tenant deleted or being restored, or its subject being
-        forgotten (or forgotten since the lease opened), even if the run has read nothing yet."""
-        row = conn.execute(_LEASE_FENCED, (lease_id,)).fetchone()
-        return row is None or bool(row[0])
 
     def _cancel_requested(self, permit_id: str) -> bool:
         row = (
@@ -402,3 +398,10 @@ _AUDIT = (
     + _CLOSES
     + "  WHERE %(tenant)s::text IS NULL OR p.tenant_id = %(tenant)s)"
 )
+
+
+def lease_fenced(conn: psycopg.Connection, lease_id: str) -> bool:
+    """The lease's own scope closed: its tenant deleted or being restored, or its subject being
+    forgotten (or forgotten since the lease opened), even if the run has read nothing yet."""
+    row = conn.execute(_LEASE_FENCED, (lease_id,)).fetchone()
+    return row is None or bool(row[0])

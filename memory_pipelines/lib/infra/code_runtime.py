@@ -1,4 +1,4 @@
-"""The runtime directory of the warm code servers (memory_pipelines/code_server.py): per server, a
+"""The runtime directory of the warm code servers (memory_pipelines/launch/code_server.py): per server, a
 record (pid, HOME), its socket, its workspace file and a lock, in /tmp/mp-code-<uid>. Here, not in
 code_server.py, so `stop` can remove what the servers it ended leave, without importing Dagster."""
 

@@ -97,7 +97,7 @@ DEFAULT_ANALYTICS_TIMEOUT = 30
 # The embedded Chroma server runs in a network namespace of its own ("netns"), reachable only through
 # its token-checking proxy; "none" is the opt-out for a system that cannot make one (lib/infra/chroma_proxy.py).
 CHROMA_ISOLATIONS = ("auto", "netns", "none")
-# The sentence embedding models (lib/stores/vectors/embedding.py); the first is the default. Changing
+# The sentence embedding models (lib/stores/embedding.py); the first is the default. Changing
 # it rebuilds each tenant's collection at its next memory_embeddings sync.
 EMBEDDING_MODELS = ("all-MiniLM-L6-v2-int8", "all-MiniLM-L6-v2")
 

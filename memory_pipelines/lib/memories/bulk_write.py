@@ -30,11 +30,14 @@ from memory_pipelines.lib.infra.errors import (
     ServiceError,
     ValidationError,
 )
-from memory_pipelines.lib.memories import crypto, ordering, partitions
+from memory_pipelines.lib.memories import crypto, ordering, table_partitions
+from memory_pipelines.lib.memories.records import WriteResult
+from memory_pipelines.lib.memories.sealing import query_aad, text_aad
 from memory_pipelines.lib.memories.version_keys import NewVersionKey
+from memory_pipelines.lib.memories.write_rules import DEFAULT_CATEGORY, DEFAULT_CONFIDENCE, SAME_TEXTS
 
 if TYPE_CHECKING:
-    from memory_pipelines.lib.memories.store import MemoryStore, WriteResult
+    from memory_pipelines.lib.memories.store import MemoryStore
 
 __all__ = [
     "CHUNK_ITEMS",
@@ -126,7 +129,7 @@ class BulkWriter:
             size += new
             if size >= analyze_at:
                 with self.store.transaction() as conn:
-                    partitions.analyze_tenant(conn, self.tenant_id)
+                    table_partitions.analyze_tenant(conn, self.tenant_id)
                 analyze_at = 2 * size
         return results
 
@@ -135,7 +138,7 @@ class BulkWriter:
         with self.store.transaction() as conn:
             ordering.lock_tenant_shared(conn, self.tenant_id)
             self._lock_and_check(conn, items)
-            return partitions.estimated_rows(conn, self.tenant_id, "memory.memory_versions")
+            return table_partitions.estimated_rows(conn, self.tenant_id, "memory.memory_versions")
 
     def _lock_and_check(self, conn: psycopg.Connection, items: Sequence[dict[str, Any]]) -> None:
         """Under the gate: the tenant is open, no author is being forgotten, every team author is a
@@ -190,8 +193,6 @@ class BulkWriter:
 
     def _seal(self, chunk: list[dict[str, Any]]) -> list[_Sealed]:
         """Outside any lock: new ids, sealed texts and text MACs for every item of the chunk."""
-        from memory_pipelines.lib.memories.store import DEFAULT_CATEGORY, DEFAULT_CONFIDENCE, query_aad, text_aad
-
         wanted: dict[str, int] = {}
         for item in chunk:
             wanted[item["user_id"]] = wanted.get(item["user_id"], 0) + 1
@@ -258,8 +259,6 @@ class BulkWriter:
 
     def _commit(self, chunk: list[dict[str, Any]], sealed: list[_Sealed]) -> tuple[list[WriteResult], int] | None:
         """One transaction under the gate: checks, no-op detection, COPY. None when a key is gone."""
-        from memory_pipelines.lib.memories.store import _SAME_TEXTS, WriteResult
-
         tenant_id = self.tenant_id
         with self.store.transaction() as conn:
             ordering.lock_tenant_shared(conn, tenant_id)
@@ -276,7 +275,7 @@ class BulkWriter:
             # Only visible memories are the same memory: one being forgotten is gone once its job
             # completes, so an identical text is a new memory (the gate lock orders this read).
             for memory_id, version, user_id, team_id, text_mac in conn.execute(
-                _SAME_TEXTS, (tenant_id, [s.text_mac for s in sealed])
+                SAME_TEXTS, (tenant_id, [s.text_mac for s in sealed])
             ):
                 existing[(user_id, team_id, bytes(text_mac))] = (memory_id, version)
             results, heads, versions, unused = [], [], [], []

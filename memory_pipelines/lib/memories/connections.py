@@ -37,7 +37,7 @@ class ConnectionsMixin:
     def _connect(self) -> psycopg.Connection:
         try:
             conn = psycopg.connect(self.conninfo, autocommit=True)
-            # Per-tenant partitions (lib/memories/partitions.py): a custom plan prunes to one tenant's partition
+            # Per-tenant partitions (lib/memories/table_partitions.py): a custom plan prunes to one tenant's partition
             # at plan time, while a generic plan (psycopg's prepared statements after 5 runs, and the
             # foreign keys' and plpgsql's cached plans, which psycopg's prepare_threshold never reaches)
             # locks every tenant's partition at executor start and so waits for any tenant's compaction.

@@ -13,7 +13,7 @@ from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.records import CurrentVersion
 from memory_pipelines.lib.memories.sealing import SealingMixin, _key_of, text_aad
 from memory_pipelines.lib.memories.tenants import TenantsMixin
-from memory_pipelines.lib.memories.visibility import _NOT_HIDDEN
+from memory_pipelines.lib.memories.visibility import NOT_HIDDEN
 
 __all__ = [
     "DerivedReadsMixin",
@@ -29,16 +29,16 @@ _CURRENT_BASE = (
     " AND v.version = m.current_version"
     " WHERE m.tenant_id = %s"
 )
-_SELECT_CURRENT = _CURRENT_BASE + _NOT_HIDDEN + " ORDER BY m.memory_id"
+_SELECT_CURRENT = _CURRENT_BASE + NOT_HIDDEN + " ORDER BY m.memory_id"
 _SELECT_QUERIES = (
     "SELECT v.tenant_id, v.memory_id, v.version, v.original_query_ct, v.key_id"  # noqa: S608
     " FROM memory.memories m JOIN memory.memory_versions v ON v.tenant_id = m.tenant_id"
     " AND v.memory_id = m.memory_id AND v.version = m.current_version"
     " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
-    " WHERE m.tenant_id = %s AND m.memory_id = ANY(%s)" + _NOT_HIDDEN
+    " WHERE m.tenant_id = %s AND m.memory_id = ANY(%s)" + NOT_HIDDEN
 )
 _SELECT_CURRENT_OF_OWNERS = (
-    _CURRENT_BASE + _NOT_HIDDEN + " AND (m.user_id = ANY(%s) OR m.team_id = ANY(%s)) ORDER BY m.memory_id"
+    _CURRENT_BASE + NOT_HIDDEN + " AND (m.user_id = ANY(%s) OR m.team_id = ANY(%s)) ORDER BY m.memory_id"
 )
 _SELECT_TEXTS = (
     "SELECT v.tenant_id, v.memory_id, v.version, v.text_ct, v.key_id FROM memory.memory_versions v"
@@ -51,7 +51,7 @@ _SELECT_VISIBLE_TEXTS = (
     " ON v.memory_id = want.memory_id AND v.version = want.version"
     " JOIN memory.memories m ON m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
     " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
-    " WHERE v.tenant_id = %s" + _NOT_HIDDEN
+    " WHERE v.tenant_id = %s" + NOT_HIDDEN
 )
 
 

@@ -17,7 +17,7 @@ from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.records import _iso
 from memory_pipelines.lib.memories.sealing import SealingMixin, _key_of, query_aad, text_aad
 from memory_pipelines.lib.memories.tenants import TenantsMixin
-from memory_pipelines.lib.memories.visibility import _NOT_HIDDEN, _SELECT_MEMORY
+from memory_pipelines.lib.memories.visibility import NOT_HIDDEN, SELECT_MEMORY
 from memory_pipelines.lib.results import ExportedVersion
 
 __all__ = [
@@ -29,9 +29,9 @@ EXPORT_BATCH = 500
 
 # Query texts are constants; every value travels as a bound parameter.
 _SELECT_EXPORT = (
-    _SELECT_MEMORY
+    SELECT_MEMORY
     + " WHERE m.tenant_id = %s AND m.user_id = %s"
-    + _NOT_HIDDEN
+    + NOT_HIDDEN
     + " ORDER BY m.created_at, m.memory_id, v.version"
 )
 

@@ -26,8 +26,8 @@ from memory_pipelines.lib.memories.teams import TeamsMixin
 from memory_pipelines.lib.memories.tenants import TenantsMixin
 from memory_pipelines.lib.memories.versions import VersionsMixin, repair_heads
 from memory_pipelines.lib.memories.visibility import VisibilityMixin, visible_candidates_sql
-from memory_pipelines.lib.memories.writes import _SAME_TEXTS as _SAME_TEXTS
-from memory_pipelines.lib.memories.writes import DEFAULT_CATEGORY, DEFAULT_CONFIDENCE, WritesMixin
+from memory_pipelines.lib.memories.write_rules import DEFAULT_CATEGORY, DEFAULT_CONFIDENCE
+from memory_pipelines.lib.memories.writes import WritesMixin
 
 __all__ = [
     "DEFAULT_CATEGORY",

@@ -17,6 +17,9 @@ from memory_pipelines.lib.memories.teams import TeamsMixin
 from memory_pipelines.lib.results import VisibleMemory
 
 __all__ = [
+    "NOT_HIDDEN",
+    "NOT_TOMBSTONED",
+    "SELECT_MEMORY",
     "VisibilityMixin",
     "visible_candidates_sql",
 ]
@@ -24,15 +27,15 @@ __all__ = [
 # Query texts are constants; every value travels as a bound parameter.
 # Hide at once: a forgotten subject's memories and tombstoned versions vanish from every read the
 # moment a deletion request is accepted, before any store is touched.
-_NOT_HIDDEN = (
+NOT_HIDDEN = (
     " AND s.forgotten_at IS NULL AND NOT EXISTS (SELECT 1 FROM control.tombstones t"
     " WHERE t.tenant_id = v.tenant_id AND t.memory_id = v.memory_id AND t.version = v.version)"
 )
-_NOT_TOMBSTONED = (
+NOT_TOMBSTONED = (
     " AND NOT EXISTS (SELECT 1 FROM control.tombstones t"
     " WHERE t.tenant_id = v.tenant_id AND t.memory_id = v.memory_id AND t.version = v.version)"
 )
-_SELECT_MEMORY = (
+SELECT_MEMORY = (
     "SELECT m.tenant_id, m.memory_id, m.user_id, m.team_id, m.memory_type, m.do_not_sell AS memory_dns,"
     " m.created_at AS memory_created_at, m.updated_at, m.current_version,"
     " v.version, v.shareable, v.category, v.confidence, v.text_ct, v.original_query_ct, v.key_id,"
@@ -53,9 +56,9 @@ _VISIBLE_WHERE = {
     ),
 }
 _SELECT_VISIBLE = {
-    mode: _SELECT_MEMORY
+    mode: SELECT_MEMORY
     + " AND v.version = m.current_version WHERE m.tenant_id = %(tenant)s"
-    + _NOT_HIDDEN
+    + NOT_HIDDEN
     + where
     + " ORDER BY m.created_at, m.memory_id"
     for mode, where in _VISIBLE_WHERE.items()
@@ -64,7 +67,7 @@ _SELECT_VISIBLE = {
 # user's whole visible set. Each LATERAL ... OFFSET 0 is one primary-key probe per candidate, in the
 # candidates' order, whatever the planner guesses of a tenant's size: left to it, generic plans of
 # the plain join scanned all of a tenant's memories. The scope rule (_VISIBLE_WHERE) goes in WHERE;
-# _NOW is the rest of _SELECT_VISIBLE: the current version, and _NOT_HIDDEN's two tests.
+# _NOW is the rest of _SELECT_VISIBLE: the current version, and NOT_HIDDEN's two tests.
 _CANDIDATE_CHECK = (
     " CROSS JOIN LATERAL (SELECT m.user_id, m.team_id, m.current_version FROM memory.memories m"
     "  WHERE m.tenant_id = %(tenant)s AND m.memory_id = c.memory_id OFFSET 0) m"

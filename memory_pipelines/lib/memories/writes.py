@@ -17,7 +17,7 @@ from memory_pipelines.lib.memories.records import WriteResult
 from memory_pipelines.lib.memories.teams import TeamsMixin
 from memory_pipelines.lib.memories.version_keys import NewVersionKey
 from memory_pipelines.lib.memories.versions import VersionsMixin
-from memory_pipelines.lib.memories.visibility import _NOT_TOMBSTONED
+from memory_pipelines.lib.memories.write_rules import DEFAULT_CATEGORY, DEFAULT_CONFIDENCE, SAME_TEXT
 from memory_pipelines.lib.results import DoNotSell
 
 if TYPE_CHECKING:
@@ -28,22 +28,6 @@ __all__ = [
     "DEFAULT_CONFIDENCE",
     "WritesMixin",
 ]
-
-DEFAULT_CATEGORY = "general"
-DEFAULT_CONFIDENCE = 1.0
-
-# Query texts are constants; every value travels as a bound parameter.
-# Current versions with a given text MAC that no deletion hides (the no-op rule of writes).
-_SAME_TEXT = (
-    "SELECT v.memory_id FROM memory.memory_versions v"  # noqa: S608 - constant text
-    " WHERE v.tenant_id = %s AND v.text_mac = %s AND v.superseded_at IS NULL" + _NOT_TOMBSTONED
-)
-_SAME_TEXTS = (
-    "SELECT m.memory_id, m.current_version, m.user_id, m.team_id, v.text_mac"  # noqa: S608 - constant text
-    " FROM memory.memory_versions v JOIN memory.memories m"
-    " ON m.tenant_id = v.tenant_id AND m.memory_id = v.memory_id"
-    " WHERE v.tenant_id = %s AND v.superseded_at IS NULL AND v.text_mac = ANY(%s)" + _NOT_TOMBSTONED
-)
 
 
 class WritesMixin(VersionsMixin, TeamsMixin):
@@ -175,7 +159,7 @@ class WritesMixin(VersionsMixin, TeamsMixin):
         # Two indexed lookups rather than one join: on a young table without statistics the
         # planner picked a nested loop over every memory of the tenant (O(n) per write).
         # A memory being forgotten is never the same memory (see write_many).
-        candidates = conn.execute(_SAME_TEXT, (tenant_id, text_mac)).fetchall()
+        candidates = conn.execute(SAME_TEXT, (tenant_id, text_mac)).fetchall()
         for (memory_id,) in candidates:
             try:
                 head = self._head(conn, tenant_id, memory_id, lock=True)

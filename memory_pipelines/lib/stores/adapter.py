@@ -21,6 +21,7 @@ import psycopg
 
 from memory_pipelines.lib.results import DeletionJob, DeletionScope
 from memory_pipelines.lib.stores import lineage
+from memory_pipelines.lib.stores.registry import REQUIRED  # what an adapter must have, checked at registration
 
 if TYPE_CHECKING:
     from memory_pipelines.lib.memories.store import MemoryStore
@@ -48,10 +49,6 @@ __all__ = [
 Source = tuple[str, int]
 # store -> record id -> the sources (of those asked about) it has lineage edges to.
 Lineage = dict[str, dict[str, set[Source]]]
-# The methods a registered store's adapter must have (a test checks each registered adapter).
-# Optional ones: `count_sql(ctx)` (its `count` as one SQL scalar, asked with the other stores') and
-# `fingerprints_many(conn, ctxs)` (`fingerprints` of each job of a batch from one read).
-REQUIRED = ("find", "delete", "count", "verify", "fingerprints", "erase")
 
 
 @dataclass
@@ -235,12 +232,12 @@ def data_directory(conn: psycopg.Connection) -> Path | None:
 
 def postgres_files(conn: psycopg.Connection, tenant_id: str) -> list[Path]:
     """The tenant's partition files (heap, TOAST, indexes) in a local data directory; [] when remote."""
-    from memory_pipelines.lib.memories import partitions
+    from memory_pipelines.lib.memories import table_partitions
 
     data_dir = data_directory(conn)
     if data_dir is None:
         return []
-    return [data_dir / rel for rel in partitions.tenant_files(conn, tenant_id) if (data_dir / rel).is_file()]
+    return [data_dir / rel for rel in table_partitions.tenant_files(conn, tenant_id) if (data_dir / rel).is_file()]
 
 
 def compact(derived: DerivedStores, tenant_id: str, tables: tuple[str, ...]) -> Erasure:
@@ -248,20 +245,20 @@ def compact(derived: DerivedStores, tenant_id: str, tables: tuple[str, ...]) -> 
 
     An offboarded tenant (TENANT deletion complete; it can never be written again) loses its
     partitions instead: their files are unlinked, which no rewrite beats."""
-    from memory_pipelines.lib.memories import partitions
+    from memory_pipelines.lib.memories import table_partitions
 
     with derived.store.transaction() as conn:
         row = conn.execute("SELECT deleted_at FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)).fetchone()
         offboarded = row is not None and row[0] is not None
-        has_partitions = bool(partitions.tenant_partitions(conn, tenant_id))
+        has_partitions = bool(table_partitions.tenant_partitions(conn, tenant_id))
     if offboarded:
         dropped = 0
         if has_partitions:
             with psycopg.connect(derived.store.conninfo, autocommit=True) as conn:
                 conn.execute("SET lock_timeout = '10s'")
-                dropped = partitions.drop_tenant(conn, tenant_id)
+                dropped = table_partitions.drop_tenant(conn, tenant_id)
         return Erasure(detail={"partitions_dropped": dropped})
-    written = partitions.compact_tenant(derived.store.conninfo, tenant_id, tables=tables)
+    written = table_partitions.compact_tenant(derived.store.conninfo, tenant_id, tables=tables)
     with derived.store.transaction() as conn:
         data_dir = data_directory(conn)
         files = postgres_files(conn, tenant_id)

@@ -18,10 +18,10 @@ from memory_pipelines.lib.memories.key_conversion import KeyConversion
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.results import KeysConverted, LineageRecord, RecordSources
 from memory_pipelines.lib.stores import lineage, registry
+from memory_pipelines.lib.stores.chroma.index import VectorStore
+from memory_pipelines.lib.stores.embedding import Embedder, MiniLMEmbedder
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
-from memory_pipelines.lib.stores.recall_cache.recall import Recaller, drop_cache
-from memory_pipelines.lib.stores.vectors.embedding import Embedder, MiniLMEmbedder
-from memory_pipelines.lib.stores.vectors.index import VectorStore
+from memory_pipelines.lib.stores.recall.recall import Recaller, drop_cache
 
 if TYPE_CHECKING:  # imported where made: a recall or a write needs neither pyarrow nor the summarizers
     from memory_pipelines.lib.stores.analytics.store import AnalyticsStore

@@ -7,7 +7,7 @@ proofs, certificates, the data map, erasure and what a restore drops. A store wi
 delete adapter, so nothing may be written to it (lineage refuses).
 
 A spec is checked when it is registered (`check_spec`): a store deletion could not reach (no adapter,
-an adapter without every method of stores/adapter.py's REQUIRED, no verification, or a derived store
+an adapter without every method of REQUIRED, no verification, or a derived store
 whose copies a restore would neither drop nor rebuild) is refused, so it never receives a memory.
 A store is brought under the hard gate in two steps: registered `onboarding`, it receives only the
 memories of test tenants (`memory-pipelines tenant set-test`): its sync skips every other tenant and
@@ -31,6 +31,7 @@ __all__ = [
     "ALL_SCOPES",
     "ENFORCED",
     "ONBOARDING",
+    "REQUIRED",
     "StoreCheck",
     "StoreSpec",
     "Synced",
@@ -79,6 +80,12 @@ class StoreCheck:
     description: str
     problems: str | Callable[..., dict[str, int]]
     must_be_zero: tuple[str, ...]
+
+
+# The methods a registered store's adapter must have (`check_spec` refuses a store whose adapter lacks one).
+# Optional ones: `count_sql(ctx)` (its `count` as one SQL scalar, asked with the other stores') and
+# `fingerprints_many(conn, ctxs)` (`fingerprints` of each job of a batch from one read).
+REQUIRED = ("find", "delete", "count", "verify", "fingerprints", "erase")
 
 
 @dataclass(frozen=True)
@@ -156,8 +163,6 @@ def resolve(ref: str | Callable[..., Any]) -> Any:
 
 def check_spec(spec: StoreSpec) -> None:
     """Refuse a store deletion could not reach (see the module docstring): ServiceError naming it."""
-    from memory_pipelines.lib.stores.adapter import REQUIRED
-
     problems = []
     try:
         made = resolve(spec.adapter) if spec.adapter else None

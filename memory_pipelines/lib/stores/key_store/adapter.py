@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from memory_pipelines.lib.memories.partitions import KEY_TABLES
+from memory_pipelines.lib.memories.table_partitions import KEY_TABLES
 from memory_pipelines.lib.stores import bytescan, lineage
 from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, run_count
 from memory_pipelines.lib.stores.derived import DerivedStores

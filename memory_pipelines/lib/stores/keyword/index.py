@@ -27,7 +27,7 @@ from psycopg.rows import dict_row
 
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import NotFoundError
-from memory_pipelines.lib.memories import crypto, ordering, partitions
+from memory_pipelines.lib.memories import crypto, ordering, table_partitions
 from memory_pipelines.lib.memories.store import CurrentVersion, MemoryStore, visible_candidates_sql
 from memory_pipelines.lib.stores import lineage
 
@@ -184,7 +184,7 @@ class KeywordIndex:
             postings += chunk_postings
         if postings >= STATISTICS_AFTER:  # how often a token MAC repeats, for the planner (no MAC kept)
             with self.store.transaction() as conn:
-                partitions.sealed_statistics(conn, tenant_id, "derived.keyword_postings")
+                table_partitions.sealed_statistics(conn, tenant_id, "derived.keyword_postings")
         return {
             "records": len(current),
             "indexed": indexed,

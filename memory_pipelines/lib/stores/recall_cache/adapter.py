@@ -9,7 +9,7 @@ import psycopg
 
 from memory_pipelines.lib.stores.adapter import Context, Erasure, drop_edges, edges_left, linked
 from memory_pipelines.lib.stores.derived import DerivedStores
-from memory_pipelines.lib.stores.recall_cache.recall import CACHE_STORE
+from memory_pipelines.lib.stores.recall.recall import CACHE_STORE
 
 __all__ = [
     "RecallCacheAdapter",

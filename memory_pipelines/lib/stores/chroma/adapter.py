@@ -22,10 +22,10 @@ import psycopg
 
 from memory_pipelines.lib.stores import bytescan
 from memory_pipelines.lib.stores.adapter import Context, Erasure, drop_edges
+from memory_pipelines.lib.stores.chroma.client import _serialized, _source
+from memory_pipelines.lib.stores.chroma.index import STORE, VectorStore, read_pages
+from memory_pipelines.lib.stores.chroma.search import _QUERY_BATCH
 from memory_pipelines.lib.stores.derived import DerivedStores
-from memory_pipelines.lib.stores.vectors.client import _serialized, _source
-from memory_pipelines.lib.stores.vectors.index import STORE, VectorStore, read_pages
-from memory_pipelines.lib.stores.vectors.search import _QUERY_BATCH
 
 __all__ = [
     "ChromaAdapter",

@@ -39,7 +39,7 @@ SPECS = (
         older_adapter_versions=("chroma-v1",),
         max_completion_seconds=600,
         verification="collection.get(ids=targets) is empty; paraphrase probes return no target",
-        adapter="memory_pipelines.lib.stores.vectors.adapter:ChromaAdapter",
+        adapter="memory_pipelines.lib.stores.chroma.adapter:ChromaAdapter",
         order=30,
         sealed_by="nothing: Chroma stores embeddings in the clear (no documents)",
         asset="memory_embeddings",

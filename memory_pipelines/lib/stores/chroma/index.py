@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memory_pipelines.lib.stores.vectors.client import ERASURES, STORE, read_pages
-from memory_pipelines.lib.stores.vectors.erasure import remove_orphan_segments, vacuum_sqlite
-from memory_pipelines.lib.stores.vectors.hnsw_files import clear_unused_capacity, unused_capacity_holds_data
-from memory_pipelines.lib.stores.vectors.locks import collection_name
-from memory_pipelines.lib.stores.vectors.search import VectorSearch
-from memory_pipelines.lib.stores.vectors.sync import EMBED_CHUNK, VectorSync, metadata_of
+from memory_pipelines.lib.stores.chroma.client import ERASURES, STORE, read_pages
+from memory_pipelines.lib.stores.chroma.erasure import remove_orphan_segments, vacuum_sqlite
+from memory_pipelines.lib.stores.chroma.hnsw_files import clear_unused_capacity, unused_capacity_holds_data
+from memory_pipelines.lib.stores.chroma.locks import collection_name
+from memory_pipelines.lib.stores.chroma.search import VectorSearch
+from memory_pipelines.lib.stores.chroma.sync import EMBED_CHUNK, VectorSync, metadata_of
 
 __all__ = [
     "EMBED_CHUNK",

@@ -18,15 +18,15 @@ from typing import Any
 
 from memory_pipelines.lib.infra import faults
 from memory_pipelines.lib.infra.errors import ServiceError
-from memory_pipelines.lib.stores.vectors.client import (
+from memory_pipelines.lib.stores.chroma.client import (
     ERASURES,
     ChromaCollections,
     _reopen_embedded,
     _serialized,
     read_pages,
 )
-from memory_pipelines.lib.stores.vectors.hnsw_files import clear_unused_capacity, unused_capacity_holds_data
-from memory_pipelines.lib.stores.vectors.locks import collection_name
+from memory_pipelines.lib.stores.chroma.hnsw_files import clear_unused_capacity, unused_capacity_holds_data
+from memory_pipelines.lib.stores.chroma.locks import collection_name
 
 __all__ = [
     "VectorErasure",

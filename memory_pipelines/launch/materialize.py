@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import psycopg
 
-from memory_pipelines.code_server import LOCATION
+from memory_pipelines.launch.code_server import LOCATION
 from memory_pipelines.lib.infra import progress
 from memory_pipelines.lib.infra.children import children_isolated
 from memory_pipelines.lib.infra.errors import (
@@ -47,8 +47,8 @@ from memory_pipelines.lib.stores import registry
 if TYPE_CHECKING:
     from dagster import DagsterInstance, DagsterRun
 
-    from memory_pipelines.code_server import WarmServer
-    from memory_pipelines.dagster_internals import WorkspaceProcessContext
+    from memory_pipelines.launch.code_server import WarmServer
+    from memory_pipelines.launch.dagster_internals import WorkspaceProcessContext
     from memory_pipelines.lib.infra.processes import Proc
 
 # `memories` and every registered store's asset (stores/<store>/spec.py).
@@ -176,8 +176,8 @@ def _workspace(settings: Settings) -> Iterator[_Workspace]:
     run workers with it."""
     import dagster as dg
 
-    from memory_pipelines.code_server import module_workspace, warm_server
-    from memory_pipelines.dagster_internals import open_workspace
+    from memory_pipelines.launch.code_server import module_workspace, warm_server
+    from memory_pipelines.launch.dagster_internals import open_workspace
     from memory_pipelines.lib.infra.services import ensure_services
 
     endpoints = ensure_services(settings)  # the embedded server and dagster.yaml, on a fresh HOME too
@@ -263,7 +263,7 @@ def _create_run(instance: DagsterInstance, context: WorkspaceProcessContext, lau
     partition and tenant tags the coordinator's concurrency limits key on."""
     import dagster as dg
 
-    from memory_pipelines.dagster_internals import CodeLocationLoadError, submit_job_run
+    from memory_pipelines.launch.dagster_internals import CodeLocationLoadError, submit_job_run
 
     tags = dict(launch.tags)
     if launch.partition:  # an unpartitioned job (the canary drill) gets no partition tag at all
@@ -285,7 +285,7 @@ def _create_run(instance: DagsterInstance, context: WorkspaceProcessContext, lau
 
 
 def _daemon_dequeues(instance: DagsterInstance) -> bool:
-    from memory_pipelines.dagster_internals import queued_run_daemon_heartbeat
+    from memory_pipelines.launch.dagster_internals import queued_run_daemon_heartbeat
 
     heartbeat = queued_run_daemon_heartbeat(instance)
     return heartbeat is not None and time.time() - heartbeat < DAEMON_FRESH_SECONDS
@@ -301,7 +301,7 @@ class _Dequeuer:
     def __init__(self, context: WorkspaceProcessContext, conninfo: str) -> None:
         import dagster as dg
 
-        from memory_pipelines.dagster_internals import RunDequeuer
+        from memory_pipelines.launch.dagster_internals import RunDequeuer
 
         self.context = context
         self.conninfo = conninfo

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from memory_pipelines.lib.stores.vectors.client import ChromaCollections, _serialized, _source
-from memory_pipelines.lib.stores.vectors.embedding import comparable_models
-from memory_pipelines.lib.stores.vectors.locks import collection_name
+from memory_pipelines.lib.stores.chroma.client import ChromaCollections, _serialized, _source
+from memory_pipelines.lib.stores.chroma.locks import collection_name
+from memory_pipelines.lib.stores.embedding import comparable_models
 
 __all__ = [
     "VectorSearch",

@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 
 from memory_pipelines.lib.infra import unix_http
 from memory_pipelines.lib.infra.errors import ServiceError
-from memory_pipelines.lib.stores.vectors.embedding import Embedder
-from memory_pipelines.lib.stores.vectors.locks import CollectionLocks, collection_name
-from memory_pipelines.lib.stores.vectors.rest import ChromaRest, call_chroma
+from memory_pipelines.lib.stores.chroma.locks import CollectionLocks, collection_name
+from memory_pipelines.lib.stores.chroma.rest import ChromaRest, call_chroma
+from memory_pipelines.lib.stores.embedding import Embedder
 
 __all__ = [
     "ERASURES",

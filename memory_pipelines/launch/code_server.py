@@ -61,7 +61,7 @@ class WarmServer:
 
     def heartbeat(self) -> None:
         """Tell the server a command still uses it (it ends once none has for the idle time)."""
-        from memory_pipelines.dagster_internals import grpc_heartbeat
+        from memory_pipelines.launch.dagster_internals import grpc_heartbeat
 
         with contextlib.suppress(Exception):  # a missed heartbeat only shortens its life
             grpc_heartbeat(self.socket)
@@ -69,7 +69,7 @@ class WarmServer:
     def await_runs(self, run_ids: set[str], timeout: float = 30.0) -> None:
         """Until the processes of these runs have exited (a run is finished in the event log a moment
         before its process ends): a command returns with no run worker of its own left behind."""
-        from memory_pipelines.dagster_internals import grpc_current_runs
+        from memory_pipelines.launch.dagster_internals import grpc_current_runs
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -106,7 +106,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _alive(socket: Path, pid: int) -> bool:
-    from memory_pipelines.dagster_internals import grpc_heartbeat
+    from memory_pipelines.launch.dagster_internals import grpc_heartbeat
 
     try:
         os.kill(pid, 0)

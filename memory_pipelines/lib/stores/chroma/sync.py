@@ -17,9 +17,9 @@ from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.memories import ordering
 from memory_pipelines.lib.memories.store import CurrentVersion, MemoryStore
 from memory_pipelines.lib.stores import lineage
-from memory_pipelines.lib.stores.vectors.client import STORE, _serialized, _source, read_pages
-from memory_pipelines.lib.stores.vectors.erasure import VectorErasure
-from memory_pipelines.lib.stores.vectors.locks import collection_name
+from memory_pipelines.lib.stores.chroma.client import STORE, _serialized, _source, read_pages
+from memory_pipelines.lib.stores.chroma.erasure import VectorErasure
+from memory_pipelines.lib.stores.chroma.locks import collection_name
 
 __all__ = [
     "EMBED_CHUNK",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from memory_pipelines.lib.infra import validation
@@ -23,9 +24,9 @@ from memory_pipelines.lib.memories import crypto, ordering
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.results import RecallHit
 from memory_pipelines.lib.stores import lineage
+from memory_pipelines.lib.stores.chroma.index import VectorStore
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
-from memory_pipelines.lib.stores.recall_cache import fusion
-from memory_pipelines.lib.stores.vectors.index import VectorStore
+from memory_pipelines.lib.stores.recall import fusion
 
 __all__ = [
     "CACHE_STORE",
@@ -71,16 +72,6 @@ class Recaller:
         self.store = store
         self.vectors = vectors
         self.keywords = keywords
-        self._gate: Any = None
-
-    @property
-    def gate(self) -> Any:
-        """The deletion gate recall fences runs on (created on first use: most recalls have no run)."""
-        if self._gate is None:
-            from memory_pipelines.lib.forget.gate import Gate
-
-            self._gate = Gate(self.store)
-        return self._gate
 
     def recall(
         self,
@@ -91,13 +82,14 @@ class Recaller:
         team_id: str | None = None,
         k: int = 5,
         mode: str = "hybrid",
-        lease_id: str | None = None,
+        on_read: Callable[[list[tuple[str, int, str, int]]], None] | None = None,
         use_cache: bool = True,
     ) -> list[RecallHit]:
         """Top-k visible current memories for `query`: memory_id, version, text, score, and scope.
 
-        Inside an agent run (`lease_id`), every recalled version is fenced on the lease with its
-        author's epoch as read, so the run's sinks get no permit once any of it is forgotten.
+        Inside an agent run, `on_read` hears every recalled version (memory id, version, author,
+        the author's epoch as read) before any text is opened: the run fences them on its lease, so
+        its sinks get no permit once any of it is forgotten.
         `use_cache=False` measures the indexes themselves (evaluation).
         """
         validation.check_text("query", query)
@@ -126,13 +118,8 @@ class Recaller:
         if not from_cache:
             hits, rows = self._rank(tenant_id, user_id, team_id, query, k, mode, scope)
             self._cache(tenant_id, user_id, cache_key, change_seq, hits)
-        if lease_id is not None:
-            from memory_pipelines.lib.forget.gate import Fence
-
-            self.gate.record_reads(
-                lease_id=lease_id,
-                fences=[Fence(m, v, rows[(m, v)]["user_id"], int(rows[(m, v)]["subject_epoch"])) for (m, v), _ in hits],
-            )
+        if on_read is not None:
+            on_read([(m, v, rows[(m, v)]["user_id"], int(rows[(m, v)]["subject_epoch"])) for (m, v), _ in hits])
         # Decrypted only if still visible now: a deletion accepted while we ranked hides its scope.
         texts = self.store.open_texts(tenant_id=tenant_id, sources=[source for source, _ in hits], visible_only=True)
         hits = [(source, score) for source, score in hits if source in texts]
