@@ -791,6 +791,11 @@ def _announce_complete(conn: psycopg.Connection, tenant_id: str, jobs: list[Dele
             "UPDATE memory.subjects SET forgotten_at = NULL WHERE tenant_id = %s AND user_id = ANY(%s)",
             (tenant_id, subjects),
         )
+        # Their MEMORY jobs no longer name them: their export after this lists none.
+        conn.execute(
+            "UPDATE control.deletion_jobs SET author_id = NULL WHERE tenant_id = %s AND author_id = ANY(%s)",
+            (tenant_id, subjects),
+        )
     conn.execute(
         "INSERT INTO control.outbox (job_id, tenant_id, kind, payload)"
         " SELECT x.job_id, %s, 'deletion.completed', x.payload::jsonb"

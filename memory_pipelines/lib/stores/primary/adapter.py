@@ -34,12 +34,11 @@ _TENANT_ROWS = (
     "DELETE FROM derived.lineage WHERE tenant_id = %s",
 )
 # What a SUBJECT deletion removes besides the versions: what the subject's export lists about them
-# that is no memory (memberships, their opt-outs and summary mode, the MEMORY jobs naming them).
+# that is no memory (memberships, their opt-outs and summary mode; the ledger unlinks their MEMORY jobs).
 _SUBJECT_ROWS = (
     "DELETE FROM memory.team_members WHERE tenant_id = %s AND user_id = ANY(%s)",
     "UPDATE memory.subjects SET do_not_sell = false WHERE tenant_id = %s AND user_id = ANY(%s) AND do_not_sell",
     "DELETE FROM derived.summary_modes WHERE tenant_id = %s AND user_id = ANY(%s)",
-    "UPDATE control.deletion_jobs SET author_id = NULL WHERE tenant_id = %s AND author_id = ANY(%s)",
 )
 _LEFTOVER = (
     "SELECT count(*) FROM memory.memory_versions x JOIN unnest(%s::text[], %s::int[])"
