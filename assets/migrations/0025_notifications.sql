@@ -11,6 +11,8 @@ CREATE TABLE control.outbox_deliveries (
     delivered_at    timestamptz,
     PRIMARY KEY (seq, channel)
 );
+-- Each channel's deliveries are made from the outbox rows since the channel's start.
+CREATE INDEX outbox_by_created ON control.outbox (created_at);
 CREATE INDEX outbox_deliveries_due ON control.outbox_deliveries (next_attempt_at) WHERE delivered_at IS NULL;
 
 -- From when a channel is sent notices: its first delivery, less a day (memory_pipelines/lib/notify/outbox.py), not the history.

@@ -556,6 +556,7 @@ class RetentionSweep(TypedDict):
     immediate_forget_jobs: dict[str, int]
     immediate_forget_job_ids: dict[str, list[str]]
     stores: dict[str, dict[str, int]]
+    paused: NotRequired[list[str]]  # tenants whose deletion work is paused: requested, not yet run
 
 
 # -- agent runs ----------------------------------------------------------------------------------

@@ -158,6 +158,7 @@ def test_the_demo_end_to_end_then_the_instance_is_a_clean_first_look(demo, tmp_p
         assert metadata[job_key("proof", bob)]["jobId"] == bob and {"data_map", job_key("certificate", bob)} <= set(
             metadata
         )
+        assert len(job_key("proof", bob)) <= 24  # short enough for the UI's metadata table
         # The certificate's records deleted are the data map's before - after, store by store (the team
         # summary bob wrote into is rebuilt without him: reached, not deleted).
         removed = {s: metadata["data_map_before"][s] - metadata["data_map_after"][s] for s in registry.names()}

@@ -180,6 +180,8 @@ def test_a_failing_server_leaves_the_notice_pending_and_retried_with_backoff(sto
         ({config.ENV_WEBHOOK_URL: "https://u:p@hooks.example.org/x"}, config.ENV_WEBHOOK_URL),
         ({config.ENV_WEBHOOK_SECRET: "short"}, config.ENV_WEBHOOK_SECRET),
         ({config.ENV_EVENTS: "completed,everything"}, config.ENV_EVENTS),
+        ({config.ENV_EMAIL_FROM: "privacy@example.org\r\nBcc: x@evil"}, config.ENV_EMAIL_FROM),
+        ({config.ENV_CA_FILE: "/nonexistent/ca.pem"}, config.ENV_CA_FILE),
     ],
 )
 def test_bad_notification_settings_name_the_variable(changes, field):
@@ -275,3 +277,44 @@ def test_the_cli_delivers_and_lists_notices_and_names_a_bad_variable(store, deri
     [row] = json.loads(listed.stdout)
     assert row["event"] == "deletion.completed" and row["delivered_at"] and len(row["deliveries"]) == 2
     assert len(ours(smtp.received, job["job_id"])) == 1
+
+
+def test_two_deliverers_at_once_send_each_notice_once_and_a_later_channel_gets_its_own(
+    store, derived, tenant, sinks, monkeypatch
+):
+    import threading
+    import time
+
+    from memory_pipelines.lib.notify import outbox
+
+    smtp, hook, env = sinks
+    email_only = NotifySettings.from_env({k: v for k, v in env.items() if k != config.ENV_WEBHOOK_URL})
+    deliver(db=store, channels=channels_of(email_only), events=email_only.events)  # earlier tests' notices
+    jobs = [forgotten(store, derived, tenant)[0]["job_id"] for _ in range(3)]
+    # A slow server and a short lease: the first deliverer's batch outlasts a claim made for all of it
+    # at once, so the second one starts while the first still has a notice to send.
+    smtp.delay = 0.6
+    monkeypatch.setattr(outbox, "LEASE_SECONDS", 1)
+    results = []
+
+    def run() -> None:
+        results.append(deliver(db=store, channels=channels_of(email_only), events=email_only.events))
+
+    first, second = threading.Thread(target=run), threading.Thread(target=run)
+    first.start()
+    time.sleep(1.3)
+    second.start()
+    first.join(timeout=120)
+    second.join(timeout=120)
+    smtp.delay = 0.0
+    assert len(results) == 2
+    for job_id in jobs:
+        assert len(ours(smtp.received, job_id)) == 1, job_id
+    sent = [d["job_id"] for r in results for d in r["delivered"] if d["job_id"] in jobs]
+    assert sorted(sent) == sorted(jobs)
+
+    # The webhook, configured after email delivered them, still gets each of them once.
+    both = NotifySettings.from_env(env)
+    deliver(db=store, channels=channels_of(both), events=both.events)
+    for job_id in jobs:
+        assert len(ours(hook.received, job_id)) == 1 and len(ours(smtp.received, job_id)) == 1

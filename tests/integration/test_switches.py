@@ -42,6 +42,7 @@ def switch(db, fn, /, **kwargs):
 @pytest.fixture
 def paused_tenant(store, tenant):
     """The tenant paused (INC-42); resumed after the test whatever happened."""
+    store.create_tenant(tenant_id=tenant)
     switch(store, switches.pause, tenant_id=tenant, reason="INC-42 chroma upgrade")
     yield tenant
     with store.transaction() as conn:
@@ -269,6 +270,8 @@ def test_the_dagster_switch_job_pauses_and_resumes(store, tenant, session_settin
             run_config={"ops": {"switch_deletions": {"config": config}}}, resources=resources, raise_on_error=False
         )
 
+    assert not run(action="pause", tenant=tenant, reason="INC-80 from the launchpad").success  # no such tenant
+    store.create_tenant(tenant_id=tenant)
     paused = run(action="pause", tenant=tenant, reason="INC-80 from the launchpad")
     assert paused.success
     with store.transaction() as conn:
@@ -279,3 +282,61 @@ def test_the_dagster_switch_job_pauses_and_resumes(store, tenant, session_settin
     with store.transaction() as conn:
         assert switches.active_pause(conn, tenant) is None
     assert not run(action="reopen", tenant=tenant).success
+
+
+def test_a_pause_lets_a_job_past_its_freeze_finish_holds_the_rest_and_a_retention_sweep_waits(
+    store, derived, paused_tenant
+):
+    from datetime import date, timedelta
+
+    from memory_pipelines.lib.retention import rules as retention
+
+    tenant = paused_tenant
+    service = DeletionService(derived)
+    started, _ = remembered(store, derived, tenant, user="ida")
+    waiting, _ = remembered(store, derived, tenant, user="ida")
+    midway = service.request(tenant_id=tenant, memory_id=started.memory_id)
+    held = service.request(tenant_id=tenant, memory_id=waiting.memory_id)
+    with store.transaction() as conn:  # a run killed after its freeze left this one DELETING
+        conn.execute("UPDATE control.deletion_jobs SET state = 'DELETING' WHERE job_id = %s", (midway["job_id"],))
+
+    service.run_batch(tenant_id=tenant, job_ids=[midway["job_id"], held["job_id"]])
+
+    assert service.status(job_id=midway["job_id"])["state"] == "COMPLETE"
+    assert service.status(job_id=held["job_id"])["state"] == "REQUESTED"
+    # A retention sweep of the paused tenant requests and hides, and waits instead of failing.
+    old = store.write(tenant_id=tenant, user_id="ida", text="Ida's old payslip", category="general")
+    day = date.today() - timedelta(days=1)
+    with store.transaction() as conn:
+        conn.execute(
+            "UPDATE memory.memories SET created_at = now() - interval '4000 days' WHERE tenant_id = %s"
+            " AND memory_id = %s",
+            (tenant, old.memory_id),
+        )
+    swept = retention.sweep(service, day=day, tenant_id=tenant)
+    assert swept["paused"] == [tenant] and swept["jobs"][tenant]["state"] == "REQUESTED"
+    assert old.memory_id not in visible(store, tenant, "ida")
+
+
+def test_a_pin_this_release_does_not_ship_is_refused_not_replaced(store, derived, tenant):
+    service = DeletionService(derived)
+    written, _ = remembered(store, derived, tenant, user="jon")
+    job = service.request(tenant_id=tenant, memory_id=written.memory_id)
+    with store.transaction() as conn:  # pinned by a later release, then rolled back to this one
+        conn.execute("INSERT INTO control.adapter_pins (store, version, reason) VALUES ('chroma', 'chroma-v3', 'x')")
+    try:
+        with pytest.raises(ConflictError) as raised:
+            service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+        assert raised.value.field == "pin" and "chroma-v3" in raised.value.message
+        assert service.status(job_id=job["job_id"])["state"] == "REQUESTED"
+        assert switch(store, switches.adapter_versions)["chroma"]["pin_shipped"] is False
+    finally:
+        switch(store, switches.unpin, store="chroma")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    assert service.status(job_id=job["job_id"])["state"] == "COMPLETE"
+
+
+def test_pausing_a_tenant_that_does_not_exist_is_refused(store):
+    with pytest.raises(NotFoundError) as raised:
+        switch(store, switches.pause, tenant_id="no-such-tenant-xyz", reason="INC-1")
+    assert raised.value.field == "tenant"

@@ -3,6 +3,7 @@ HTTPS webhook server, both under a self-signed certificate whose file is the CA 
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import http.server
 import ipaddress
@@ -63,8 +64,11 @@ class SmtpSink:
     received: list[dict[str, Any]] = field(default_factory=list)
     failing: bool = False
     port: int = 0
+    delay: float = 0.0  # seconds each message takes to be accepted
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        if self.delay:
+            await asyncio.sleep(self.delay)
         if self.failing:
             return "451 4.3.0 try again later"
         self.received.append(

@@ -231,6 +231,11 @@ def _batch(
         raise _blocked(context, step, job_ids, exc, resources[0], holder) from exc
     except ValidationError as exc:
         raise _invalid(exc) from exc
+    except DeletionPaused as exc:
+        if step == FREEZE:
+            raise  # the freeze step ends without failing: the jobs wait for the resume
+        # Begun again at a later step (a re-execution) while paused, with no job past its freeze.
+        raise dg.Failure(description=exc.message, metadata={"field": dg.MetadataValue.text("pause")}) from exc
     holder.keep(service, batch)
     return service, batch
 
@@ -398,7 +403,7 @@ def _prove_op(phase: Phase) -> dg.OpDefinition:
                 **{f"store_{name}": dg.MetadataValue.int(n) for name, n in summary["stores"].items()},
                 **({"rebuilt": dg.MetadataValue.json(summary["rebuilt"])} if summary.get("rebuilt") else {}),
                 "seconds": dg.MetadataValue.json(summary.get("seconds", {})),
-                **{job_key("proof", str(p["jobId"])): dg.MetadataValue.json(p) for p in proofs},
+                **proof_metadata(proofs),
                 **certificates(service, proofs),
                 **data_map_metadata(context, service, tenant_id, before),
             }
@@ -407,21 +412,31 @@ def _prove_op(phase: Phase) -> dg.OpDefinition:
     return prove
 
 
-def job_key(kind: str, job_id: str) -> str:
-    """The metadata key of one job's proof or certificate: `proof_del_1a2b3c4d`. The job's first 8 hex
-    digits (its full id is in the proof and in `deletion_job_ids`): a full id made the key column of the
-    UI's metadata table overlap the links beside it."""
-    return f"{kind}_{job_id[:12]}"
+def job_key(kind: str, job_id: str, *, full: bool = False) -> str:
+    """The metadata key of one job's proof or certificate: `proof_del_1a2b3c4d5e6f`, the job's first
+    12 hex digits (its full id is in the proof and in `deletion_job_ids`): a full id made the key column
+    of the UI's metadata table overlap the links beside it. `full`: the whole id."""
+    return f"{kind}_{job_id if full else job_id[:16]}"
+
+
+def _keys(kind: str, proofs: Sequence[Mapping[str, Any]]) -> list[str]:
+    ids = [str(p["jobId"]) for p in proofs]
+    short = [job_key(kind, job_id) for job_id in ids]
+    # Two jobs of one materialization sharing 12 hex digits: every key is the full id, none overwritten.
+    return short if len(set(short)) == len(short) else [job_key(kind, job_id, full=True) for job_id in ids]
+
+
+def proof_metadata(proofs: Sequence[Mapping[str, Any]]) -> dict[str, dg.MetadataValue]:
+    """Each completed job's proof (ids, hashes, counts and times), under `job_key("proof", job_id)`."""
+    return {key: dg.MetadataValue.json(dict(p)) for key, p in zip(_keys("proof", proofs), proofs, strict=True)}
 
 
 def certificates(service: DeletionLedger, proofs: Sequence[Mapping[str, Any]]) -> dict[str, dg.MetadataValue]:
     """One Markdown deletion certificate per completed job (`job_key("certificate", job_id)`): ids,
     hashes, states, counts and times only."""
     return {
-        job_key("certificate", str(p["jobId"])): dg.MetadataValue.md(
-            certificate.render_markdown(p, service.status(job_id=str(p["jobId"])))
-        )
-        for p in proofs
+        key: dg.MetadataValue.md(certificate.render_markdown(p, service.status(job_id=str(p["jobId"]))))
+        for key, p in zip(_keys("certificate", proofs), proofs, strict=True)
     }
 
 

@@ -9,7 +9,7 @@ from memory_pipelines.defs.forget.ops import (
     certificates,
     data_map_metadata,
     deletion_service,
-    job_key,
+    proof_metadata,
     report_forgotten,
 )
 from memory_pipelines.defs.memories.partitions import tenants_partitions
@@ -68,7 +68,7 @@ def retention_sweep(
         # One asset tells what a tenant has forgotten, whoever asked: forget runs and retention sweeps,
         # each materialization with the proofs, certificates and data map a forget run attaches.
         proofs = [service.proof(job_id=j) for j, state in states.items() if state == "COMPLETE"]
-        metadata.update({job_key("proof", str(p["jobId"])): dg.MetadataValue.json(p) for p in proofs})
+        metadata.update(proof_metadata(proofs))
         metadata.update(certificates(service, proofs))
         metadata.update(data_map_metadata(context, service, tenant_id, before))
         context.log_event(dg.AssetMaterialization(asset_key="memory_deletions", partition=tenant_id, metadata=metadata))

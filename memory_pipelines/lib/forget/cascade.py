@@ -239,13 +239,17 @@ class DeletionCascade:
             jobs = self.ledger.job_rows(conn, job_ids)
             # Read under the run lock: a pause committed before this start holds every later one.
             paused = switches.active_pause(conn, tenant_id)
-            batch.versions = {name: found["version"] for name, found in switches.adapter_versions(conn).items()}
+            batch.versions = switches.versions_to_run(conn)
         for job in jobs:
             if job["tenant_id"] != tenant_id:
                 raise ValidationError("job_id", f"job {job['job_id']} belongs to another tenant")
         jobs = [job for job in jobs if job["state"] != "COMPLETE"]
-        if jobs and paused is not None:
-            raise switches.DeletionPaused(tenant_id, paused)
+        if paused is not None:
+            # A job already past its freeze (a run that stopped midway) finishes; the rest wait.
+            waiting = [job for job in jobs if job["state"] in switches.WAITING_WHILE_PAUSED]
+            jobs = [job for job in jobs if job["state"] not in switches.WAITING_WHILE_PAUSED]
+            if waiting and not jobs:
+                raise switches.DeletionPaused(tenant_id, paused)
         for job in jobs:
             # A retry starts from the stores' last statuses; failures of other steps are history (audit).
             job["targets"] = {k: v for k, v in job["targets"].items() if registry.is_registered(k)}

@@ -94,7 +94,13 @@ class DeletionLedger:
         for job_id in job_ids:
             if job_id not in rows:
                 raise NotFoundError("job_id", f"no deletion job {job_id!r}")
-        return [_with_pause(conn, _job_of(rows[job_id])) for job_id in job_ids]
+        jobs = [_job_of(rows[job_id]) for job_id in job_ids]
+        open_tenants = sorted({job["tenant_id"] for job in jobs if job["state"] != "COMPLETE"})
+        held = {tenant: switches.active_pause(conn, tenant) for tenant in open_tenants}  # one read per tenant
+        for job in jobs:
+            if job["state"] != "COMPLETE" and held.get(job["tenant_id"]) is not None:
+                job["paused"] = cast(DeletionPause, held[job["tenant_id"]])
+        return jobs
 
     def status(self, *, job_id: str) -> DeletionJob:
         with self.store.transaction() as conn:

@@ -23,6 +23,7 @@ from memory_pipelines.lib.stores import registry
 
 __all__ = [
     "MAX_REASON",
+    "WAITING_WHILE_PAUSED",
     "DeletionPaused",
     "active_pause",
     "adapter_versions",
@@ -34,9 +35,12 @@ __all__ = [
     "require_running",
     "resume",
     "unpin",
+    "versions_to_run",
 ]
 
 MAX_REASON = 200
+# Jobs a pause holds: not yet started, or blocked and waiting for a retry. One past its freeze finishes.
+WAITING_WHILE_PAUSED = ("REQUESTED", "BLOCKED")
 
 
 class DeletionPaused(ConflictError):
@@ -54,7 +58,7 @@ class DeletionPaused(ConflictError):
 
 def _reason(reason: str) -> str:
     text = (reason or "").strip()
-    if not text or len(text) > MAX_REASON or any(ord(c) < 32 for c in text):
+    if not text or len(text) > MAX_REASON or not text.isprintable():
         raise ValidationError("reason", f"one line of 1 to {MAX_REASON} characters saying why (an incident id)")
     return text
 
@@ -101,6 +105,11 @@ def pause(conn: psycopg.Connection, *, tenant_id: str | None, reason: str) -> di
     """Pause deletion work of the tenant (None: of every tenant); an open pause of that scope is kept."""
     validation.check_optional_id("tenant", tenant_id)
     text = _reason(reason)
+    if (
+        tenant_id is not None
+        and not conn.execute("SELECT 1 FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)).fetchone()
+    ):
+        raise NotFoundError("tenant", f"no tenant {tenant_id!r}: nothing of it to pause")
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(
             "INSERT INTO control.deletion_pauses (tenant_id, reason) VALUES (%s, %s)"
@@ -189,6 +198,22 @@ def unpin(conn: psycopg.Connection, *, store: str) -> dict[str, Any]:
     return {"store": store, "version": shipped[0], "default": shipped[0], "reason": None}
 
 
+def versions_to_run(conn: psycopg.Connection) -> dict[str, str]:
+    """store -> the adapter version a cascade runs now. A pin to a version this release does not ship
+    is refused (ConflictError naming `pin`), never silently replaced by the default."""
+    found = adapter_versions(conn)
+    stale = {name: f["pinned"]["version"] for name, f in found.items() if f["pinned"] and not f["pin_shipped"]}
+    if stale:
+        raise ConflictError(
+            "pin",
+            "; ".join(
+                f"{name} is pinned to {version}, which this release does not ship" for name, version in stale.items()
+            )
+            + ": `memory-pipelines deletion adapter unpin STORE` or pin a version it ships",
+        )
+    return {name: f["version"] for name, f in found.items()}
+
+
 def adapter_versions(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
     """Every registered store: the adapter version a cascade runs now, its default, what it ships, the pin."""
     pinned = {
@@ -201,7 +226,7 @@ def adapter_versions(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
     for spec in registry.stores():
         shipped = (spec.adapter_version, *spec.older_adapter_versions)
         pin_row = pinned.get(spec.name)
-        # A pin to a version this release no longer ships falls back to the default, and says so.
+        # A pin to a version this release no longer ships is shown here and refused by a cascade.
         running = pin_row[0] if pin_row and pin_row[0] in shipped else spec.adapter_version
         found[spec.name] = {
             "version": running,
@@ -210,5 +235,6 @@ def adapter_versions(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
             "pinned": None
             if pin_row is None
             else {"version": pin_row[0], "reason": pin_row[1], "pinned_at": pin_row[2].isoformat()},
+            "pin_shipped": pin_row is None or pin_row[0] in shipped,
         }
     return found

@@ -84,10 +84,11 @@ class ExportMixin(TenantsMixin, SealingMixin):
         self, *, tenant_id: str, subject: str, more: Callable[[], Mapping[str, Any]] | None = None
     ) -> Iterator[str]:
         """The subject's export (GDPR Art. 15/20, CCPA) as chunks of one JSON document; `more` gives
-        the sections that follow `memories` (what higher layers hold about the subject), read once the
-        memories are streamed."""
+        the sections that follow `memories` (what higher layers hold about the subject), read before
+        the first byte, so an error there never leaves a document cut short."""
         rows = self.iter_export(tenant_id=tenant_id, subject=subject)
         first_row = next(rows, None)  # validates before the first byte is produced
+        sections = more() if more is not None else {}
         header = {
             "format": "memory-pipelines.export.v1" if more is None else "memory-pipelines.export.v2",
             "tenant": tenant_id,
@@ -100,6 +101,6 @@ class ExportMixin(TenantsMixin, SealingMixin):
             for row in rows:
                 yield ",\n" + json.dumps(row)
         yield "\n]"
-        for name, section in (more() if more is not None else {}).items():
+        for name, section in sections.items():
             yield f",\n{json.dumps(name)}: {json.dumps(section)}"
         yield "}\n"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from memory_pipelines.lib.infra.errors import ValidationError
@@ -95,7 +96,7 @@ class NotifySettings:
         starttls = _starttls(smtp_starttls, smtp_host)
         to = tuple(address.strip() for address in (email_to or "").split(",") if address.strip())
         if smtp_host:
-            if not email_from or "@" not in email_from:
+            if not email_from or "@" not in email_from or "\n" in email_from or "\r" in email_from:
                 raise ValidationError(ENV_EMAIL_FROM, f"an email address is needed when {ENV_SMTP_HOST} is set")
             if not to or any("@" not in address or "\n" in address or "\r" in address for address in to):
                 raise ValidationError(ENV_EMAIL_TO, "one or more addresses, comma-separated, are needed")
@@ -107,6 +108,8 @@ class NotifySettings:
                 raise ValidationError(
                     ENV_WEBHOOK_SECRET, f"a secret of at least {MIN_SECRET_CHARS} characters signs every webhook body"
                 )
+        if ca_file and not Path(ca_file).is_file():
+            raise ValidationError(ENV_CA_FILE, f"{ca_file!r} is not a readable CA bundle file")
         return cls(
             smtp_host=smtp_host or None,
             smtp_port=port,

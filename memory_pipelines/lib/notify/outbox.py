@@ -9,7 +9,7 @@ send records its error (never content: a notice holds none) and waits, doubling,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -31,7 +31,8 @@ __all__ = [
     "notifications",
 ]
 
-# A claimed notice is not tried again by anyone for this long: longer than any send (15 s timeout).
+# A claimed notice is not tried again by anyone for this long: longer than any one send (an SMTP send is
+# at most 8 steps of 15 s each, channels.TIMEOUT_SECONDS).
 LEASE_SECONDS = 300
 BACKOFF_FIRST_SECONDS = 30
 BACKOFF_MAX_SECONDS = 3600
@@ -52,30 +53,40 @@ def backoff(attempts: int) -> timedelta:
 def deliver(
     *, db: Transactional, channels: list[Channel], events: tuple[str, ...], now: datetime | None = None
 ) -> dict[str, Any]:
-    """Send every due notice on every channel once; what was delivered, what failed, what is left."""
-    now = now or datetime.now(UTC)
+    """Send every due notice on every channel once; what was delivered, what failed, what is left.
+
+    `now` is the time this call starts at (tests move it); each row's claim, lease and retry time
+    count from it plus the time this call has taken so far."""
+    started, began = now or datetime.now(UTC), time.monotonic()
+
+    def clock() -> datetime:
+        return started + timedelta(seconds=time.monotonic() - began)
+
     by_name = {channel.name: channel for channel in channels}
     delivered: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
-    for row in _claim(db, list(by_name), events, now):
+    for row in _due_rows(db, list(by_name), events, started):
+        attempt = _claim(db, row, clock())
+        if attempt is None:
+            continue  # another deliverer claimed it since the read, or it was delivered
         notice = notice_of(row)
         entry = {
             "channel": row["channel"],
             "job_id": row["job_id"],
             "event": row["kind"],
             "idempotency_key": notice.idempotency_key,
-            "attempt": row["attempts"] + 1,
+            "attempt": attempt,
         }
         try:
             by_name[row["channel"]].send(notice=notice)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:300]
-            retry = now + backoff(row["attempts"] + 1)
-            _record_failure(db, row, error, retry)
+            retry = clock() + backoff(attempt)
+            _record_failure(db, row, attempt, error, retry)
             failed.append({**entry, "error": error, "next_attempt_at": retry.isoformat()})
             continue
         faults.point("notify.sent")
-        _record_delivery(db, row, list(by_name), now)
+        _record_delivery(db, row, list(by_name), clock())
         delivered.append(entry)
     with db.transaction() as conn:
         pending = _count_pending(conn, list(by_name))
@@ -92,7 +103,7 @@ def due(*, db: Transactional, channels: list[Channel], events: tuple[str, ...], 
             "SELECT count(*) FROM control.outbox o CROSS JOIN unnest(%s::text[]) AS c(channel)"
             " JOIN control.notify_channels n ON n.channel = c.channel AND o.created_at >= n.since"
             " LEFT JOIN control.outbox_deliveries d ON d.seq = o.seq AND d.channel = c.channel"
-            " WHERE o.kind = ANY(%s) AND o.delivered_at IS NULL"
+            " WHERE o.kind = ANY(%s)"
             " AND (d.seq IS NULL OR (d.delivered_at IS NULL AND d.next_attempt_at <= %s))",
             (names, list(events), now),
         ).fetchone()
@@ -108,56 +119,65 @@ def _register(conn: psycopg.Connection, names: list[str], now: datetime) -> None
     )
 
 
-def _claim(db: Transactional, names: list[str], events: tuple[str, ...], now: datetime) -> Iterator[dict[str, Any]]:
+def _due_rows(db: Transactional, names: list[str], events: tuple[str, ...], now: datetime) -> list[dict[str, Any]]:
+    """Each channel's undelivered notices whose time has come (a delivery row made for a new one)."""
     with db.transaction() as conn:
         _register(conn, names, now)
+        # Per channel: a channel added later gets its own rows, whatever the others delivered.
         conn.execute(
             "INSERT INTO control.outbox_deliveries (seq, channel, next_attempt_at)"
             " SELECT o.seq, c.channel, o.created_at FROM control.outbox o"
             " JOIN control.notify_channels c ON o.created_at >= c.since"
-            " WHERE c.channel = ANY(%s) AND o.kind = ANY(%s) AND o.delivered_at IS NULL"
+            " WHERE c.channel = ANY(%s) AND o.kind = ANY(%s)"
             " ON CONFLICT (seq, channel) DO NOTHING",
             (names, list(events)),
         )
         with conn.cursor(row_factory=dict_row) as cur:
-            rows = cur.execute(
+            return cur.execute(
                 "SELECT d.seq, d.channel, d.attempts, o.job_id, o.tenant_id, o.kind, o.payload,"
                 " j.scope AS job_scope, j.created_at AS job_created_at, j.completed_at AS job_completed_at,"
                 " j.erased_at AS job_erased_at"
                 " FROM control.outbox_deliveries d JOIN control.outbox o ON o.seq = d.seq"
                 " LEFT JOIN control.deletion_jobs j ON j.job_id = o.job_id"
                 " WHERE d.delivered_at IS NULL AND d.channel = ANY(%s) AND o.kind = ANY(%s)"
-                " AND d.next_attempt_at <= %s"
-                " ORDER BY d.seq, d.channel LIMIT %s FOR UPDATE OF d SKIP LOCKED",
+                " AND d.next_attempt_at <= %s ORDER BY d.seq, d.channel LIMIT %s",
                 (names, list(events), now, BATCH),
             ).fetchall()
-        conn.execute(
-            "UPDATE control.outbox_deliveries d SET attempts = d.attempts + 1, next_attempt_at = %s"
-            " FROM unnest(%s::bigint[], %s::text[]) AS x(seq, channel)"
-            " WHERE d.seq = x.seq AND d.channel = x.channel",
-            (now + timedelta(seconds=LEASE_SECONDS), [r["seq"] for r in rows], [r["channel"] for r in rows]),
-        )
-    yield from rows
 
 
-def _record_failure(db: Transactional, row: dict[str, Any], error: str, retry: datetime) -> None:
+def _claim(db: Transactional, row: dict[str, Any], now: datetime) -> int | None:
+    """Take one delivery for a lease just before sending it: its attempt number, or None when another
+    deliverer holds it or it is done. One row at a time, so a slow server never outlives a claim."""
+    with db.transaction() as conn:
+        claimed = conn.execute(
+            "UPDATE control.outbox_deliveries SET attempts = attempts + 1, next_attempt_at = %s"
+            " WHERE seq = %s AND channel = %s AND delivered_at IS NULL AND next_attempt_at <= %s"
+            " RETURNING attempts",
+            (now + timedelta(seconds=LEASE_SECONDS), row["seq"], row["channel"], now),
+        ).fetchone()
+    return None if claimed is None else int(claimed[0])
+
+
+def _record_failure(db: Transactional, row: dict[str, Any], attempt: int, error: str, retry: datetime) -> None:
     with db.transaction() as conn:
         conn.execute(
             "UPDATE control.outbox_deliveries SET last_error = %s, next_attempt_at = %s"
-            " WHERE seq = %s AND channel = %s AND delivered_at IS NULL",
-            (error, retry, row["seq"], row["channel"]),
+            " WHERE seq = %s AND channel = %s AND delivered_at IS NULL AND attempts = %s",
+            (error, retry, row["seq"], row["channel"], attempt),
         )
 
 
 def _record_delivery(db: Transactional, row: dict[str, Any], names: list[str], now: datetime) -> None:
     with db.transaction() as conn:
+        # Recorded whoever holds the claim now: the notice did leave (under the same key either way).
         conn.execute(
-            "UPDATE control.outbox_deliveries SET delivered_at = %s, last_error = NULL WHERE seq = %s AND channel = %s",
+            "UPDATE control.outbox_deliveries SET delivered_at = %s, last_error = NULL"
+            " WHERE seq = %s AND channel = %s AND delivered_at IS NULL",
             (now, row["seq"], row["channel"]),
         )
         conn.execute(
-            "UPDATE control.outbox o SET delivered_at = %s WHERE o.seq = %s AND NOT EXISTS ("
-            " SELECT 1 FROM control.outbox_deliveries d"
+            "UPDATE control.outbox o SET delivered_at = %s WHERE o.seq = %s AND o.delivered_at IS NULL"
+            " AND NOT EXISTS (SELECT 1 FROM control.outbox_deliveries d"
             " WHERE d.seq = o.seq AND d.channel = ANY(%s) AND d.delivered_at IS NULL)",
             (now, row["seq"], names),
         )

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.forget.switches import DeletionPaused
 from memory_pipelines.lib.infra import faults
 from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.infra.paths import ASSETS_DIR
@@ -253,10 +254,14 @@ def sweep(
         ]
     faults.point("retention.requested")
     stores: dict[str, dict[str, int]] = {}
+    paused: list[str] = []
     if run:
         for tenant in sorted(set(requested) | set(forgets)):
             batch = ([requested[tenant][0]] if tenant in requested else []) + forgets.get(tenant, [])
-            stores[tenant] = service.run_batch(tenant_id=tenant, job_ids=batch)["stores"]
+            try:
+                stores[tenant] = service.run_batch(tenant_id=tenant, job_ids=batch)["stores"]
+            except DeletionPaused:
+                paused.append(tenant)  # requested and hidden; the forget sensor runs them on resume
     jobs: dict[str, RetentionJob] = {
         tenant: {"job_id": job_id, "categories": categories, "state": service.status(job_id=job_id)["state"]}
         for tenant, (job_id, categories) in requested.items()
@@ -269,4 +274,5 @@ def sweep(
         "immediate_forget_jobs": {t: len(ids) for t, ids in forgets.items()},
         "immediate_forget_job_ids": forgets,
         "stores": stores,
+        "paused": paused,
     }
