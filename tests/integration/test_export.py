@@ -152,7 +152,9 @@ def test_the_export_holds_what_is_derived_and_recorded_about_the_subject_until_t
         mp.forget(tenant_id=tenant, subject="ivy").wait()
         after = document()
         assert after["memories"] == [] and after["summary"] is None
-        assert after["consent"] == {"do_not_sell": False, "summary_mode": "hybrid", "summary_mode_chosen": False}
+        # The one part that stays, by design: an opt-out is undone only by the subject, and covers what
+        # is written under the id later. Their summary mode went with them.
+        assert after["consent"] == {"do_not_sell": True, "summary_mode": "hybrid", "summary_mode_chosen": False}
         assert after["deletion_jobs"] == [] and after["agent_runs"] == []
         assert "Pixel" not in json.dumps(after) and trip["memory_id"] not in json.dumps(after)
         # jo's part is untouched

@@ -202,7 +202,7 @@ def test_notifications_are_off_by_default():
     assert channels_of(NotifySettings.from_env({})) == []
 
 
-def test_the_notify_asset_delivers_and_shows_what_it_sent(store, derived, tenant, sinks, session_settings):
+def test_the_notify_asset_delivers_and_shows_what_it_sent(store, derived, tenant, sinks, session_settings, tmp_path):
     import dagster as dg
 
     from memory_pipelines.defs.notifications.assets import deletion_notifications
@@ -211,10 +211,14 @@ def test_the_notify_asset_delivers_and_shows_what_it_sent(store, derived, tenant
     smtp, hook, env = sinks
     job, canary, _ = forgotten(store, derived, tenant)
     notifier = NotifierResource(**{field: env.get(name) for field, name in config.FIELDS.items()})
-    result = dg.materialize(
-        [deletion_notifications],
-        resources={"memory_store": MemoryStoreResource(home=str(session_settings.home)), "notifier": notifier},
-    )
+    # An instance of its own (entered: the definitions load reads its defs-state storage, never an
+    # earlier test's disposed one).
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
+        result = dg.materialize(
+            [deletion_notifications],
+            resources={"memory_store": MemoryStoreResource(home=str(session_settings.home)), "notifier": notifier},
+            instance=instance,
+        )
     [materialization] = result.asset_materializations_for_node("deletion_notifications")
     metadata = materialization.metadata
     sent = [d for d in metadata["deliveries"].value if d["job_id"] == job["job_id"]]

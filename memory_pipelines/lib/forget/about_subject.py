@@ -1,8 +1,10 @@
 """What the platform holds about a subject besides their memories, for their export (GDPR Art. 15/20):
 their opt-outs, their deletion jobs and the agent runs that read their memories. Ids, states and times
-only. Everything listed here goes with the subject's SUBJECT forget: the primary store's cascade resets
-the opt-outs, its completion clears the MEMORY jobs' author, the SUBJECT job is listed only while
-open, and runs are listed by what they read under the subject's current epoch.
+only. All of it but the do-not-sell opt-out goes with the subject's SUBJECT forget: the primary
+store's cascade drops their summary mode, its completion clears the MEMORY jobs' author, the SUBJECT
+job is listed only while open, and runs are listed by what they read under the subject's current
+epoch. The opt-out stays (`lib/memories/consent.py`: nothing but the subject undoes an opt-out; it
+covers whatever is written under that id later).
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ from typing import Any
 
 import psycopg
 
-from memory_pipelines.lib.memories import consent
 from memory_pipelines.lib.memories.store import repair_heads
 from memory_pipelines.lib.stores import bytescan, lineage
 from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, run_count
@@ -35,8 +34,9 @@ _TENANT_ROWS = (
     "DELETE FROM derived.lineage WHERE tenant_id = %s",
 )
 # What a SUBJECT deletion removes besides the versions: what the subject's export lists about them
-# that is no memory (memberships, their summary mode; their opt-out is reset, journaled, in
-# `_delete_rest`; the ledger unlinks their MEMORY jobs).
+# that is no memory (memberships, their summary mode; the ledger unlinks their MEMORY jobs). Their
+# do-not-sell opt-out stays: nothing but the subject undoes an opt-out, and it covers whatever is
+# written under that id later.
 _SUBJECT_ROWS = (
     "DELETE FROM memory.team_members WHERE tenant_id = %s AND user_id = ANY(%s)",
     "DELETE FROM derived.summary_modes WHERE tenant_id = %s AND user_id = ANY(%s)",
@@ -72,15 +72,7 @@ class PrimaryAdapter:
         if subjects:
             for query in _SUBJECT_ROWS:
                 conn.execute(query, (ctx.tenant_id, subjects))
-            # A subject who comes back is a new one: their opt-out went with them. Journaled, so that
-            # a restore of a backup from before replays the reset rather than the old flag.
-            reset = conn.execute(
-                "UPDATE memory.subjects SET do_not_sell = false WHERE tenant_id = %s AND user_id = ANY(%s)"
-                " AND do_not_sell RETURNING user_id",
-                (ctx.tenant_id, subjects),
-            ).fetchall()
-            for (user_id,) in reset:
-                consent.record(conn, ctx.tenant_id, "SUBJECT_DO_NOT_SELL", subject_id=user_id, flag=False)
+
         if ctx.tenant_scope:
             for query in _TENANT_ROWS:
                 conn.execute(query, (ctx.tenant_id,))
