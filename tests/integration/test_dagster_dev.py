@@ -130,6 +130,7 @@ def test_dev_in_the_background_shows_every_asset_and_ends_with_all_its_processes
         expected = {
             "memories",
             "memory_deletions",
+            "deletion_notifications",
             "physical_erasure",
             "key_conversion",
             "deletion_canary",
