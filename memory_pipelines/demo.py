@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import socket
 import warnings
 from concurrent.futures import Future, ProcessPoolExecutor
 from datetime import UTC, date, datetime, timedelta
@@ -33,7 +32,7 @@ from memory_pipelines.lib.forget.canary import CANARY_PREFIX
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.infra.paths import ASSETS_DIR
 from memory_pipelines.lib.infra.progress import ENV_VERBOSE
-from memory_pipelines.lib.infra.services import Endpoints, ensure_services
+from memory_pipelines.lib.infra.services import Endpoints, ensure_services, free_port
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.infra.validation import SHARING_MODES
 from memory_pipelines.lib.memories.store import MemoryStore
@@ -322,9 +321,7 @@ def _notify(derived: DerivedStores, job_id: str) -> dict[str, Any]:
     from aiosmtpd.controller import Controller
 
     mailbox = _Mailbox()
-    with socket.socket() as probe:  # a free port: aiosmtpd checks its server by connecting to it
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    port = free_port()  # given, not 0: aiosmtpd checks its server by connecting to that port
     controller = Controller(mailbox, hostname="127.0.0.1", port=port)
     controller.start()
     try:

@@ -7,7 +7,6 @@ import asyncio
 import datetime as dt
 import http.server
 import ipaddress
-import socket
 import ssl
 import threading
 from collections.abc import Iterator
@@ -22,6 +21,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from memory_pipelines.lib.infra.services import free_port
 
 SMTP_USER, SMTP_PASSWORD = "notifier", "s3cret-pass"
 
@@ -49,12 +50,6 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     return cert_path, key_path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -6,18 +6,11 @@ import dagster as dg
 from memory_pipelines.defs.erasure.checks import erasure_evaluation
 from memory_pipelines.defs.erasure.jobs import ERASURE_JOB, KEY_CONVERSION_JOB, key_conversion_job, physical_erasure_job
 from memory_pipelines.defs.memories.partitions import tenants_partitions
+from memory_pipelines.defs.runs.sensors import NOT_ENDED
 from memory_pipelines.lib.forget.canary import is_reserved_tenant
 from memory_pipelines.lib.forget.erasure import ErasureLedger
 from memory_pipelines.lib.memories.key_conversion import KeyConversion
 from memory_pipelines.resources import MemoryStoreResource
-
-_ACTIVE = {
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-}
 
 
 def _idle(context: dg.SensorEvaluationContext, job_name: str, tenants: list[str]) -> list[str]:
@@ -30,7 +23,7 @@ def _idle(context: dg.SensorEvaluationContext, job_name: str, tenants: list[str]
         if tenant_id in known
         and not is_reserved_tenant(tenant_id)
         and not context.instance.get_run_records(
-            dg.RunsFilter(job_name=job_name, tags={"dagster/partition": tenant_id}, statuses=list(_ACTIVE)), limit=1
+            dg.RunsFilter(job_name=job_name, tags={"dagster/partition": tenant_id}, statuses=NOT_ENDED), limit=1
         )
     ]
 

@@ -7,6 +7,7 @@ from memory_pipelines.defs.forget.checks import check_evaluation
 from memory_pipelines.defs.forget.jobs import FORGET_JOB, forget_job, forget_run_config, named_job_ids
 from memory_pipelines.defs.forget.ops import JOBS_TAG, jobs_tag
 from memory_pipelines.defs.memories.partitions import tenants_partitions
+from memory_pipelines.defs.runs.sensors import NOT_ENDED
 from memory_pipelines.lib.forget.canary import is_reserved_tenant
 from memory_pipelines.lib.forget.deletion import STALL_GRACE, DeletionLedger, LastRun, plan_forget_runs
 from memory_pipelines.resources import MemoryStoreResource
@@ -15,20 +16,12 @@ from memory_pipelines.resources import MemoryStoreResource
 RECENT_RUNS = 8
 # Forget runs not yet ended, read for the job ids they name; far above the tenants with one at a time.
 ACTIVE_RUNS = 1000
-_ACTIVE = {
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-    dg.DagsterRunStatus.MANAGED,
-}
 
 
 def claimed_job_ids(instance: dg.DagsterInstance) -> set[str]:
     """Deletion job ids named by a `forget` run that has not ended, whoever launched it (this sensor,
     `forget --wait`, the launchpad): the sensor never launches another run for them."""
-    records = instance.get_run_records(dg.RunsFilter(job_name=FORGET_JOB, statuses=list(_ACTIVE)), limit=ACTIVE_RUNS)
+    records = instance.get_run_records(dg.RunsFilter(job_name=FORGET_JOB, statuses=NOT_ENDED), limit=ACTIVE_RUNS)
     claimed: set[str] = set()
     for record in records:
         run = record.dagster_run
@@ -55,7 +48,7 @@ def last_forget_run(
     run = record.dagster_run
     now = now or datetime.now(UTC)
     ended = None if record.end_time is None else datetime.fromtimestamp(record.end_time, UTC)
-    if run.status in _ACTIVE:
+    if run.status in NOT_ENDED:
         kind = "active"
         started = (
             datetime.fromtimestamp(record.start_time, UTC) if record.start_time is not None else record.create_timestamp

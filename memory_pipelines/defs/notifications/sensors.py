@@ -3,15 +3,9 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from memory_pipelines.defs.notifications.jobs import NOTIFY_JOB, notify_job
+from memory_pipelines.defs.runs.sensors import NOT_ENDED
 from memory_pipelines.lib.notify.outbox import due
 from memory_pipelines.resources import MemoryStoreResource, NotifierResource
-
-_ACTIVE = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-]
 
 
 @dg.sensor(
@@ -31,6 +25,6 @@ def deletion_notifications_sensor(
     waiting = due(db=memory_store.store(), channels=channels, events=notifier.settings().events, now=now)
     if not waiting:
         return dg.SkipReason("no notice is due")
-    if context.instance.get_run_records(dg.RunsFilter(job_name=NOTIFY_JOB, statuses=_ACTIVE), limit=1):
+    if context.instance.get_run_records(dg.RunsFilter(job_name=NOTIFY_JOB, statuses=NOT_ENDED), limit=1):
         return dg.SkipReason(f"{waiting} due; a notify run is already on its way")
     return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"notify:{now.strftime('%Y%m%dT%H%M%S')}")])

@@ -29,6 +29,15 @@ CONFIRM_SECONDS = 3.0
 # Far above the runs in flight on one instance (max_concurrent_runs is 4 by default).
 ACTIVE_RUNS = 1000
 JUDGED = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+# A run not ended yet: the sensors that start one run per job (or tenant) at a time wait for these.
+NOT_ENDED = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+    dg.DagsterRunStatus.MANAGED,
+]
 
 
 @dataclass(frozen=True)
