@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -29,11 +29,14 @@ __all__ = [
     "KNOWN_CATEGORIES",
     "POLICY_FILE",
     "Policies",
+    "RetentionReads",
+    "StoreRetentionReads",
     "check_day",
     "check_sweep_day",
     "expired",
     "immediate",
     "load_policies",
+    "period_end",
     "preview",
     "sweep",
 ]
@@ -145,22 +148,9 @@ def check_sweep_day(day: Any, *, today: date | None = None) -> date:
     return the_day
 
 
-# Memories whose period ended by the end of the day (on it, or earlier and not swept yet: a missed
-# day, a tightened policy, a category changed to a shorter one), first written before
-# day + 1 - keep for their current category; hidden and deleted or restoring tenants left out.
-_EXPIRED = (
-    "SELECT m.tenant_id, m.memory_id, v.category FROM memory.memories m"
-    " JOIN memory.memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
-    " AND v.version = m.current_version"
-    " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
-    " JOIN memory.tenants x ON x.tenant_id = m.tenant_id"
-    " WHERE v.category = %(category)s AND m.created_at < %(end)s"
-    " AND (%(tenant)s::text IS NULL OR m.tenant_id = %(tenant)s)"
-    " AND x.deleted_at IS NULL AND x.restoring_since IS NULL AND s.forgotten_at IS NULL"
-    " AND NOT EXISTS (SELECT 1 FROM control.tombstones t WHERE t.tenant_id = v.tenant_id"
-    " AND t.memory_id = v.memory_id AND t.version = v.version)"
-)
-_IMMEDIATE = (
+# Current memories of the given categories (first written before a time, for a period), hidden ones
+# and deleted or restoring tenants left out. Constant text; every value is bound.
+_UNSWEPT = (
     "SELECT m.tenant_id, m.memory_id, v.category FROM memory.memories m"
     " JOIN memory.memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
     " AND v.version = m.current_version"
@@ -172,31 +162,63 @@ _IMMEDIATE = (
     " AND NOT EXISTS (SELECT 1 FROM control.tombstones t WHERE t.tenant_id = v.tenant_id"
     " AND t.memory_id = v.memory_id AND t.version = v.version)"
 )
+_UNSWEPT_BEFORE = _UNSWEPT + " AND m.created_at < %(end)s"
+
+
+class RetentionReads(Protocol):
+    """What retention reads of a memory store: `MemoryStore` through `StoreRetentionReads`, or the
+    in-memory store of lib/memories/in_memory.py in unit tests."""
+
+    def unswept(
+        self, *, categories: list[str], written_before: datetime | None, tenant_id: str | None
+    ) -> list[tuple[str, str, str]]:
+        """(tenant, memory id, category) of the current, not hidden memories whose current version is
+        in `categories`, first written before `written_before` (None: whenever), open tenants only."""
+        ...
+
+
+@dataclass(frozen=True)
+class StoreRetentionReads:
+    store: MemoryStore
+
+    def unswept(
+        self, *, categories: list[str], written_before: datetime | None, tenant_id: str | None
+    ) -> list[tuple[str, str, str]]:
+        query = _UNSWEPT if written_before is None else _UNSWEPT_BEFORE
+        params = {"categories": categories, "end": written_before, "tenant": tenant_id}
+        with self.store.transaction() as conn:
+            return [(t, m, c) for t, m, c in conn.execute(query, params)]
+
+
+def period_end(day: date, keep_days: int) -> datetime:
+    """The first instant a memory kept `keep_days` may still have been written and outlive day `day`:
+    written before it, its period ended by the end of `day` (UTC)."""
+    return datetime.combine(day - timedelta(days=keep_days), time.min, tzinfo=UTC) + timedelta(days=1)
 
 
 def expired(
-    store: MemoryStore, *, day: date, policies: Policies, tenant_id: str | None = None
+    reads: RetentionReads, *, day: date, policies: Policies, tenant_id: str | None = None
 ) -> dict[str, dict[str, list[str]]]:
-    """tenant -> category -> memory ids whose retention ended by the end of `day`, not yet removed."""
+    """tenant -> category -> memory ids whose retention ended by the end of `day`, not yet removed
+    (on it, or earlier and not swept yet: a missed day, a tightened policy, a category changed to a
+    shorter one)."""
     out: dict[str, dict[str, list[str]]] = {}
-    with store.transaction() as conn:
-        for category, keep in sorted(policies.keep_days.items()):
-            end = datetime.combine(day - timedelta(days=keep), time.min, tzinfo=UTC) + timedelta(days=1)
-            params = {"category": category, "end": end, "tenant": tenant_id}
-            for tenant, memory_id, cat in conn.execute(_EXPIRED, params):
-                out.setdefault(tenant, {}).setdefault(cat, []).append(memory_id)
+    for category, keep in sorted(policies.keep_days.items()):
+        end = period_end(day, keep)
+        for tenant, memory_id, cat in reads.unswept(categories=[category], written_before=end, tenant_id=tenant_id):
+            out.setdefault(tenant, {}).setdefault(cat, []).append(memory_id)
     return out
 
 
-def immediate(store: MemoryStore, *, policies: Policies, tenant_id: str | None = None) -> dict[str, list[str]]:
+def immediate(reads: RetentionReads, *, policies: Policies, tenant_id: str | None = None) -> dict[str, list[str]]:
     """tenant -> memory ids in categories kept for no time at all (they go through forget)."""
     out: dict[str, list[str]] = {}
     if not policies.immediate:
         return out
-    with store.transaction() as conn:
-        params = {"categories": sorted(policies.immediate), "tenant": tenant_id}
-        for tenant, memory_id, _ in conn.execute(_IMMEDIATE, params):
-            out.setdefault(tenant, []).append(memory_id)
+    for tenant, memory_id, _ in reads.unswept(
+        categories=sorted(policies.immediate), written_before=None, tenant_id=tenant_id
+    ):
+        out.setdefault(tenant, []).append(memory_id)
     return out
 
 
@@ -208,12 +230,13 @@ def preview(store: MemoryStore, *, day: Any, policies: Policies | None = None) -
     """
     the_day = check_day(day)
     policies = policies or load_policies()
-    found = expired(store, day=the_day, policies=policies)
+    reads = StoreRetentionReads(store)
+    found = expired(reads, day=the_day, policies=policies)
     return {
         "date": the_day.isoformat(),
         "policy_version": policies.version,
         "tenants": {t: {c: len(ids) for c, ids in sorted(cats.items())} for t, cats in sorted(found.items())},
-        "immediate": {t: len(ids) for t, ids in sorted(immediate(store, policies=policies).items())},
+        "immediate": {t: len(ids) for t, ids in sorted(immediate(reads, policies=policies).items())},
         "total": sum(len(ids) for cats in found.values() for ids in cats.values()),
     }
 
@@ -235,7 +258,8 @@ def sweep(
     """
     the_day = check_sweep_day(day)
     policies = policies or load_policies()
-    found = expired(service.store, day=the_day, policies=policies, tenant_id=tenant_id)
+    reads = StoreRetentionReads(service.store)
+    found = expired(reads, day=the_day, policies=policies, tenant_id=tenant_id)
     requested: dict[str, tuple[str, dict[str, int]]] = {}  # tenant -> its job id and categories
     for tenant, categories in sorted(found.items()):
         job = service.request_retention(
@@ -248,7 +272,7 @@ def sweep(
         assert job is not None
         requested[tenant] = (job["job_id"], job["categories"])
     forgets: dict[str, list[str]] = {}
-    for tenant, memory_ids in sorted(immediate(service.store, policies=policies, tenant_id=tenant_id).items()):
+    for tenant, memory_ids in sorted(immediate(reads, policies=policies, tenant_id=tenant_id).items()):
         forgets[tenant] = [
             service.request(tenant_id=tenant, memory_id=m, basis="gdpr-art17")["job_id"] for m in memory_ids
         ]
