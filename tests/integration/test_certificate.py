@@ -123,28 +123,6 @@ def test_a_store_the_proof_lacks_is_listed_as_not_recorded(store, derived, tenan
     assert row.count("`not recorded`") == 3  # target, records deleted, verification
 
 
-def test_hostile_values_are_escaped_in_html_and_inert_in_markdown():
-    # Validation keeps tenants and bases to safe ids, so a hostile proof is built by hand.
-    hostile = '<script>alert("x")</script>'
-    proof = {
-        "jobId": "del_" + "0" * 32,
-        "scope": {"type": "SUBJECT", "tenant": hostile},
-        "scopeHash": "ab" * 32,
-        "basis": hostile,
-        "targets": {"chroma": f"DONE:1{hostile}", "backups": hostile},
-        "verification": {"exact_id_queries": {"chroma": 0}},
-    }
-    page = certificate.render_html(proof)
-    assert "<script" not in page and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
-    assert certificate.h("a<b>&\"'") == "a&lt;b&gt;&amp;&quot;&#x27;"
-    md = certificate.render_markdown(proof)
-    # Every value sits in a code span, so Markdown renders it as text, never as HTML.
-    assert f"- **Basis:** `{hostile}`" in md and f"- **Tenant:** `{hostile}`" in md
-    assert certificate.md_code("a|b`c\nd", table=True) == "`a\\|b'c d`"
-    with pytest.raises(Exception, match="format"):
-        certificate.render(proof, None, "pdf")
-
-
 def test_the_forget_run_attaches_the_certificate_and_the_data_map(store, derived, tenant, session_settings):
     import dagster as dg
 
