@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +288,30 @@ def run_cli(
         timeout=timeout,
         check=False,
     )
+
+
+@pytest.fixture
+def cli_here(
+    cli_env: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`run_cli` through `cli.main(argv)` in this process, for a check that ends before any run or
+    process starts (argument and input checks: exit code, stdout, stderr), where a process of its
+    own proves nothing more and costs a second or more to import Dagster."""
+    from memory_pipelines import cli
+
+    def run(*args: str, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+        with monkeypatch.context() as patched:
+            patched.setenv("MEMORY_PIPELINES_HOME", str(cli_env["home"]))
+            for name, value in cli_env["env"].items():
+                patched.setenv(name, value)
+            stdin = io.TextIOWrapper(io.BytesIO((input_text or "").encode("utf-8")), encoding="utf-8")
+            patched.setattr(sys, "stdin", stdin)
+            capsys.readouterr()
+            code = cli.main(list(args))  # main returns its code; anything escaping it fails the test
+            out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["memory-pipelines", *args], code, out, err)
+
+    return run
 
 
 @pytest.fixture

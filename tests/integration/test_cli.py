@@ -127,18 +127,18 @@ def test_teams_tenants_sharing_mode_and_do_not_sell(cli_env, tenant):
         (["write", "--tenant", "acme"], "--user", 2),
     ],
 )
-def test_errors_exit_non_zero_and_name_the_field_on_stderr(cli_env, args, field, code):
-    result = cli(cli_env, *args)
+def test_errors_exit_non_zero_and_name_the_field_on_stderr(cli_here, args, field, code):
+    result = cli_here(*args)
     assert result.returncode == code, (result.returncode, result.stderr)
     assert result.stdout == ""
     assert field in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_oversized_text_is_refused_by_the_cli(cli_env, tenant):
-    result = cli(cli_env, "write", "--tenant", tenant, "--user", "alice", "-", input_text="x" * (64 * 1024 + 1))
+def test_oversized_text_is_refused_by_the_cli(cli_here, tenant):
+    result = cli_here("write", "--tenant", tenant, "--user", "alice", "-", input_text="x" * (64 * 1024 + 1))
     assert result.returncode == 2 and "text:" in result.stderr and "64 KiB" in result.stderr
-    listing = cli(cli_env, "list", "--tenant", tenant, "--user", "alice")
+    listing = cli_here("list", "--tenant", tenant, "--user", "alice")
     assert listing.returncode == 3  # the tenant was never created
 
 
@@ -217,9 +217,9 @@ def test_materialize_recall_lineage_analytics_and_summaries(cli_env, tenant):
         (["summary-mode", "--tenant", "acme", "--subject", "alice", "--mode", "poetry"], "mode"),
     ],
 )
-def test_derived_store_commands_reject_bad_input(cli_env, args, field):
-    ok(cli_env, "tenant", "create", "--tenant", "acme")
-    result = cli(cli_env, *args)
+def test_derived_store_commands_reject_bad_input(cli_here, args, field):
+    assert cli_here("tenant", "create", "--tenant", "acme").returncode == 0
+    result = cli_here(*args)
     assert result.returncode != 0 and result.stdout == ""
     assert f"error: {field}:" in result.stderr, result.stderr
 
@@ -282,8 +282,8 @@ def test_backup_forget_restore_keys_and_retention(cli_env, tenant):
         (["retention", "sweep", "--date", "2099-01-01", "--wait"], "date"),
     ],
 )
-def test_backup_restore_and_retention_reject_bad_input(cli_env, args, field):
-    result = cli(cli_env, *args)
+def test_backup_restore_and_retention_reject_bad_input(cli_here, args, field):
+    result = cli_here(*args)
     assert result.returncode != 0
     assert f"error: {field}:" in result.stderr
 

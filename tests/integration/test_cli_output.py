@@ -19,9 +19,10 @@ def _cli(cli_env, *args):
     return run_cli(*args, home=cli_env["home"], env=cli_env["env"], timeout=300)
 
 
-def _seed(cli_env, tenant: str, memories: int) -> None:
+def _seed(cli_here, tenant: str, memories: int) -> None:
+    """Memories to materialize, written in-process: the output under test is the run's, not the write's."""
     for n in range(memories):
-        done = _cli(cli_env, "write", "--tenant", tenant, "--user", "alice", f"Note number {n} about kayaks")
+        done = cli_here("write", "--tenant", tenant, "--user", "alice", f"Note number {n} about kayaks")
         assert done.returncode == 0, done.stderr
 
 
@@ -100,8 +101,8 @@ def test_a_failed_runs_error_names_the_run_log_unless_verbose(monkeypatch, tmp_p
 # -- the CLI around a run ----------------------------------------------------------------------
 
 
-def test_a_run_on_a_non_terminal_stderr_prints_no_event_log_or_warning(cli_env, tenant, monkeypatch):
-    _seed(cli_env, tenant, 3)
+def test_a_run_on_a_non_terminal_stderr_prints_no_event_log_or_warning(cli_env, cli_here, tenant, monkeypatch):
+    _seed(cli_here, tenant, 3)
     done = _cli(cli_env, "materialize", "--tenant", tenant, "--select", "memories,memory_embeddings")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)  # still exactly one JSON document
@@ -132,8 +133,8 @@ def test_a_run_on_a_non_terminal_stderr_prints_no_event_log_or_warning(cli_env, 
     assert ("memory_embeddings", ("embeddings", 3, 3)) in said, said
 
 
-def test_verbose_shows_the_event_log_on_stderr(cli_env, tenant):
-    _seed(cli_env, tenant, 1)
+def test_verbose_shows_the_event_log_on_stderr(cli_env, cli_here, tenant):
+    _seed(cli_here, tenant, 1)
     done = _cli(cli_env, "--verbose", "materialize", "--tenant", tenant, "--select", "memories,keyword_index")
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["success"]
