@@ -123,7 +123,7 @@ class BackupTaking(BackupServiceBase):
                 # One snapshot for every table: a write between two dumps cannot split a memory
                 # from its versions.
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                self.store._tenant_mode(conn, tenant_id)
+                self.store.tenant_mode(conn, tenant_id)
                 # The consent entries this snapshot saw; a restore replays every other one.
                 seen = consent.snapshot(conn)
                 snapshot_at = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]

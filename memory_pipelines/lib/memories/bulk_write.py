@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
@@ -30,14 +30,14 @@ from memory_pipelines.lib.infra.errors import (
     ServiceError,
     ValidationError,
 )
-from memory_pipelines.lib.memories import crypto, ordering, table_partitions
+from memory_pipelines.lib.memories import crypto, ordering, table_partitions, tenants
+from memory_pipelines.lib.memories.connections import Connections
+from memory_pipelines.lib.memories.keys import KeyStore
 from memory_pipelines.lib.memories.records import WriteResult
 from memory_pipelines.lib.memories.sealing import query_aad, text_aad
+from memory_pipelines.lib.memories.teams import require_member
 from memory_pipelines.lib.memories.version_keys import NewVersionKey
 from memory_pipelines.lib.memories.write_rules import DEFAULT_CATEGORY, DEFAULT_CONFIDENCE, SAME_TEXTS
-
-if TYPE_CHECKING:
-    from memory_pipelines.lib.memories.store import MemoryStore
 
 __all__ = [
     "CHUNK_ITEMS",
@@ -95,13 +95,17 @@ def check_items(items: object) -> list[dict[str, Any]]:
 
 
 class BulkWriter:
-    """Writes one batch of new memories of one tenant, chunk by chunk (see the module docstring)."""
+    """Writes one batch of new memories of one tenant, chunk by chunk (see the module docstring), on
+    `connections`, with keys from `keys`."""
 
-    def __init__(self, store: MemoryStore, tenant_id: str, *, hold_seconds: float = HOLD_SECONDS) -> None:
-        self.store = store
+    def __init__(
+        self, connections: Connections, keys: KeyStore, tenant_id: str, *, hold_seconds: float = HOLD_SECONDS
+    ) -> None:
+        self.connections = connections
+        self.keys = keys
         self.tenant_id = tenant_id
         self.hold_seconds = hold_seconds
-        self._keys: dict[str, tuple[str, bytes]] = {}
+        self._subject_keys: dict[str, tuple[str, bytes]] = {}
         self._mac_keys: dict[str, bytes] = {}
 
     def write(self, items: list[dict[str, Any]]) -> list[WriteResult]:
@@ -128,14 +132,14 @@ class BulkWriter:
             size_now = min(largest, max(smallest, int(len(chunk) * self.hold_seconds / max(held, 1e-4))))
             size += new
             if size >= analyze_at:
-                with self.store.transaction() as conn:
+                with self.connections.transaction() as conn:
                     table_partitions.analyze_tenant(conn, self.tenant_id)
                 analyze_at = 2 * size
         return results
 
     def _check(self, items: Sequence[dict[str, Any]]) -> int:
         """Refuses what is known now; returns the planner's estimate of the tenant's versions."""
-        with self.store.transaction() as conn:
+        with self.connections.transaction() as conn:
             ordering.lock_tenant_shared(conn, self.tenant_id)
             self._lock_and_check(conn, items)
             return table_partitions.estimated_rows(conn, self.tenant_id, "memory.memory_versions")
@@ -144,7 +148,7 @@ class BulkWriter:
         """Under the gate: the tenant is open, no author is being forgotten, every team author is a
         member (held FOR SHARE until commit, so a removal waits)."""
         tenant_id = self.tenant_id
-        self.store._ensure_tenant(conn, tenant_id)
+        tenants.ensure_tenant(conn, tenant_id)
         users = sorted({item["user_id"] for item in items})
         # The same per-subject lock as a single write, so identical concurrent writes make one memory.
         conn.execute(
@@ -177,7 +181,7 @@ class BulkWriter:
         found = {(str(t), str(u)) for t, u in members}
         for team_id, user_id in pairs:
             if (team_id, user_id) not in found:
-                self.store._require_member(conn, tenant_id, team_id, user_id)  # raises the usual error
+                require_member(conn, tenant_id, team_id, user_id)  # raises the usual error
 
     def _write_chunk(self, chunk: list[dict[str, Any]]) -> tuple[list[WriteResult], int, float]:
         """Seals and commits one chunk; returns its results, how many are new, and how long it held the gate."""
@@ -187,7 +191,7 @@ class BulkWriter:
             written = self._commit(chunk, sealed)
             if written is not None:
                 return (*written, time.perf_counter() - began)
-            self._keys.clear()  # a key was destroyed since it was fetched: fetch again, seal again
+            self._subject_keys.clear()  # a key was destroyed since it was fetched: fetch again, seal again
             self._mac_keys.clear()
         raise ConflictError("user", "an author's key kept being destroyed during the write; try again")
 
@@ -202,21 +206,21 @@ class BulkWriter:
         # rekey of their group from now on rewraps them with its other members, and those of items the
         # commit finds already written are deleted there. A subject destroyed meanwhile takes them along
         # (its groups go), and the commit finds its subject key changed.
-        with self.store.transaction() as conn:
+        with self.connections.transaction() as conn:
             # No flush of its own: the chunk's commit flushes the WAL up to itself, these keys included;
             # a crash before it loses keys that no row names.
             conn.execute("SET LOCAL synchronous_commit = off")
-            made = self.store.keys.for_writes(conn, self.tenant_id, wanted)
+            made = self.keys.for_writes(conn, self.tenant_id, wanted)
             for user_id, keys in made.items():
-                self._keys[user_id] = (keys.subject_key_id, keys.subject_key)
+                self._subject_keys[user_id] = (keys.subject_key_id, keys.subject_key)
             version_keys = [made[item["user_id"]].version_keys.pop() for item in chunk]
             rows = [(key, memory_id, 1) for key, memory_id in zip(version_keys, memory_ids, strict=True)]
-            self.store.keys.versions.insert(conn, self.tenant_id, rows)
+            self.keys.versions.insert(conn, self.tenant_id, rows)
         tenant_id = self.tenant_id
         sealed = []
         for item, memory_id, version_key in zip(chunk, memory_ids, version_keys, strict=True):
             user_id, team_id = item["user_id"], item.get("team_id")
-            subject_key_id, subject_key = self._keys[user_id]
+            subject_key_id, subject_key = self._subject_keys[user_id]
             key = version_key.key
             mac_key = self._mac_keys.get(subject_key_id)  # by key: a conversion may replace the subject's
             if mac_key is None:
@@ -260,7 +264,7 @@ class BulkWriter:
     def _commit(self, chunk: list[dict[str, Any]], sealed: list[_Sealed]) -> tuple[list[WriteResult], int] | None:
         """One transaction under the gate: checks, no-op detection, COPY. None when a key is gone."""
         tenant_id = self.tenant_id
-        with self.store.transaction() as conn:
+        with self.connections.transaction() as conn:
             ordering.lock_tenant_shared(conn, tenant_id)
             self._lock_and_check(conn, chunk)
             key_ids = sorted({s.subject_key_id for s in sealed})
@@ -308,5 +312,5 @@ class BulkWriter:
                     ) as copy:
                         for row in versions:
                             copy.write_row(row)
-                self.store._bump(conn, tenant_id)
+                tenants.bump(conn, tenant_id)
         return results, len(heads)

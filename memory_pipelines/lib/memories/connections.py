@@ -1,6 +1,6 @@
 """The memory store's connections: a pool of idle connections shared by the store's threads, and
 `transaction()`, which runs one transaction on a pooled connection (nested calls in a thread join it
-as a savepoint). Every other part of the store works through `transaction()`.
+as a savepoint). Every other part of the store holds one `Connections` and works through `transaction()`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from memory_pipelines.lib.infra.errors import ServiceError
 
 __all__ = [
     "POOL_IDLE",
-    "ConnectionsMixin",
+    "Connections",
 ]
 
 # Idle connections a store keeps for its threads; more threads open more, closed when given back.
@@ -25,8 +25,8 @@ POOL_IDLE = 8
 _IDLE_PING_SECONDS = 1.0
 
 
-class ConnectionsMixin:
-    """The store's connection pool and transactions; the base of every other part of `MemoryStore`."""
+class Connections:
+    """The store's connection pool and transactions, shared by every other part of `MemoryStore`."""
 
     def __init__(self, conninfo: str) -> None:
         self.conninfo = conninfo
@@ -34,7 +34,8 @@ class ConnectionsMixin:
         self._idle_lock = threading.Lock()
         self._local = threading.local()
 
-    def _connect(self) -> psycopg.Connection:
+    def connect(self) -> psycopg.Connection:
+        """A new connection of its own, outside the pool (the caller closes it)."""
         try:
             conn = psycopg.connect(self.conninfo, autocommit=True)
             # Per-tenant partitions (lib/memories/table_partitions.py): a custom plan prunes to one tenant's partition
@@ -62,7 +63,7 @@ class ConnectionsMixin:
                 return conn
             except psycopg.Error:
                 conn.close()
-        return self._connect()
+        return self.connect()
 
     def _give_back(self, conn: psycopg.Connection) -> None:
         if conn.closed or conn.broken or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:

@@ -9,14 +9,15 @@ from psycopg.rows import dict_row
 
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import NotFoundError
-from memory_pipelines.lib.memories import crypto
+from memory_pipelines.lib.memories import crypto, tenants
+from memory_pipelines.lib.memories.connections import Connections
+from memory_pipelines.lib.memories.keys import KeyStore
 from memory_pipelines.lib.memories.records import CurrentVersion
-from memory_pipelines.lib.memories.sealing import SealingMixin, _key_of, text_aad
-from memory_pipelines.lib.memories.tenants import TenantsMixin
+from memory_pipelines.lib.memories.sealing import Sealing, key_of, text_aad
 from memory_pipelines.lib.memories.visibility import NOT_HIDDEN
 
 __all__ = [
-    "DerivedReadsMixin",
+    "DerivedReads",
 ]
 
 # Query texts are constants; every value travels as a bound parameter.
@@ -55,8 +56,13 @@ _SELECT_VISIBLE_TEXTS = (
 )
 
 
-class DerivedReadsMixin(TenantsMixin, SealingMixin):
+class DerivedReads:
     """Current versions, exact versions' texts, and original queries, for derived stores and recall."""
+
+    def __init__(self, connections: Connections, keys: KeyStore, sealing: Sealing) -> None:
+        self.connections = connections
+        self.keys = keys
+        self.sealing = sealing
 
     def current_versions(
         self, *, tenant_id: str, user_ids: list[str] | None = None, team_ids: list[str] | None = None
@@ -66,8 +72,8 @@ class DerivedReadsMixin(TenantsMixin, SealingMixin):
         With `user_ids` or `team_ids`, only memories authored by those users or shared in those teams.
         """
         validation.check_id("tenant", tenant_id)
-        with self.transaction() as conn:
-            self._tenant_mode(conn, tenant_id)
+        with self.connections.transaction() as conn:
+            tenants.tenant_mode(conn, tenant_id)
             if user_ids is None and team_ids is None:
                 return [CurrentVersion(*row) for row in conn.execute(_SELECT_CURRENT, (tenant_id,))]
             params = (tenant_id, user_ids or [], team_ids or [])
@@ -77,13 +83,13 @@ class DerivedReadsMixin(TenantsMixin, SealingMixin):
         """memory_id -> the query that produced its current version (drift evaluation); hidden ones left out."""
         validation.check_id("tenant", tenant_id)
         out: dict[str, str] = {}
-        with self.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
+        with self.connections.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
             rows = cur.execute(
                 _SELECT_QUERIES,
                 (tenant_id, memory_ids),
             ).fetchall()
             for row in rows:
-                query = self._open_query(conn, row)
+                query = self.sealing.open_query(conn, row)
                 if query is not None:
                     out[row["memory_id"]] = query
         return out
@@ -105,9 +111,9 @@ class DerivedReadsMixin(TenantsMixin, SealingMixin):
         if not sources:
             return out
         query = _SELECT_VISIBLE_TEXTS if visible_only else _SELECT_TEXTS
-        with self.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
+        with self.connections.transaction() as conn, conn.cursor(row_factory=dict_row) as cur:
             if visible_only:
-                self._tenant_mode(conn, tenant_id)
+                tenants.tenant_mode(conn, tenant_id)
             for start in range(0, len(sources), 1000):
                 chunk = sources[start : start + 1000]
                 rows = cur.execute(query, ([m for m, _ in chunk], [v for _, v in chunk], tenant_id)).fetchall()
@@ -115,7 +121,7 @@ class DerivedReadsMixin(TenantsMixin, SealingMixin):
                 for row in rows:
                     try:
                         aad = text_aad(row["tenant_id"], row["memory_id"], row["version"])
-                        text = crypto.open_sealed(_key_of(row, keys), bytes(row["text_ct"]), aad).decode("utf-8")
+                        text = crypto.open_sealed(key_of(row, keys), bytes(row["text_ct"]), aad).decode("utf-8")
                         out[(row["memory_id"], row["version"])] = text
                     except (NotFoundError, crypto.DecryptionError):
                         if not skip_unreadable:

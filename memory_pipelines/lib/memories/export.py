@@ -13,16 +13,17 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from memory_pipelines.lib.infra import validation
-from memory_pipelines.lib.memories import crypto
-from memory_pipelines.lib.memories.records import _iso
-from memory_pipelines.lib.memories.sealing import SealingMixin, _key_of, query_aad, text_aad
-from memory_pipelines.lib.memories.tenants import TenantsMixin
+from memory_pipelines.lib.memories import crypto, tenants
+from memory_pipelines.lib.memories.connections import Connections
+from memory_pipelines.lib.memories.keys import KeyStore
+from memory_pipelines.lib.memories.records import iso
+from memory_pipelines.lib.memories.sealing import key_of, query_aad, text_aad
 from memory_pipelines.lib.memories.visibility import NOT_HIDDEN, SELECT_MEMORY
 from memory_pipelines.lib.results import ExportedVersion
 
 __all__ = [
     "EXPORT_BATCH",
-    "ExportMixin",
+    "Export",
 ]
 
 EXPORT_BATCH = 500
@@ -36,49 +37,55 @@ _SELECT_EXPORT = (
 )
 
 
-class ExportMixin(TenantsMixin, SealingMixin):
-    """A subject's export, as rows or as a JSON document."""
+def _export_row(row: dict[str, Any], keys: dict[str, bytes]) -> ExportedVersion:
+    """One exported version, opened with the keys looked up for its batch."""
+    key = key_of(row, keys)
+    ids = (row["tenant_id"], row["memory_id"], row["version"])
+    query_ct = row["original_query_ct"]
+    return {
+        "memory_id": row["memory_id"],
+        "version": row["version"],
+        "current": row["version"] == row["current_version"],
+        "text": crypto.open_sealed(key, bytes(row["text_ct"]), text_aad(*ids)).decode("utf-8"),
+        "team_id": row["team_id"],
+        "memory_type": row["memory_type"],
+        "shareable": row["shareable"],
+        "category": row["category"],
+        "confidence": row["confidence"],
+        "original_query": None
+        if query_ct is None
+        else crypto.open_sealed(key, bytes(query_ct), query_aad(*ids)).decode("utf-8"),
+        "do_not_sell": bool(row["memory_dns"] or row["subject_dns"]),
+        "restored_from": row["restored_from"],
+        "created_at": iso(row["created_at"]),
+        "superseded_at": iso(row["superseded_at"]),
+    }
+
+
+class Export:
+    """A subject's export, as rows or as a JSON document, read on `connections` with keys from `keys`."""
+
+    def __init__(self, connections: Connections, keys: KeyStore) -> None:
+        self.connections = connections
+        self.keys = keys
 
     def iter_export(self, *, tenant_id: str, subject: str) -> Iterator[ExportedVersion]:
         """Every version of every memory the subject wrote, personal and team, streamed in batches."""
         validation.check_id("tenant", tenant_id)
         validation.check_id("subject", subject)
-        with self.transaction() as conn:
-            self._tenant_mode(conn, tenant_id)
+        with self.connections.transaction() as conn:
+            tenants.tenant_mode(conn, tenant_id)
         # A connection of its own: a server-side cursor lives as long as the caller keeps reading.
-        with self._connect() as conn, conn.transaction():
+        with self.connections.connect() as conn, conn.transaction():
             with conn.cursor(name="export_subject", row_factory=dict_row) as cur:
                 cur.itersize = EXPORT_BATCH
                 cur.execute(_SELECT_EXPORT, (tenant_id, subject))
                 while batch := cur.fetchmany(EXPORT_BATCH):
                     # Keys are looked up per batch on the store's own short transactions: the export's
                     # long-lived one must hold no lock on the key tables (key compaction waits for it).
-                    with self.transaction() as key_conn:
+                    with self.connections.transaction() as key_conn:
                         keys = self.keys.keys_by_id(key_conn, tenant_id, [row["key_id"] for row in batch])
-                    yield from (self._export_row(row, keys) for row in batch)
-
-    def _export_row(self, row: dict[str, Any], keys: dict[str, bytes]) -> ExportedVersion:
-        key = _key_of(row, keys)
-        ids = (row["tenant_id"], row["memory_id"], row["version"])
-        query_ct = row["original_query_ct"]
-        return {
-            "memory_id": row["memory_id"],
-            "version": row["version"],
-            "current": row["version"] == row["current_version"],
-            "text": crypto.open_sealed(key, bytes(row["text_ct"]), text_aad(*ids)).decode("utf-8"),
-            "team_id": row["team_id"],
-            "memory_type": row["memory_type"],
-            "shareable": row["shareable"],
-            "category": row["category"],
-            "confidence": row["confidence"],
-            "original_query": None
-            if query_ct is None
-            else crypto.open_sealed(key, bytes(query_ct), query_aad(*ids)).decode("utf-8"),
-            "do_not_sell": bool(row["memory_dns"] or row["subject_dns"]),
-            "restored_from": row["restored_from"],
-            "created_at": _iso(row["created_at"]),
-            "superseded_at": _iso(row["superseded_at"]),
-        }
+                    yield from (_export_row(row, keys) for row in batch)
 
     def export_json(
         self, *, tenant_id: str, subject: str, more: Callable[[], Mapping[str, Any]] | None = None

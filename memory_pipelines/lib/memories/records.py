@@ -1,5 +1,5 @@
 """What the memory store hands back: `WriteResult` for a write, `CurrentVersion` for the metadata of
-one current version (what derived stores are built from), and `_iso` for the timestamps of its
+one current version (what derived stores are built from), and `iso` for the timestamps of its
 dict answers.
 """
 
@@ -13,6 +13,7 @@ from memory_pipelines.lib.results import MemoryWrite
 __all__ = [
     "CurrentVersion",
     "WriteResult",
+    "iso",
 ]
 
 
@@ -63,5 +64,6 @@ class CurrentVersion:
         return f"{self.memory_id}:{self.version}"
 
 
-def _iso(value: datetime | None) -> str | None:
+def iso(value: datetime | None) -> str | None:
+    """A timestamp as ISO 8601 text for a dict answer; None stays None."""
     return None if value is None else value.isoformat()

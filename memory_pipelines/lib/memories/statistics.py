@@ -7,21 +7,25 @@ from __future__ import annotations
 from typing import Any
 
 from memory_pipelines.lib.infra import validation
-from memory_pipelines.lib.memories.tenants import TenantsMixin
+from memory_pipelines.lib.memories import tenants
+from memory_pipelines.lib.memories.connections import Connections
 
 __all__ = [
-    "StatisticsMixin",
+    "Statistics",
 ]
 
 
-class StatisticsMixin(TenantsMixin):
-    """Per-tenant counts and integrity checks."""
+class Statistics:
+    """Per-tenant counts and integrity checks, read on `connections`."""
+
+    def __init__(self, connections: Connections) -> None:
+        self.connections = connections
 
     def tenant_stats(self, *, tenant_id: str) -> dict[str, Any]:
         """Counts for one tenant (no text): what the `memories` asset reports per partition."""
         validation.check_id("tenant", tenant_id)
-        with self.transaction() as conn:
-            mode = self._tenant_mode(conn, tenant_id)
+        with self.connections.transaction() as conn:
+            mode = tenants.tenant_mode(conn, tenant_id)
             counts = conn.execute(
                 """
                 SELECT count(*),
@@ -61,7 +65,7 @@ class StatisticsMixin(TenantsMixin):
 
     def integrity_problems(self, *, tenant_id: str) -> dict[str, int]:
         """Counts of rows that break the store's invariants (all zero when healthy)."""
-        with self.transaction() as conn:
+        with self.connections.transaction() as conn:
             row = conn.execute(
                 """
                 SELECT

@@ -13,13 +13,17 @@ import psycopg
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError
 from memory_pipelines.lib.memories import consent, ordering
-from memory_pipelines.lib.memories.connections import ConnectionsMixin
-from memory_pipelines.lib.memories.records import _iso
+from memory_pipelines.lib.memories.connections import Connections
+from memory_pipelines.lib.memories.records import iso
 from memory_pipelines.lib.results import TenantInfo, TenantMode, TestTenant
 
 __all__ = [
-    "TenantsMixin",
+    "Tenants",
+    "bump",
+    "ensure_subject",
+    "ensure_tenant",
     "reopen_if_restore_died",
+    "tenant_mode",
 ]
 
 
@@ -69,90 +73,95 @@ def _usable_mode(tenant_id: str, row: Sequence[Any] | None) -> str:
     return str(row[0])
 
 
-class TenantsMixin(ConnectionsMixin):
-    """Tenants, their sharing mode and change sequence, and subjects."""
+def bump(conn: psycopg.Connection, tenant_id: str) -> None:
+    """Advance the tenant's change sequence (what sensors watch): every change of its memories calls it."""
+    conn.execute(
+        "UPDATE memory.tenants SET change_seq = change_seq + 1, updated_at = now() WHERE tenant_id = %s",
+        (tenant_id,),
+    )
 
-    @staticmethod
-    def _bump(conn: psycopg.Connection, tenant_id: str) -> None:
-        conn.execute(
-            "UPDATE memory.tenants SET change_seq = change_seq + 1, updated_at = now() WHERE tenant_id = %s",
-            (tenant_id,),
-        )
 
-    @staticmethod
-    def _ensure_tenant(conn: psycopg.Connection, tenant_id: str) -> None:
-        row = conn.execute(_ENSURE_TENANT, {"t": tenant_id}).fetchone()
-        if row is None or row[3] is not None:  # made meanwhile (waited for), or behind the restore gate
-            TenantsMixin._tenant_mode(conn, tenant_id)
-            return
-        if row[0]:
-            validation.check_new_tenant(tenant_id)  # raising rolls the insert back
-        _usable_mode(tenant_id, row[1:])  # refuses a deleted tenant
+def ensure_tenant(conn: psycopg.Connection, tenant_id: str) -> None:
+    """Make the tenant when new (its id checked); refuse one deleted or behind the restore gate."""
+    row = conn.execute(_ENSURE_TENANT, {"t": tenant_id}).fetchone()
+    if row is None or row[3] is not None:  # made meanwhile (waited for), or behind the restore gate
+        tenant_mode(conn, tenant_id)
+        return
+    if row[0]:
+        validation.check_new_tenant(tenant_id)  # raising rolls the insert back
+    _usable_mode(tenant_id, row[1:])  # refuses a deleted tenant
 
-    @staticmethod
-    def _ensure_subject(conn: psycopg.Connection, tenant_id: str, user_id: str) -> None:
-        row = conn.execute(
-            "INSERT INTO memory.subjects (tenant_id, user_id) VALUES (%s, %s)"
-            " ON CONFLICT (tenant_id, user_id) DO UPDATE SET user_id = EXCLUDED.user_id RETURNING forgotten_at",
-            (tenant_id, user_id),
-        ).fetchone()
-        if row is not None and row[0] is not None:
-            raise ConflictError(
-                "user", f"subject {user_id!r} is being forgotten; writes resume when that job completes"
-            )
 
-    @staticmethod
-    def _tenant_mode(conn: psycopg.Connection, tenant_id: str) -> str:
-        select = "SELECT sharing_mode, deleted_at, restoring_since FROM memory.tenants WHERE tenant_id = %s"
+def ensure_subject(conn: psycopg.Connection, tenant_id: str, user_id: str) -> None:
+    """Make the subject when new; refuse one being forgotten."""
+    row = conn.execute(
+        "INSERT INTO memory.subjects (tenant_id, user_id) VALUES (%s, %s)"
+        " ON CONFLICT (tenant_id, user_id) DO UPDATE SET user_id = EXCLUDED.user_id RETURNING forgotten_at",
+        (tenant_id, user_id),
+    ).fetchone()
+    if row is not None and row[0] is not None:
+        raise ConflictError("user", f"subject {user_id!r} is being forgotten; writes resume when that job completes")
+
+
+def tenant_mode(conn: psycopg.Connection, tenant_id: str) -> str:
+    """The sharing mode of a tenant that may be used now; refuses one unknown, deleted or being restored."""
+    select = "SELECT sharing_mode, deleted_at, restoring_since FROM memory.tenants WHERE tenant_id = %s"
+    row = conn.execute(select, (tenant_id,)).fetchone()
+    if row is not None and row[2] is not None and reopen_if_restore_died(conn, tenant_id):
         row = conn.execute(select, (tenant_id,)).fetchone()
-        if row is not None and row[2] is not None and reopen_if_restore_died(conn, tenant_id):
-            row = conn.execute(select, (tenant_id,)).fetchone()
-        return _usable_mode(tenant_id, row)
+    return _usable_mode(tenant_id, row)
+
+
+def _set_mode(conn: psycopg.Connection, tenant_id: str, sharing_mode: str) -> None:
+    # A change is journalled with it, so no restore of an older backup undoes it (lib/memories/consent.py).
+    row = conn.execute(
+        "SELECT sharing_mode FROM memory.tenants WHERE tenant_id = %s FOR UPDATE", (tenant_id,)
+    ).fetchone()
+    conn.execute(
+        "UPDATE memory.tenants SET sharing_mode = %s, updated_at = now() WHERE tenant_id = %s",
+        (sharing_mode, tenant_id),
+    )
+    if row is not None and row[0] != sharing_mode:
+        consent.record(conn, tenant_id, "SHARING_MODE", mode=sharing_mode)
+
+
+class Tenants:
+    """Tenants, their sharing mode and change sequence: made, changed and read on `connections`."""
+
+    def __init__(self, connections: Connections) -> None:
+        self.connections = connections
 
     def create_tenant(self, *, tenant_id: str, sharing_mode: str = "strict") -> TenantMode:
         """Create a tenant (idempotent); an existing tenant keeps its data and gets `sharing_mode`."""
         validation.check_id("tenant", tenant_id)
         validation.check_sharing_mode(sharing_mode)
-        with self.transaction() as conn:
-            self._ensure_tenant(conn, tenant_id)
-            self._set_mode(conn, tenant_id, sharing_mode)
-            self._bump(conn, tenant_id)
+        with self.connections.transaction() as conn:
+            ensure_tenant(conn, tenant_id)
+            _set_mode(conn, tenant_id, sharing_mode)
+            bump(conn, tenant_id)
         return {"tenant_id": tenant_id, "sharing_mode": sharing_mode}
 
     def set_test_tenant(self, *, tenant_id: str, test: bool = True) -> TestTenant:
         """Mark a tenant as a test tenant (made if absent), or not: stores registered `onboarding`
         receive only test tenants' memories (lib/stores/registry.py)."""
         validation.check_id("tenant", tenant_id)
-        with self.transaction() as conn:
-            self._ensure_tenant(conn, tenant_id)
+        with self.connections.transaction() as conn:
+            ensure_tenant(conn, tenant_id)
             conn.execute("UPDATE memory.tenants SET test_tenant = %s WHERE tenant_id = %s", (test, tenant_id))
         return {"tenant_id": tenant_id, "test": test}
 
     def set_sharing_mode(self, *, tenant_id: str, sharing_mode: str) -> TenantMode:
         validation.check_id("tenant", tenant_id)
         validation.check_sharing_mode(sharing_mode)
-        with self.transaction() as conn:
-            self._tenant_mode(conn, tenant_id)
-            self._set_mode(conn, tenant_id, sharing_mode)
-            self._bump(conn, tenant_id)
+        with self.connections.transaction() as conn:
+            tenant_mode(conn, tenant_id)
+            _set_mode(conn, tenant_id, sharing_mode)
+            bump(conn, tenant_id)
         return {"tenant_id": tenant_id, "sharing_mode": sharing_mode}
-
-    @staticmethod
-    def _set_mode(conn: psycopg.Connection, tenant_id: str, sharing_mode: str) -> None:
-        # A change is journalled with it, so no restore of an older backup undoes it (lib/memories/consent.py).
-        row = conn.execute(
-            "SELECT sharing_mode FROM memory.tenants WHERE tenant_id = %s FOR UPDATE", (tenant_id,)
-        ).fetchone()
-        conn.execute(
-            "UPDATE memory.tenants SET sharing_mode = %s, updated_at = now() WHERE tenant_id = %s",
-            (sharing_mode, tenant_id),
-        )
-        if row is not None and row[0] != sharing_mode:
-            consent.record(conn, tenant_id, "SHARING_MODE", mode=sharing_mode)
 
     def tenants(self) -> list[TenantInfo]:
         """Every tenant with its sharing mode and counts (no text)."""
-        with self.transaction() as conn:
+        with self.connections.transaction() as conn:
             rows = conn.execute(
                 """
                 SELECT t.tenant_id, t.sharing_mode, t.change_seq, t.created_at,
@@ -167,7 +176,7 @@ class TenantsMixin(ConnectionsMixin):
                 "tenant_id": r[0],
                 "sharing_mode": r[1],
                 "change_seq": r[2],
-                "created_at": _iso(r[3]),
+                "created_at": iso(r[3]),
                 "memories": r[4],
                 "subjects": r[5],
                 "teams": r[6],
@@ -181,7 +190,7 @@ class TenantsMixin(ConnectionsMixin):
         Tenants behind the restore gate are left out: they show again, with a new sequence, once
         the restore reopens them.
         """
-        with self.transaction() as conn:
+        with self.connections.transaction() as conn:
             return {
                 r[0]: int(r[1])
                 for r in conn.execute(
@@ -191,7 +200,7 @@ class TenantsMixin(ConnectionsMixin):
             }
 
     def tenant_exists(self, *, tenant_id: str) -> bool:
-        with self.transaction() as conn:
+        with self.connections.transaction() as conn:
             return (
                 conn.execute("SELECT 1 FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)).fetchone() is not None
             )
@@ -199,11 +208,11 @@ class TenantsMixin(ConnectionsMixin):
     def require_tenant(self, *, tenant_id: str) -> str:
         """The tenant's sharing mode; NotFoundError('tenant') when it does not exist."""
         validation.check_id("tenant", tenant_id)
-        with self.transaction() as conn:
-            return self._tenant_mode(conn, tenant_id)
+        with self.connections.transaction() as conn:
+            return tenant_mode(conn, tenant_id)
 
     def change_seq(self, *, tenant_id: str) -> int:
-        with self.transaction() as conn:
+        with self.connections.transaction() as conn:
             row = conn.execute("SELECT change_seq FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)).fetchone()
         if row is None:
             raise NotFoundError("tenant", f"unknown tenant {tenant_id!r}")

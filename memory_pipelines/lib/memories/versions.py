@@ -12,10 +12,11 @@ from psycopg.rows import dict_row
 
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, PermissionDeniedError
-from memory_pipelines.lib.memories import crypto, ordering
-from memory_pipelines.lib.memories.records import _iso
-from memory_pipelines.lib.memories.sealing import SealingMixin, text_aad
-from memory_pipelines.lib.memories.tenants import TenantsMixin
+from memory_pipelines.lib.memories import crypto, ordering, tenants
+from memory_pipelines.lib.memories.connections import Connections
+from memory_pipelines.lib.memories.keys import KeyStore
+from memory_pipelines.lib.memories.records import iso
+from memory_pipelines.lib.memories.sealing import Sealing, seal_query, text_aad
 from memory_pipelines.lib.memories.version_keys import INSERT_ONE, NewVersionKey, VersionKeys
 from memory_pipelines.lib.results import MemoryVersion, RollBack
 
@@ -36,8 +37,12 @@ _INSERT_MEMORY = (
 )
 
 __all__ = [
-    "VersionsMixin",
+    "Versions",
+    "next_version",
+    "read_head",
     "repair_heads",
+    "require_author",
+    "supersede_and_point",
 ]
 
 
@@ -69,49 +74,122 @@ def repair_heads(conn: psycopg.Connection, *, tenant_id: str, memory_ids: list[s
     ).rowcount
 
 
-class VersionsMixin(TenantsMixin, SealingMixin):
-    """Heads, version rows, rollback and history."""
-
-    @staticmethod
-    def _head(conn: psycopg.Connection, tenant_id: str, memory_id: str, *, lock: bool = False) -> dict[str, Any]:
-        query = (
-            "SELECT m.*, v.shareable, v.category, v.confidence, v.text_mac, v.original_query_ct, v.key_id,"
-            " (s.forgotten_at IS NOT NULL OR EXISTS (SELECT 1 FROM control.tombstones t"
-            "   WHERE t.tenant_id = m.tenant_id AND t.memory_id = m.memory_id AND t.version = m.current_version))"
-            " AS hidden"
-            " FROM memory.memories m"
-            " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
-            " JOIN memory.memory_versions v"
-            "  ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id AND v.version = m.current_version "
-            "WHERE m.tenant_id = %s AND m.memory_id = %s"
-        )
-        if lock:
-            # Lock the head alone, then read it with a fresh statement: locking inside the join let a
-            # concurrent new version drop the row from the result (a false "no memory").
-            conn.execute(
-                "SELECT 1 FROM memory.memories WHERE tenant_id = %s AND memory_id = %s FOR UPDATE",
-                (tenant_id, memory_id),
-            )
-        with conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(query, (tenant_id, memory_id)).fetchone()
-        if row is None or row["hidden"]:
-            raise NotFoundError("memory_id", f"no memory {memory_id} in tenant {tenant_id!r}")
-        return row
-
-    @staticmethod
-    def _supersede_and_point(conn: psycopg.Connection, tenant_id: str, memory_id: str, version: int) -> None:
+def read_head(conn: psycopg.Connection, tenant_id: str, memory_id: str, *, lock: bool = False) -> dict[str, Any]:
+    """The memory's row with its current version's fields (no text); NotFoundError when absent or hidden.
+    With `lock`, the memory's row is locked FOR UPDATE first."""
+    query = (
+        "SELECT m.*, v.shareable, v.category, v.confidence, v.text_mac, v.original_query_ct, v.key_id,"
+        " (s.forgotten_at IS NOT NULL OR EXISTS (SELECT 1 FROM control.tombstones t"
+        "   WHERE t.tenant_id = m.tenant_id AND t.memory_id = m.memory_id AND t.version = m.current_version))"
+        " AS hidden"
+        " FROM memory.memories m"
+        " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
+        " JOIN memory.memory_versions v"
+        "  ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id AND v.version = m.current_version "
+        "WHERE m.tenant_id = %s AND m.memory_id = %s"
+    )
+    if lock:
+        # Lock the head alone, then read it with a fresh statement: locking inside the join let a
+        # concurrent new version drop the row from the result (a false "no memory").
         conn.execute(
-            "UPDATE memory.memory_versions SET superseded_at = now() "
-            "WHERE tenant_id = %s AND memory_id = %s AND superseded_at IS NULL",
+            "SELECT 1 FROM memory.memories WHERE tenant_id = %s AND memory_id = %s FOR UPDATE",
             (tenant_id, memory_id),
         )
-        conn.execute(
-            "UPDATE memory.memories SET current_version = %s, updated_at = now() "
-            "WHERE tenant_id = %s AND memory_id = %s",
-            (version, tenant_id, memory_id),
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(query, (tenant_id, memory_id)).fetchone()
+    if row is None or row["hidden"]:
+        raise NotFoundError("memory_id", f"no memory {memory_id} in tenant {tenant_id!r}")
+    return row
+
+
+def supersede_and_point(conn: psycopg.Connection, tenant_id: str, memory_id: str, version: int) -> None:
+    """Supersede the memory's current version and point its head at `version` (whose row follows)."""
+    conn.execute(
+        "UPDATE memory.memory_versions SET superseded_at = now() "
+        "WHERE tenant_id = %s AND memory_id = %s AND superseded_at IS NULL",
+        (tenant_id, memory_id),
+    )
+    conn.execute(
+        "UPDATE memory.memories SET current_version = %s, updated_at = now() WHERE tenant_id = %s AND memory_id = %s",
+        (version, tenant_id, memory_id),
+    )
+
+
+def _nothing_to_roll_back(
+    conn: psycopg.Connection, tenant_id: str, memory_id: str, current: int, earlier: list[tuple[int, bool]]
+) -> str:
+    """Why a rollback has no version to copy: one version only, earlier ones being forgotten
+    (they never come back), or earlier ones gone (forgotten, or dropped by a restore)."""
+    pending = sorted(int(v) for v, _ in earlier)
+    if pending:
+        which = ", ".join(map(str, pending))
+        return (
+            f"version{'s' if len(pending) > 1 else ''} {which} of memory {memory_id}"
+            f" {'are' if len(pending) > 1 else 'is'} being forgotten and cannot come back;"
+            " no earlier version is left to roll back to"
+        )
+    if current < 2:
+        return f"memory {memory_id} has one version; there is nothing to roll back to"
+    forgotten = {
+        int(r[0])
+        for r in conn.execute(
+            "SELECT version FROM control.tombstones WHERE tenant_id = %s AND memory_id = %s AND version < %s",
+            (tenant_id, memory_id, current),
+        )
+    }
+    gone = range(1, current)
+    parts = []
+    for label, numbers in (
+        ("forgotten", [v for v in gone if v in forgotten]),
+        ("dropped by a restore", [v for v in gone if v not in forgotten]),
+    ):
+        if numbers:
+            were = "was" if len(numbers) == 1 else "were"
+            parts.append(f"version{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))} {were} {label}")
+    return f"memory {memory_id} has no version before {current} left ({'; '.join(parts)}); nothing to roll back to"
+
+
+def next_version(conn: psycopg.Connection, tenant_id: str, memory_id: str, current: int) -> int:
+    """A version number never used before: a forgotten version's number stays taken by its
+    tombstone (a new version under it would be hidden, and removed by every restore's replay),
+    and one a restore dropped by the derived copies still named after it."""
+    row = conn.execute(
+        "SELECT greatest((SELECT max(version) FROM control.tombstones WHERE tenant_id = %(t)s"
+        " AND memory_id = %(m)s), (SELECT max(source_version) FROM derived.lineage WHERE tenant_id = %(t)s"
+        " AND source_memory_id = %(m)s))",
+        {"t": tenant_id, "m": memory_id},
+    ).fetchone()
+    return max(current, row[0] if row and row[0] is not None else 0) + 1
+
+
+def require_author(head: dict[str, Any], user_id: str, action: str) -> None:
+    """Refuse unless `user_id` wrote the memory of `head`; `action` ends the refusal's sentence."""
+    if head["user_id"] != user_id:
+        raise PermissionDeniedError(
+            "user", f"memory {head['memory_id']} belongs to another user; only its author {action}"
         )
 
-    def _insert_version_row(
+
+def _version_row(conn: psycopg.Connection, tenant_id: str, memory_id: str, version: int) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            "SELECT * FROM memory.memory_versions WHERE tenant_id = %s AND memory_id = %s AND version = %s",
+            (tenant_id, memory_id, version),
+        ).fetchone()
+    if row is None:
+        raise NotFoundError("version", f"memory {memory_id} has no version {version}")
+    return row
+
+
+class Versions:
+    """Version rows (sealed under their own keys from `keys`), rollback and history."""
+
+    def __init__(self, connections: Connections, keys: KeyStore, sealing: Sealing) -> None:
+        self.connections = connections
+        self.keys = keys
+        self.sealing = sealing
+
+    def insert_version_row(
         self,
         conn: psycopg.Connection,
         *,
@@ -145,7 +223,7 @@ class VersionsMixin(TenantsMixin, SealingMixin):
                 "confidence": confidence,
                 "text_ct": crypto.seal(made.key, text.encode("utf-8"), text_aad(tenant_id, memory_id, version)),
                 "text_mac": text_mac,
-                "query_ct": self._seal_query(made.key, tenant_id, memory_id, version, original_query),
+                "query_ct": seal_query(made.key, tenant_id, memory_id, version, original_query),
                 "key_id": made.key_id,
                 "restored_from": restored_from,
                 **VersionKeys.params(tenant_id, made, memory_id, version),
@@ -164,11 +242,11 @@ class VersionsMixin(TenantsMixin, SealingMixin):
         validation.check_id("tenant", tenant_id)
         validation.check_memory_id("memory_id", memory_id)
         validation.check_id("user", user_id)
-        with self.transaction() as conn:
+        with self.connections.transaction() as conn:
             ordering.lock_tenant_shared(conn, tenant_id)
-            self._tenant_mode(conn, tenant_id)
-            head = self._head(conn, tenant_id, memory_id, lock=True)
-            self._require_author(head, user_id, "rolls it back")
+            tenants.tenant_mode(conn, tenant_id)
+            head = read_head(conn, tenant_id, memory_id, lock=True)
+            require_author(head, user_id, "rolls it back")
             current = head["current_version"]
             earlier = conn.execute(
                 "SELECT v.version, EXISTS (SELECT 1 FROM control.tombstones t WHERE t.tenant_id = v.tenant_id"
@@ -178,15 +256,13 @@ class VersionsMixin(TenantsMixin, SealingMixin):
             ).fetchall()
             back_to = next((int(v) for v, hidden in earlier if not hidden), None)
             if back_to is None:
-                raise ConflictError(
-                    "memory_id", self._nothing_to_roll_back(conn, tenant_id, memory_id, current, earlier)
-                )
+                raise ConflictError("memory_id", _nothing_to_roll_back(conn, tenant_id, memory_id, current, earlier))
             skipped = list(range(back_to + 1, current))
-            previous = self._version_row(conn, tenant_id, memory_id, back_to)
-            text = self._open_text(conn, previous)
-            version = self._next_version(conn, tenant_id, memory_id, current)
-            self._supersede_and_point(conn, tenant_id, memory_id, version)
-            self._insert_version_row(
+            previous = _version_row(conn, tenant_id, memory_id, back_to)
+            text = self.sealing.open_text(conn, previous)
+            version = next_version(conn, tenant_id, memory_id, current)
+            supersede_and_point(conn, tenant_id, memory_id, version)
+            self.insert_version_row(
                 conn,
                 tenant_id=tenant_id,
                 memory_id=memory_id,
@@ -197,10 +273,10 @@ class VersionsMixin(TenantsMixin, SealingMixin):
                 shareable=previous["shareable"],
                 category=previous["category"],
                 confidence=previous["confidence"],
-                original_query=self._open_query(conn, previous),
+                original_query=self.sealing.open_query(conn, previous),
                 restored_from=back_to,
             )
-            self._bump(conn, tenant_id)
+            tenants.bump(conn, tenant_id)
         rolled: RollBack = {
             "tenant_id": tenant_id,
             "memory_id": memory_id,
@@ -212,78 +288,13 @@ class VersionsMixin(TenantsMixin, SealingMixin):
             rolled["skipped"] = skipped
         return rolled
 
-    @staticmethod
-    def _nothing_to_roll_back(
-        conn: psycopg.Connection, tenant_id: str, memory_id: str, current: int, earlier: list[tuple[int, bool]]
-    ) -> str:
-        """Why a rollback has no version to copy: one version only, earlier ones being forgotten
-        (they never come back), or earlier ones gone (forgotten, or dropped by a restore)."""
-        pending = sorted(int(v) for v, _ in earlier)
-        if pending:
-            which = ", ".join(map(str, pending))
-            return (
-                f"version{'s' if len(pending) > 1 else ''} {which} of memory {memory_id}"
-                f" {'are' if len(pending) > 1 else 'is'} being forgotten and cannot come back;"
-                " no earlier version is left to roll back to"
-            )
-        if current < 2:
-            return f"memory {memory_id} has one version; there is nothing to roll back to"
-        forgotten = {
-            int(r[0])
-            for r in conn.execute(
-                "SELECT version FROM control.tombstones WHERE tenant_id = %s AND memory_id = %s AND version < %s",
-                (tenant_id, memory_id, current),
-            )
-        }
-        gone = range(1, current)
-        parts = []
-        for label, numbers in (
-            ("forgotten", [v for v in gone if v in forgotten]),
-            ("dropped by a restore", [v for v in gone if v not in forgotten]),
-        ):
-            if numbers:
-                were = "was" if len(numbers) == 1 else "were"
-                parts.append(f"version{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))} {were} {label}")
-        return f"memory {memory_id} has no version before {current} left ({'; '.join(parts)}); nothing to roll back to"
-
-    @staticmethod
-    def _next_version(conn: psycopg.Connection, tenant_id: str, memory_id: str, current: int) -> int:
-        """A version number never used before: a forgotten version's number stays taken by its
-        tombstone (a new version under it would be hidden, and removed by every restore's replay),
-        and one a restore dropped by the derived copies still named after it."""
-        row = conn.execute(
-            "SELECT greatest((SELECT max(version) FROM control.tombstones WHERE tenant_id = %(t)s"
-            " AND memory_id = %(m)s), (SELECT max(source_version) FROM derived.lineage WHERE tenant_id = %(t)s"
-            " AND source_memory_id = %(m)s))",
-            {"t": tenant_id, "m": memory_id},
-        ).fetchone()
-        return max(current, row[0] if row and row[0] is not None else 0) + 1
-
-    @staticmethod
-    def _require_author(head: dict[str, Any], user_id: str, action: str) -> None:
-        if head["user_id"] != user_id:
-            raise PermissionDeniedError(
-                "user", f"memory {head['memory_id']} belongs to another user; only its author {action}"
-            )
-
-    @staticmethod
-    def _version_row(conn: psycopg.Connection, tenant_id: str, memory_id: str, version: int) -> dict[str, Any]:
-        with conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(
-                "SELECT * FROM memory.memory_versions WHERE tenant_id = %s AND memory_id = %s AND version = %s",
-                (tenant_id, memory_id, version),
-            ).fetchone()
-        if row is None:
-            raise NotFoundError("version", f"memory {memory_id} has no version {version}")
-        return row
-
     def history(self, *, tenant_id: str, memory_id: str) -> list[MemoryVersion]:
         """Every version of a memory, oldest first, decrypted."""
         validation.check_id("tenant", tenant_id)
         validation.check_memory_id("memory_id", memory_id)
-        with self.transaction() as conn:
-            self._tenant_mode(conn, tenant_id)
-            head = self._head(conn, tenant_id, memory_id)
+        with self.connections.transaction() as conn:
+            tenants.tenant_mode(conn, tenant_id)
+            head = read_head(conn, tenant_id, memory_id)
             with conn.cursor(row_factory=dict_row) as cur:
                 rows = cur.execute(
                     "SELECT * FROM memory.memory_versions v WHERE v.tenant_id = %s AND v.memory_id = %s"
@@ -295,17 +306,17 @@ class VersionsMixin(TenantsMixin, SealingMixin):
                 {
                     "memory_id": memory_id,
                     "version": row["version"],
-                    "text": self._open_text(conn, row),
+                    "text": self.sealing.open_text(conn, row),
                     "current": row["version"] == head["current_version"],
                     "user_id": head["user_id"],
                     "team_id": head["team_id"],
                     "category": row["category"],
                     "shareable": row["shareable"],
                     "confidence": row["confidence"],
-                    "original_query": self._open_query(conn, row),
+                    "original_query": self.sealing.open_query(conn, row),
                     "restored_from": row["restored_from"],
-                    "created_at": _iso(row["created_at"]),
-                    "superseded_at": _iso(row["superseded_at"]),
+                    "created_at": iso(row["created_at"]),
+                    "superseded_at": iso(row["superseded_at"]),
                 }
                 for row in rows
             ]

@@ -11,16 +11,20 @@ import psycopg
 from psycopg.rows import dict_row
 
 from memory_pipelines.lib.infra import validation
-from memory_pipelines.lib.memories.records import _iso
-from memory_pipelines.lib.memories.sealing import SealingMixin
-from memory_pipelines.lib.memories.teams import TeamsMixin
+from memory_pipelines.lib.memories import tenants
+from memory_pipelines.lib.memories.connections import Connections
+from memory_pipelines.lib.memories.records import iso
+from memory_pipelines.lib.memories.sealing import Sealing
+from memory_pipelines.lib.memories.teams import require_member, team_members
 from memory_pipelines.lib.results import VisibleMemory
 
 __all__ = [
     "NOT_HIDDEN",
     "NOT_TOMBSTONED",
     "SELECT_MEMORY",
-    "VisibilityMixin",
+    "Visibility",
+    "check_scope",
+    "scope_versions",
     "visible_candidates_sql",
 ]
 
@@ -127,8 +131,50 @@ _CONFIRM_VISIBLE = {
 }
 
 
-class VisibilityMixin(TeamsMixin, SealingMixin):
-    """The memories a user may see now, and recall's checks of a scope and of candidates."""
+def _visible_rows(
+    conn: psycopg.Connection, tenant_id: str, user_id: str, team_id: str | None, mode: str
+) -> list[dict[str, Any]]:
+    params = {"tenant": tenant_id, "user": user_id, "team": team_id}
+    if team_id is not None:
+        require_member(conn, tenant_id, team_id, user_id)
+    query = _SELECT_VISIBLE[None if team_id is None else mode]
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, params).fetchall()
+
+
+def check_scope(conn: psycopg.Connection, tenant_id: str, user_id: str, team_id: str | None) -> str | None:
+    """Validate a recall scope on `conn` (tenant open, user a member of the team); returns the key
+    of its visibility rule for `visible_candidates_sql`: None for the personal view, else the mode."""
+    validation.check_id("tenant", tenant_id)
+    validation.check_id("user", user_id)
+    validation.check_optional_id("team", team_id)
+    mode = tenants.tenant_mode(conn, tenant_id)
+    if team_id is None:
+        return None
+    require_member(conn, tenant_id, team_id, user_id)
+    return mode
+
+
+def scope_versions(
+    conn: psycopg.Connection, scope: str | None, tenant_id: str, user_id: str, team_id: str | None, *, cap: int
+) -> list[tuple[str, int]] | None:
+    """Every version of every memory the rule of `scope` (what `check_scope` returned on `conn`)
+    can admit: a superset of what the user sees, stale versions included as an index may still
+    hold them; when the scope has at most `cap` memories, else None. A bounded count first: at
+    most `cap` index entries are read for a scope of any size."""
+    params = {"tenant": tenant_id, "user": user_id, "team": team_id, "cap": cap + 1}
+    counted = conn.execute(_COUNT_SCOPE[scope], params).fetchone()
+    if counted is None or counted[0] > cap:
+        return None
+    return [(m, v) for m, v in conn.execute(_SCOPE_VERSIONS[scope], params)]
+
+
+class Visibility:
+    """The memories a user may see now, texts opened by `sealing`, and recall's checks of candidates."""
+
+    def __init__(self, connections: Connections, sealing: Sealing) -> None:
+        self.connections = connections
+        self.sealing = sealing
 
     def list_visible(self, *, tenant_id: str, user_id: str, team_id: str | None = None) -> list[VisibleMemory]:
         """Current memories a user sees: their personal view, or a team view by the tenant's sharing mode.
@@ -141,73 +187,37 @@ class VisibilityMixin(TeamsMixin, SealingMixin):
         validation.check_id("tenant", tenant_id)
         validation.check_id("user", user_id)
         validation.check_optional_id("team", team_id)
-        with self.transaction() as conn:
-            mode = self._tenant_mode(conn, tenant_id)
-            rows = self._visible_rows(conn, tenant_id, user_id, team_id, mode)
+        with self.connections.transaction() as conn:
+            mode = tenants.tenant_mode(conn, tenant_id)
+            rows = _visible_rows(conn, tenant_id, user_id, team_id, mode)
             return [self._current_view(conn, row) for row in rows]
-
-    def _visible_rows(
-        self, conn: psycopg.Connection, tenant_id: str, user_id: str, team_id: str | None, mode: str
-    ) -> list[dict[str, Any]]:
-        params = {"tenant": tenant_id, "user": user_id, "team": team_id}
-        if team_id is not None:
-            self._require_member(conn, tenant_id, team_id, user_id)
-        query = _SELECT_VISIBLE[None if team_id is None else mode]
-        with conn.cursor(row_factory=dict_row) as cur:
-            return cur.execute(query, params).fetchall()
 
     def visible_scope(self, *, tenant_id: str, user_id: str, team_id: str | None = None) -> dict[str, Any]:
         """What a user may see, without decrypting: sharing mode, team members, visible (memory_id, version)."""
         validation.check_id("tenant", tenant_id)
         validation.check_id("user", user_id)
         validation.check_optional_id("team", team_id)
-        with self.transaction() as conn:
-            mode = self._tenant_mode(conn, tenant_id)
-            rows = self._visible_rows(conn, tenant_id, user_id, team_id, mode)
-            members = self._members(conn, tenant_id, team_id) if team_id is not None else [user_id]
+        with self.connections.transaction() as conn:
+            mode = tenants.tenant_mode(conn, tenant_id)
+            rows = _visible_rows(conn, tenant_id, user_id, team_id, mode)
+            members = team_members(conn, tenant_id, team_id) if team_id is not None else [user_id]
         return {
             "sharing_mode": mode,
             "members": members,
             "visible": {(r["memory_id"], r["version"]): r for r in rows},
         }
 
-    def check_scope(self, conn: psycopg.Connection, tenant_id: str, user_id: str, team_id: str | None) -> str | None:
-        """Validate a recall scope on `conn` (tenant open, user a member of the team); returns the key
-        of its visibility rule for `visible_candidates_sql`: None for the personal view, else the mode."""
-        validation.check_id("tenant", tenant_id)
-        validation.check_id("user", user_id)
-        validation.check_optional_id("team", team_id)
-        mode = self._tenant_mode(conn, tenant_id)
-        if team_id is None:
-            return None
-        self._require_member(conn, tenant_id, team_id, user_id)
-        return mode
-
     def recall_scope(self, *, tenant_id: str, user_id: str, team_id: str | None = None) -> dict[str, Any]:
         """What recall needs before it asks the indexes (no memory is read): sharing mode, the team's
         members (the user alone in a personal view) and the tenant's change sequence."""
-        with self.transaction() as conn:
-            self.check_scope(conn, tenant_id, user_id, team_id)
+        with self.connections.transaction() as conn:
+            check_scope(conn, tenant_id, user_id, team_id)
             row = conn.execute(
                 "SELECT sharing_mode, change_seq FROM memory.tenants WHERE tenant_id = %s", (tenant_id,)
             ).fetchone()
             assert row is not None  # check_scope found it in this transaction
-            members = self._members(conn, tenant_id, team_id) if team_id is not None else [user_id]
+            members = team_members(conn, tenant_id, team_id) if team_id is not None else [user_id]
         return {"sharing_mode": str(row[0]), "members": members, "change_seq": int(row[1])}
-
-    @staticmethod
-    def scope_versions(
-        conn: psycopg.Connection, scope: str | None, tenant_id: str, user_id: str, team_id: str | None, *, cap: int
-    ) -> list[tuple[str, int]] | None:
-        """Every version of every memory the rule of `scope` (what `check_scope` returned on `conn`)
-        can admit: a superset of what the user sees, stale versions included as an index may still
-        hold them; when the scope has at most `cap` memories, else None. A bounded count first: at
-        most `cap` index entries are read for a scope of any size."""
-        params = {"tenant": tenant_id, "user": user_id, "team": team_id, "cap": cap + 1}
-        counted = conn.execute(_COUNT_SCOPE[scope], params).fetchone()
-        if counted is None or counted[0] > cap:
-            return None
-        return [(m, v) for m, v in conn.execute(_SCOPE_VERSIONS[scope], params)]
 
     def confirm_visible(
         self,
@@ -224,8 +234,8 @@ class VisibilityMixin(TeamsMixin, SealingMixin):
 
         With `in_scope`, also those the scope's rule admits that are superseded or hidden, each row's
         `visible` telling which: the rule alone is what Chroma's metadata filter applies."""
-        with self.transaction() as conn:
-            scope = self.check_scope(conn, tenant_id, user_id, team_id)
+        with self.connections.transaction() as conn:
+            scope = check_scope(conn, tenant_id, user_id, team_id)
             if not candidates:
                 return {}
             params = {
@@ -243,7 +253,7 @@ class VisibilityMixin(TeamsMixin, SealingMixin):
         return {
             "memory_id": row["memory_id"],
             "version": row["version"],
-            "text": self._open_text(conn, row),
+            "text": self.sealing.open_text(conn, row),
             "user_id": row["user_id"],
             "team_id": row["team_id"],
             "memory_type": row["memory_type"],
@@ -251,6 +261,6 @@ class VisibilityMixin(TeamsMixin, SealingMixin):
             "category": row["category"],
             "confidence": row["confidence"],
             "do_not_sell": bool(row["memory_dns"] or row["subject_dns"]),
-            "created_at": _iso(row["memory_created_at"]),
-            "updated_at": _iso(row["updated_at"]),
+            "created_at": iso(row["memory_created_at"]),
+            "updated_at": iso(row["updated_at"]),
         }
