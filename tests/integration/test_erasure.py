@@ -372,7 +372,7 @@ def test_bytes_left_in_a_rebuilt_indexs_unused_capacity_are_cleared_before_the_s
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
 
     vectors = derived.vectors
-    rebuild = vectors._rebuild
+    rebuild = vectors.erasure.rebuild_under_lock
     planted = []
 
     def rebuild_then_plant(tenant_id):
@@ -396,7 +396,7 @@ def test_bytes_left_in_a_rebuilt_indexs_unused_capacity_are_cleared_before_the_s
         assert _raw_hits(vectors.files(tenant_id), forgotten.values())
         return copied
 
-    monkeypatch.setattr(vectors, "_rebuild", rebuild_then_plant)
+    monkeypatch.setattr(vectors.erasure, "rebuild_under_lock", rebuild_then_plant)
     report = ErasureService(derived).erase_tenant(tenant_id=tenant)
     assert report["erased"] == 1 and report["byteScan"]["hits"] == 0
     assert planted

@@ -22,9 +22,9 @@ import psycopg
 
 from memory_pipelines.lib.stores import bytescan
 from memory_pipelines.lib.stores.adapter import Context, Erasure, drop_edges
-from memory_pipelines.lib.stores.chroma.client import _serialized, _source
+from memory_pipelines.lib.stores.chroma.client import serialized, source_of
 from memory_pipelines.lib.stores.chroma.index import STORE, VectorStore, read_pages
-from memory_pipelines.lib.stores.chroma.search import _QUERY_BATCH
+from memory_pipelines.lib.stores.chroma.search import QUERY_BATCH
 from memory_pipelines.lib.stores.derived import DerivedStores
 
 __all__ = [
@@ -51,18 +51,18 @@ def _collection(vectors: VectorStore, ctx: Context) -> Any | None:
     return ctx.opened[_OPENED]
 
 
-@_serialized
+@serialized
 def _count(vectors: VectorStore, ctx: Context) -> int:
     """Targets still in the collection, by exact id: one get per page of ids."""
     ids = ctx.ids
-    with vectors._tenant_lock(ctx.tenant_id, exclusive=False):
+    with vectors.locks.tenant_lock(ctx.tenant_id, exclusive=False):
         col = _collection(vectors, ctx)
         if col is None or not ids:
             return 0
-        return len(vectors._call("verifying", lambda: read_pages(col, ids=ids, include=[])["ids"]))
+        return len(vectors.collections.call("verifying", lambda: read_pages(col, ids=ids, include=[])["ids"]))
 
 
-@_serialized
+@serialized
 def _probe(vectors: VectorStore, ctx: Context, probe_vectors: list[Any]) -> int:
     """Targets among the 10 nearest vectors of each probe, on the collection as it is (no count
     first: Chroma answers a limit above it with what there is). One subject's probes (up to
@@ -70,16 +70,18 @@ def _probe(vectors: VectorStore, ctx: Context, probe_vectors: list[Any]) -> int:
     server searches each request on one core, and on this project's 2-core machine two halves of
     100 probes took 58% of the time of the whole. A batch's go one request of _PACED_REQUEST at a
     time, which leaves the server a core for everyone else."""
-    with vectors._tenant_lock(ctx.tenant_id, exclusive=False):
+    with vectors.locks.tenant_lock(ctx.tenant_id, exclusive=False):
         col = _collection(vectors, ctx)
     if col is None:
         return 0
     parts = _probe_requests(probe_vectors)
 
     def ask(part: list[Any]) -> int:
-        with vectors._tenant_lock(ctx.tenant_id, exclusive=False):
-            result = vectors._call("querying", lambda: col.query(query_embeddings=part, n_results=10, include=[]))
-        return sum(1 for ids in result["ids"] for record_id in ids if _source(record_id) in ctx.everything)
+        with vectors.locks.tenant_lock(ctx.tenant_id, exclusive=False):
+            result = vectors.collections.call(
+                "querying", lambda: col.query(query_embeddings=part, n_results=10, include=[])
+            )
+        return sum(1 for ids in result["ids"] for record_id in ids if source_of(record_id) in ctx.everything)
 
     # The embedded client makes one operation at a time.
     if len(probe_vectors) > _PARALLEL_UP_TO or len(parts) == 1 or vectors.url is None:
@@ -100,7 +102,7 @@ def _probe_requests(probe_vectors: list[Any]) -> list[list[Any]]:
     if not probe_vectors:
         return []
     if len(probe_vectors) > _PARALLEL_UP_TO:
-        size = min(_PACED_REQUEST, _QUERY_BATCH)
+        size = min(_PACED_REQUEST, QUERY_BATCH)
     else:
         size = -(-len(probe_vectors) // max(1, min(_PARALLEL_QUERIES, len(probe_vectors) // _MIN_REQUEST)))
     return [probe_vectors[start : start + size] for start in range(0, len(probe_vectors), size)]

@@ -2,8 +2,8 @@
 
 A Chroma server (`chroma run`) is reached through HttpClient (`http_client`: over http(s), or HOME's
 own server's door on a Unix socket); the embedded PersistentClient (path
-only) is one per path for the whole process, and its operations are serialized (`_serialized`).
-Every Chroma failure becomes a ServiceError (`_call`).
+only) is one per path for the whole process, and its operations are serialized (`serialized`).
+Every Chroma failure becomes a ServiceError (`ChromaCollections.call`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import functools
 import threading
 import types
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from memory_pipelines.lib.infra import unix_http
@@ -27,9 +28,13 @@ __all__ = [
     "STORE",
     "ChromaCollections",
     "F",
+    "HoldsCollections",
     "T",
     "http_client",
     "read_pages",
+    "reopen_embedded",
+    "serialized",
+    "source_of",
 ]
 
 STORE = "chroma"
@@ -41,7 +46,7 @@ T = TypeVar("T")
 _EMBEDDED: dict[str, Any] = {}
 _EMBEDDED_LOCK = threading.RLock()
 # Collection metadata key counting erasures; another process that loaded the index before an
-# erasure sees the count change and reloads from disk (see VectorStore._fresh).
+# erasure sees the count change and reloads from disk (see ChromaCollections._fresh).
 ERASURES = "erasures"
 _SEEN: dict[tuple[str, str], int] = {}
 _REBUILD_PAGE = 5000  # vectors a get() carries
@@ -62,21 +67,37 @@ def _embedded_client(path: Path) -> Any:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _serialized(method: F) -> F:
-    """Embedded Chroma: one operation at a time per process, so an erasure's reload of the index
-    never races another thread holding a collection of the old one. A server needs no such lock."""
+class HoldsCollections(Protocol):
+    """What `serialized` decorates the methods (or first-argument functions) of: a holder of collections."""
+
+    @property
+    def collections(self) -> ChromaCollections: ...
+
+
+def serialized(method: F) -> F:
+    """Embedded Chroma: one operation at a time per process (see ChromaCollections.one_at_a_time),
+    for a method of an object holding `collections`, or a function taking one first."""
 
     @functools.wraps(method)
-    def wrapper(self: ChromaCollections, *args: Any, **kwargs: Any) -> Any:
-        if self.url is not None:
-            return method(self, *args, **kwargs)
-        with _EMBEDDED_LOCK:
+    def wrapper(self: HoldsCollections, *args: Any, **kwargs: Any) -> Any:
+        with self.collections.one_at_a_time():
             return method(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
 
 
-def _reopen_embedded() -> None:
+def _serialized(method: F) -> F:
+    """`serialized`, for ChromaCollections' own methods."""
+
+    @functools.wraps(method)
+    def wrapper(self: ChromaCollections, *args: Any, **kwargs: Any) -> Any:
+        with self.one_at_a_time():
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def reopen_embedded() -> None:
     """Drop every loaded index in this process; the next call loads them from disk afresh."""
     from chromadb.api.shared_system_client import SharedSystemClient
 
@@ -150,17 +171,18 @@ def http_client(url: str, *, headers: dict[str, str]) -> Any:
             fastapi.httpx = httpx
 
 
-def _source(record_id: str) -> tuple[str, int]:
+def source_of(record_id: str) -> tuple[str, int]:
+    """The (memory_id, version) a record id `memory_id:version` names."""
     memory_id, _, version = record_id.rpartition(":")
     return memory_id, int(version)
 
 
-class ChromaCollections(CollectionLocks):
+class ChromaCollections:
     """The client of one Chroma location and the tenants' collections in it.
 
     `url` alone: a Chroma server whose files are not ours. `url` and `path`: a server keeping its
     files in `path` (ours, under HOME), so erasures also clear them. `path` alone: the embedded
-    PersistentClient (one process only; unit tests)."""
+    PersistentClient (one process only; unit tests). Holds the `locks` of the same location."""
 
     def __init__(
         self,
@@ -177,6 +199,7 @@ class ChromaCollections(CollectionLocks):
         self.url = url
         # Starts the server again when nothing answers at `url` (HOME's own, whose door keeps its path).
         self.revive = revive
+        self.locks = CollectionLocks(path=path, url=url)
         self._client: Any = None
         self._rest: ChromaRest | None = None
         self._lock = threading.Lock()
@@ -189,14 +212,22 @@ class ChromaCollections(CollectionLocks):
     def embedded(self) -> bool:
         return self.url is None
 
-    def _current(self, tenant_id: str, col: Any) -> Any:
+    def one_at_a_time(self) -> AbstractContextManager[object]:
+        """Embedded Chroma: one operation at a time per process, so an erasure's reload of the index
+        never races another thread holding a collection of the old one. A server needs no such lock."""
+        if self.url is not None:
+            return nullcontext()
+        return _EMBEDDED_LOCK
+
+    def current(self, tenant_id: str, col: Any) -> Any:
         """A server's collection as it is now (an erasure elsewhere may have replaced the one we hold)."""
         if self.url is None:
             return col
         client = self.client()
-        return self._call("opening the collection", lambda: client.get_collection(name=collection_name(tenant_id)))
+        return self.call("opening the collection", lambda: client.get_collection(name=collection_name(tenant_id)))
 
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
+    def call(self, what: str, fn: Callable[[], T]) -> T:
+        """`fn()`, its failure a ServiceError naming `what` (see call_chroma: a dead own server is revived)."""
         return call_chroma(what, fn, location=self.location, revive=self.revive)
 
     def client(self) -> Any:
@@ -213,7 +244,7 @@ class ChromaCollections(CollectionLocks):
                 # The token of HOME's own server (its door refuses requests without it), or
                 # MEMORY_PIPELINES_CHROMA_TOKEN for an external one.
                 headers = chroma_headers(url)
-                self._client = self._call("connecting", lambda: http_client(url, headers=headers))
+                self._client = self.call("connecting", lambda: http_client(url, headers=headers))
             return self._client
 
     def rest(self) -> ChromaRest:
@@ -232,7 +263,7 @@ class ChromaCollections(CollectionLocks):
 
         def open_it() -> Any:
             client = self.client()
-            return self._call(
+            return self.call(
                 "opening the collection",
                 lambda: client.get_or_create_collection(
                     name=collection_name(tenant_id),
@@ -254,7 +285,7 @@ class ChromaCollections(CollectionLocks):
             seen = _SEEN.setdefault(key, generation)
             if seen == generation:
                 return col
-            _reopen_embedded()
+            reopen_embedded()
             _SEEN[key] = generation
         return open_it()
 
@@ -269,7 +300,7 @@ class ChromaCollections(CollectionLocks):
             client = self.client()
             # One call: listing collections first cost 0.1 s a read on a server holding many tenants.
             try:
-                return self._call("opening the collection", lambda: client.get_collection(name=name))
+                return self.call("opening the collection", lambda: client.get_collection(name=name))
             except ServiceError as exc:
                 if isinstance(exc.__cause__, CollectionMissing):
                     return None
@@ -280,6 +311,6 @@ class ChromaCollections(CollectionLocks):
     @_serialized
     def ids(self, tenant_id: str) -> set[str]:
         """The record ids (`memory_id:version`) in the tenant's collection."""
-        with self._tenant_lock(tenant_id, exclusive=False):
+        with self.locks.tenant_lock(tenant_id, exclusive=False):
             col = self.collection(tenant_id)
-            return set(self._call("listing ids", lambda: read_pages(col, include=[])["ids"]))
+            return set(self.call("listing ids", lambda: read_pages(col, include=[])["ids"]))

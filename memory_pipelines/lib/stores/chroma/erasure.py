@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,12 @@ from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.stores.chroma.client import (
     ERASURES,
     ChromaCollections,
-    _reopen_embedded,
-    _serialized,
     read_pages,
+    reopen_embedded,
+    serialized,
 )
 from memory_pipelines.lib.stores.chroma.hnsw_files import clear_unused_capacity, unused_capacity_holds_data
-from memory_pipelines.lib.stores.chroma.locks import collection_name
+from memory_pipelines.lib.stores.chroma.locks import collection_name, holds_any
 
 __all__ = [
     "VectorErasure",
@@ -38,18 +38,23 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _REBUILD_STEP = 500  # vectors a rebuild copies at a time: short bursts on the server
-_DELETE_REQUEST = 500  # ids a delete request carries at most: see _delete_in
+_DELETE_REQUEST = 500  # ids a delete request carries at most: see VectorErasure._delete_in
 _STAGING = "-rebuild"  # suffix of the collection a rebuild fills before it takes the tenant's name
 _SWEEP_WAIT = 5.0  # seconds an erasure's sweep waits for another tenant's collection lock
 
 
-class VectorErasure(ChromaCollections):
-    """Deletion, physical erasure and byte-scan support of the tenant collections."""
+class VectorErasure:
+    """Deletion, physical erasure and byte-scan support of the tenant collections.
 
-    @staticmethod
-    def _clear_unused_capacity(segment: Path) -> int:
-        """Zero what no element owns in a segment's index files; bytes zeroed (see clear_unused_capacity)."""
-        return clear_unused_capacity(segment)
+    `clear`: zeroes what no element owns in a segment's index files and returns the bytes zeroed
+    (clear_unused_capacity unless a caller, such as a benchmark of the old erasure, replaces it)."""
+
+    def __init__(self, collections: ChromaCollections, *, clear: Callable[[Path], int] = clear_unused_capacity) -> None:
+        self.collections = collections
+        self.locks = collections.locks
+        self.path = collections.path
+        self.url = collections.url
+        self._clear_unused_capacity = clear
 
     def scrub(self, tenant_id: str) -> int:
         """Clear the unused index capacity of the tenant's collection when any holds data; bytes zeroed.
@@ -59,12 +64,12 @@ class VectorErasure(ChromaCollections):
         which may hold any tenant's vectors, forgotten ones included (see clear_unused_capacity).
         The check reads a few headers; only a collection with such bytes takes the tenant's lock
         exclusively, for milliseconds. A thread already holding the lock (shared, maybe) skips."""
-        if self.path is None or self._holds(tenant_id):
+        if self.path is None or self.locks.holds(tenant_id):
             return 0
         if not any(unused_capacity_holds_data(segment) for segment in self.segments(tenant_id)):
             return 0
         zeroed = 0
-        with self._tenant_lock(tenant_id, exclusive=True):
+        with self.locks.tenant_lock(tenant_id, exclusive=True):
             for segment in self.segments(tenant_id):
                 try:
                     zeroed += self._clear_unused_capacity(segment)
@@ -93,7 +98,7 @@ class VectorErasure(ChromaCollections):
             segment = self.path / str(segment_id)
             if base == own or not base.startswith("mem-") or not unused_capacity_holds_data(segment):
                 continue
-            with self._collection_lock(base, exclusive=True, timeout=_SWEEP_WAIT) as locked:
+            with self.locks.collection_lock(base, exclusive=True, timeout=_SWEEP_WAIT) as locked:
                 if not locked:
                     busy.append(str(name))
                     continue
@@ -106,17 +111,17 @@ class VectorErasure(ChromaCollections):
             log.warning("unused index capacity left to clear in %d busy collection(s): %s", len(busy), busy[:5])
         return busy
 
-    @_serialized
+    @serialized
     def drop(self, tenant_id: str) -> bool:
         """Delete the tenant's collection (its files go with it); True when one existed."""
-        client = self.client()
+        client = self.collections.client()
         name = collection_name(tenant_id)
-        with self._tenant_lock(tenant_id, exclusive=True):
-            existing = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+        with self.locks.tenant_lock(tenant_id, exclusive=True):
+            existing = self.collections.call("listing collections", lambda: [c.name for c in client.list_collections()])
             staged = self._drop_staging(tenant_id, existing)
             found = name in existing
             if found:
-                self._call("deleting the collection", lambda: client.delete_collection(name=name))
+                self.collections.call("deleting the collection", lambda: client.delete_collection(name=name))
             if (found or staged) and self.url is not None and self.path is not None:
                 remove_orphan_segments(self.path)  # a server leaves the deleted collection's files
         return found
@@ -130,20 +135,20 @@ class VectorErasure(ChromaCollections):
         is dropped, never renamed into place: a forget accepted since then found no vector under the
         tenant's name and deleted none, so the copy may hold what it forgot. The next sync embeds the
         tenant's current versions again. `names`: the collections, when the caller listed them already."""
-        client = self.client()
+        client = self.collections.client()
         staging = collection_name(tenant_id) + _STAGING
         if names is None:
-            names = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+            names = self.collections.call("listing collections", lambda: [c.name for c in client.list_collections()])
         if staging not in names:
             return False
-        self._call("deleting a dead rebuild", lambda: client.delete_collection(name=staging))
+        self.collections.call("deleting a dead rebuild", lambda: client.delete_collection(name=staging))
         return True
 
-    @_serialized
+    @serialized
     def rebuild(self, tenant_id: str) -> int:
         """Copy the remaining vectors into a fresh collection: deleted vectors leave the HNSW files."""
-        with self._tenant_lock(tenant_id, exclusive=True):
-            copied = self._rebuild(tenant_id)
+        with self.locks.tenant_lock(tenant_id, exclusive=True):
+            copied = self.rebuild_under_lock(tenant_id)
             self._clear(tenant_id)
             return copied
 
@@ -151,33 +156,34 @@ class VectorErasure(ChromaCollections):
         """Clear the unused capacity of the tenant's collection; the caller holds its lock exclusively."""
         return sum(self._clear_unused_capacity(segment) for segment in self.segments(tenant_id))
 
-    def _rebuild(self, tenant_id: str) -> int:
-        """Copy the live vectors, a page at a time, into a new collection that then takes the name.
+    def rebuild_under_lock(self, tenant_id: str) -> int:
+        """Copy the live vectors, a page at a time, into a new collection that then takes the name;
+        the caller holds the tenant's lock exclusively. Returns how many were copied.
 
         Pages keep memory flat and each get() under SQLite's variable limit (one get() of a tenant
         past ~32,000 vectors fails with "too many SQL variables"). A run that dies midway leaves a
         copy under the staging name, which the next rebuild, erasure or drop removes (_drop_staging)."""
-        client = self.client()
+        client = self.collections.client()
         name = collection_name(tenant_id)
         staging = name + _STAGING
-        col = self.collection(tenant_id)
+        col = self.collections.collection(tenant_id)
         metadata = dict(col.metadata or {})
         metadata[ERASURES] = int(metadata.get(ERASURES, 0)) + 1  # other embedded clients reload
         self._drop_staging(tenant_id)
-        fresh = self._call(
+        fresh = self.collections.call(
             "creating the rebuilt collection",
             lambda: client.create_collection(name=staging, metadata=metadata, embedding_function=None),
         )
         copied = 0
         while True:
             started = time.monotonic()
-            page = self._call(
+            page = self.collections.call(
                 "reading vectors",
                 lambda: col.get(include=["embeddings", "metadatas"], limit=_REBUILD_STEP, offset=copied),  # noqa: B023
             )
             if not page["ids"]:
                 break
-            self._call(
+            self.collections.call(
                 "restoring vectors",
                 lambda: fresh.add(ids=page["ids"], embeddings=page["embeddings"], metadatas=page["metadatas"]),  # noqa: B023
             )
@@ -186,36 +192,38 @@ class VectorErasure(ChromaCollections):
             # find it free half the time (the erasure has hours; a recall has milliseconds).
             time.sleep(time.monotonic() - started)
         faults.point("vectors.rebuild.copied")
-        self._call("deleting the old collection", lambda: client.delete_collection(name=name))
+        self.collections.call("deleting the old collection", lambda: client.delete_collection(name=name))
         faults.point("vectors.rebuild.old_deleted")
-        self._call("renaming the rebuilt collection", lambda: fresh.modify(name=name))
+        self.collections.call("renaming the rebuilt collection", lambda: fresh.modify(name=name))
         return copied
 
     def vectors_of(self, tenant_id: str, record_ids: Sequence[str]) -> dict[str, Any]:
         """Stored vectors of the given records; records without one are left out."""
         return self.stored(tenant_id, record_ids) or {}
 
-    @_serialized
+    @serialized
     def stored(self, tenant_id: str, record_ids: Sequence[str]) -> dict[str, Any] | None:
         """Stored vectors of the given records (those without one left out) from one opening of the
         collection and one get per page; None when the tenant has no collection."""
-        with self._tenant_lock(tenant_id, exclusive=False):
-            col = self.existing(tenant_id)
+        with self.locks.tenant_lock(tenant_id, exclusive=False):
+            col = self.collections.existing(tenant_id)
             if col is None:
                 return None
             if not record_ids:
                 return {}
-            got = self._call("reading vectors", lambda: read_pages(col, ids=list(record_ids), include=["embeddings"]))
+            got = self.collections.call(
+                "reading vectors", lambda: read_pages(col, ids=list(record_ids), include=["embeddings"])
+            )
         return dict(zip(got["ids"], got["embeddings"], strict=True))
 
-    @_serialized
+    @serialized
     def delete(self, tenant_id: str, record_ids: Sequence[str]) -> int:
         """Delete vectors through Chroma's API; returns how many were present.
 
         Chroma only flags them: no query or get returns them again, but their bytes stay in the
         index files until `erase_physically` rewrites the tenant's collection.
         """
-        with self._tenant_lock(tenant_id, exclusive=False):
+        with self.locks.tenant_lock(tenant_id, exclusive=False):
             col, present = self._present(tenant_id, record_ids)
             if not present:
                 return 0
@@ -223,12 +231,12 @@ class VectorErasure(ChromaCollections):
         self.scrub(tenant_id)
         return len(present)
 
-    @_serialized
+    @serialized
     def discard(self, tenant_id: str, record_ids: Sequence[str]) -> None:
         """`delete` without reading which ids are present first (Chroma ignores absent ones) and
         without a count: one request fewer, for a caller that verifies afterwards."""
-        with self._tenant_lock(tenant_id, exclusive=False):
-            col = self.existing(tenant_id)
+        with self.locks.tenant_lock(tenant_id, exclusive=False):
+            col = self.collections.existing(tenant_id)
             if col is None or not record_ids:
                 return
             self._delete_in(col, record_ids)
@@ -240,19 +248,24 @@ class VectorErasure(ChromaCollections):
         One request of a forget run's 5,000-8,000 ids held other tenants' queries on the shared
         server for up to 2 s on a loaded machine; in requests of 500 their p99 went from 540 to
         131 ms and the deletes took no longer in all (benchmarks/forget_stream.py, docs/performance.md)."""
-        step = min(_DELETE_REQUEST, int(self._call("reading the batch limit", self.client().get_max_batch_size)))
+        step = min(
+            _DELETE_REQUEST,
+            int(self.collections.call("reading the batch limit", self.collections.client().get_max_batch_size)),
+        )
         for start in range(0, len(record_ids), step):
             part = list(record_ids[start : start + step])
-            self._call("deleting vectors", lambda: col.delete(ids=part))  # noqa: B023
+            self.collections.call("deleting vectors", lambda: col.delete(ids=part))  # noqa: B023
 
     def _present(self, tenant_id: str, record_ids: Sequence[str]) -> tuple[Any, list[str]]:
         """The tenant's collection and which of `record_ids` it still holds (none without a collection)."""
-        col: Any = self.existing(tenant_id)
+        col: Any = self.collections.existing(tenant_id)
         if col is None or not record_ids:
             return col, []
-        return col, list(self._call("reading ids", lambda: read_pages(col, ids=list(record_ids), include=[])["ids"]))
+        return col, list(
+            self.collections.call("reading ids", lambda: read_pages(col, ids=list(record_ids), include=[])["ids"])
+        )
 
-    @_serialized
+    @serialized
     def erase_physically(self, tenant_id: str) -> tuple[int, list[Path]]:
         """Rewrite the tenant's collection so deleted vectors leave every file; (bytes written, files).
 
@@ -265,9 +278,9 @@ class VectorErasure(ChromaCollections):
         """
         if self.path is None:
             return 0, []
-        with self._tenant_lock(tenant_id, exclusive=True):
-            if self.existing(tenant_id) is not None:
-                self._rebuild(tenant_id)  # drops a dead rebuild's collection first
+        with self.locks.tenant_lock(tenant_id, exclusive=True):
+            if self.collections.existing(tenant_id) is not None:
+                self.rebuild_under_lock(tenant_id)  # drops a dead rebuild's collection first
             else:
                 self._drop_staging(tenant_id)
             # The server wrote the new index's whole capacity from malloc'd memory: clear what no
@@ -276,9 +289,9 @@ class VectorErasure(ChromaCollections):
             remove_orphan_segments(self.path)
             vacuum_sqlite(self.path / "chroma.sqlite3")
             if self.url is None:
-                _reopen_embedded()
+                reopen_embedded()
             files = self.files(tenant_id)
-        if self.url is not None and not self._holds_any():  # waits on others' locks: hold none
+        if self.url is not None and not holds_any():  # waits on others' locks: hold none
             self._scrub_others(tenant_id)
         return sum(f.stat().st_size for f in files if f.exists()), files
 
@@ -288,10 +301,10 @@ class VectorErasure(ChromaCollections):
         from memory_pipelines.lib.stores.bytescan import vector_windows, windows_of_raw
 
         live: set[bytes] = set()
-        with self._tenant_lock(tenant_id, exclusive=False):
-            col = self.existing(tenant_id)
+        with self.locks.tenant_lock(tenant_id, exclusive=False):
+            col = self.collections.existing(tenant_id)
             if col is not None:
-                got = self._call("reading vectors", lambda: read_pages(col, include=["embeddings"]))
+                got = self.collections.call("reading vectors", lambda: read_pages(col, include=["embeddings"]))
                 live = {w for vector in got["embeddings"] for w in vector_windows(vector)}
         orphans = 0
         if self.path is not None and (self.path / "chroma.sqlite3").exists():

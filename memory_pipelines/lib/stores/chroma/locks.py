@@ -20,9 +20,10 @@ from memory_pipelines.lib.infra.paths import tenant_hash
 __all__ = [
     "CollectionLocks",
     "collection_name",
+    "holds_any",
 ]
 
-# Tenant collection locks this thread holds (see VectorStore._tenant_lock): taken once per thread.
+# Tenant collection locks this thread holds (see CollectionLocks.tenant_lock): taken once per thread.
 _HELD = threading.local()
 
 
@@ -35,25 +36,26 @@ def collection_name(tenant_id: str) -> str:
 class CollectionLocks:
     """The locks of the collections of one Chroma location (see the module docstring)."""
 
-    path: Path | None
-    url: str | None
+    def __init__(self, *, path: Path | None, url: str | None) -> None:
+        self.path = path
+        self.url = url
 
     @contextmanager
-    def _tenant_lock(self, tenant_id: str, *, exclusive: bool) -> Iterator[None]:
+    def tenant_lock(self, tenant_id: str, *, exclusive: bool) -> Iterator[None]:
         """Across processes, for a server whose files are ours (url and path): an erasure rebuilds
         the tenant's collection (a new one under the same name) exclusively, while writes and
         reads of it share the lock, so none writes into or reads the collection being replaced.
 
         Always taken last, after any PostgreSQL lock, and never held while waiting for one.
         Reentrant per thread. Without a local path (an external server, maybe shared by many
-        machines) there is no lock: writes still reopen the collection by name first (_current),
+        machines) there is no lock: writes still reopen the collection by name first (ChromaCollections.current),
         but an erasure there can race another process's sync or query."""
-        with self._collection_lock(collection_name(tenant_id), exclusive=exclusive):
+        with self.collection_lock(collection_name(tenant_id), exclusive=exclusive):
             yield
 
     @contextmanager
-    def _collection_lock(self, name: str, *, exclusive: bool, timeout: float | None = None) -> Iterator[bool]:
-        """The lock of collection `name` (see _tenant_lock); yields whether it is held: always
+    def collection_lock(self, name: str, *, exclusive: bool, timeout: float | None = None) -> Iterator[bool]:
+        """The lock of collection `name` (see tenant_lock); yields whether it is held: always
         without `timeout`, else False when another process kept it for `timeout` seconds."""
         if self.url is None or self.path is None:
             yield True
@@ -88,10 +90,11 @@ class CollectionLocks:
                 held.discard(key)
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
-    def _holds(self, tenant_id: str) -> bool:
+    def holds(self, tenant_id: str) -> bool:
+        """Whether this thread holds the tenant's collection lock."""
         return f"{self.path}|{collection_name(tenant_id)}" in (getattr(_HELD, "names", None) or set())
 
-    @staticmethod
-    def _holds_any() -> bool:
-        """Whether this thread holds any collection's lock."""
-        return bool(getattr(_HELD, "names", None))
+
+def holds_any() -> bool:
+    """Whether this thread holds any collection's lock."""
+    return bool(getattr(_HELD, "names", None))

@@ -17,7 +17,7 @@ from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.memories import ordering
 from memory_pipelines.lib.memories.store import CurrentVersion, MemoryStore
 from memory_pipelines.lib.stores import lineage
-from memory_pipelines.lib.stores.chroma.client import STORE, _serialized, _source, read_pages
+from memory_pipelines.lib.stores.chroma.client import STORE, ChromaCollections, read_pages, serialized, source_of
 from memory_pipelines.lib.stores.chroma.erasure import VectorErasure
 from memory_pipelines.lib.stores.chroma.locks import collection_name
 
@@ -43,32 +43,37 @@ def metadata_of(cv: CurrentVersion) -> dict[str, Any]:
     }
 
 
-class VectorSync(VectorErasure):
-    """Sync of the tenant collections from the memory store, with lineage."""
+class VectorSync:
+    """Sync of the tenant collections from the memory store, with lineage; `erasure` scrubs after writes."""
 
-    @_serialized
+    def __init__(self, collections: ChromaCollections, erasure: VectorErasure) -> None:
+        self.collections = collections
+        self.locks = collections.locks
+        self.erasure = erasure
+
+    @serialized
     def reset(self, *, store: MemoryStore, tenant_id: str) -> None:
         """Drop the tenant's collection and its lineage; the next sync re-embeds everything."""
-        client = self.client()
+        client = self.collections.client()
         name = collection_name(tenant_id)
-        with self._tenant_lock(tenant_id, exclusive=True):
-            existing = self._call("listing collections", lambda: [c.name for c in client.list_collections()])
+        with self.locks.tenant_lock(tenant_id, exclusive=True):
+            existing = self.collections.call("listing collections", lambda: [c.name for c in client.list_collections()])
             if name in existing:
-                self._call("deleting the collection", lambda: client.delete_collection(name=name))
+                self.collections.call("deleting the collection", lambda: client.delete_collection(name=name))
         with store.transaction() as conn:
             conn.execute("DELETE FROM derived.lineage WHERE tenant_id = %s AND store = %s", (tenant_id, STORE))
 
-    @_serialized
+    @serialized
     def sync(self, *, store: MemoryStore, tenant_id: str, progress: Progress = no_progress) -> dict[str, int]:
         """Embed current versions that are missing, remove vectors of versions no longer current;
         `progress` hears of every embedded batch (versions done of those to embed)."""
         current = {cv.record_id: cv for cv in store.current_versions(tenant_id=tenant_id)}
-        col = self.collection(tenant_id)
-        if (col.metadata or {}).get("embedding_model") != self.embedder.name:
+        col = self.collections.collection(tenant_id)
+        if (col.metadata or {}).get("embedding_model") != self.collections.embedder.name:
             # Vectors of two models are not comparable: a model change re-embeds the tenant.
             self.reset(store=store, tenant_id=tenant_id)
-            col = self.collection(tenant_id)
-        existing = self.ids(tenant_id)
+            col = self.collections.collection(tenant_id)
+        existing = self.collections.ids(tenant_id)
         stale = sorted(existing - set(current))
         new = [cv for record_id, cv in current.items() if record_id not in existing]
         self._embed_new(store, tenant_id, col, new, progress)
@@ -86,7 +91,7 @@ class VectorSync(VectorErasure):
         slower. Writes stay one at a time and in order. The embedded client serializes every call
         under one lock, so it writes in line."""
         chunks = [new[start : start + EMBED_CHUNK] for start in range(0, len(new), EMBED_CHUNK)]
-        overlap = self.url is not None and len(chunks) > 1
+        overlap = self.collections.url is not None and len(chunks) > 1
         with (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="vector-writes") if overlap else nullcontext() as pool
         ):
@@ -96,7 +101,7 @@ class VectorSync(VectorErasure):
                 # A version deleted (or its key shredded) since we listed it is simply not embedded.
                 texts = store.open_texts(tenant_id=tenant_id, sources=[cv.source for cv in chunk], skip_unreadable=True)
                 readable = [cv for cv in chunk if cv.source in texts]
-                vectors = self.embedder.embed([texts[cv.source] for cv in readable]) if readable else None
+                vectors = self.collections.embedder.embed([texts[cv.source] for cv in readable]) if readable else None
                 del texts
                 if pending is not None:
                     pending.result()
@@ -119,7 +124,7 @@ class VectorSync(VectorErasure):
     ) -> None:
         self._write_chunk(store, tenant_id, col, chunk, vectors)
         faults.point("vectors.sync.chunk_written")
-        self.scrub(tenant_id)
+        self.erasure.scrub(tenant_id)
 
     def _remove_stale(self, store: MemoryStore, tenant_id: str, col: Any, stale: list[str]) -> int:
         """Delete the vectors (and lineage) of `stale` records no deletion is pending for; returns how many."""
@@ -127,16 +132,16 @@ class VectorSync(VectorErasure):
             # A version whose deletion was accepted is the forget cascade's to erase physically:
             # a plain delete here would only flag it and drop the lineage the cascade follows.
             hidden = ordering.guard_build(
-                conn, tenant_id, [_source(record_id) for record_id in stale], missing_is_hidden=False
+                conn, tenant_id, [source_of(record_id) for record_id in stale], missing_is_hidden=False
             )
-            removable = [record_id for record_id in stale if _source(record_id) not in hidden]
+            removable = [record_id for record_id in stale if source_of(record_id) not in hidden]
             if removable:
-                with self._tenant_lock(tenant_id, exclusive=False):
-                    live = self._current(tenant_id, col)
-                    self._call("deleting vectors", lambda: live.delete(ids=removable))
+                with self.locks.tenant_lock(tenant_id, exclusive=False):
+                    live = self.collections.current(tenant_id, col)
+                    self.collections.call("deleting vectors", lambda: live.delete(ids=removable))
                 lineage.remove_records(conn, tenant_id=tenant_id, store=STORE, record_ids=removable)
             removed = len(removable)
-        self.scrub(tenant_id)
+        self.erasure.scrub(tenant_id)
         return removed
 
     def _write_chunk(
@@ -165,9 +170,9 @@ class VectorSync(VectorErasure):
             keep = [n for n, cv in enumerate(chunk) if cv.source not in hidden]
             if not keep:
                 return
-            with self._tenant_lock(tenant_id, exclusive=False):
-                live = self._current(tenant_id, col)
-                self._call(
+            with self.locks.tenant_lock(tenant_id, exclusive=False):
+                live = self.collections.current(tenant_id, col)
+                self.collections.call(
                     "upserting vectors",
                     lambda: live.upsert(
                         ids=[chunk[n].record_id for n in keep],
@@ -176,12 +181,12 @@ class VectorSync(VectorErasure):
                     ),
                 )
 
-    @_serialized
+    @serialized
     def check(self, *, store: MemoryStore, tenant_id: str) -> dict[str, int]:
         """Counts that must be zero: documents stored, vectors without lineage, vectors not current."""
-        with self._tenant_lock(tenant_id, exclusive=False):
-            col = self.collection(tenant_id)
-            got = self._call("reading", lambda: read_pages(col, include=["documents"]))
+        with self.locks.tenant_lock(tenant_id, exclusive=False):
+            col = self.collections.collection(tenant_id)
+            got = self.collections.call("reading", lambda: read_pages(col, include=["documents"]))
         ids = set(got["ids"])
         documents = sum(1 for doc in (got.get("documents") or []) if doc)
         current = {cv.record_id for cv in store.current_versions(tenant_id=tenant_id)}
@@ -189,11 +194,11 @@ class VectorSync(VectorErasure):
             edges = lineage.records_of_store(conn, tenant_id=tenant_id, store=STORE)
             # Vectors of accepted deletions wait for their cascade, which erases them physically.
             pending = ordering.hidden_sources(
-                conn, tenant_id, [_source(i) for i in ids - current], missing_is_hidden=False
+                conn, tenant_id, [source_of(i) for i in ids - current], missing_is_hidden=False
             )
         return {
             "records": len(ids),
             "documents": documents,
             "without_lineage": len(ids - set(edges)),
-            "not_current": len({i for i in ids - current if _source(i) not in pending}),
+            "not_current": len({i for i in ids - current if source_of(i) not in pending}),
         }
