@@ -85,8 +85,9 @@ def main() -> None:
         f"backup: {versions:,} versions, {manifest['bytes'] / 1e6:.1f} MB sealed, {backup_s:.2f} s"
         f" ({versions / backup_s:,.0f} rows/s)"
     )
-    with backups._scratch(tenant) as scratch:  # the very archive bytes the backup encrypted
-        archive = backups._fetch_archive(backups._backup_row(tenant, manifest["backup_id"]), scratch).read_bytes()
+    with backups.context.scratch(tenant) as scratch:  # the very archive bytes the backup encrypted
+        sealed = backups.listing.backup_row(tenant, manifest["backup_id"])
+        archive = backups.loading.fetch_archive(sealed, scratch).read_bytes()
     figures = encryption_ratio(archive)
     print(
         f"encryption of the {figures['mb']:.1f} MB archive: stream {figures['stream_mb_s']:,.0f} MB/s vs raw AES-GCM"

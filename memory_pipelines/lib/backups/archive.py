@@ -15,20 +15,31 @@ from memory_pipelines.lib.results import BackupManifest, BackupStub
 
 __all__ = [
     "FORMAT",
+    "PublicManifest",
+    "SealedManifest",
+    "StoredManifest",
+    "object_aad",
+    "public",
+    "public_manifest",
+    "sha256",
+    "wrap_aad",
 ]
 
 FORMAT = 1
 
 
-def _object_aad(tenant_id: str, backup_id: str) -> bytes:
+def object_aad(tenant_id: str, backup_id: str) -> bytes:
+    """The associated data binding a backup object's stream to its tenant and backup id."""
     return crypto.aad("backup-object", tenant_id, backup_id)
 
 
-def _wrap_aad(tenant_id: str, backup_id: str) -> bytes:
+def wrap_aad(tenant_id: str, backup_id: str) -> bytes:
+    """The associated data binding a backup's wrapped object key to its tenant and backup id."""
     return crypto.aad("backup-object-key", tenant_id, backup_id)
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """The hex SHA-256 of the file at `path`, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         while block := fh.read(1 << 20):
@@ -39,7 +50,7 @@ def _sha256(path: Path) -> str:
 class SealedManifest(BackupManifest):
     """A stored backup's whole manifest, as `BackupService.backup` writes it: with the wrapped key."""
 
-    wrapped_object_key: NotRequired[str]  # always written; NotRequired so that `_public_manifest` drops it
+    wrapped_object_key: NotRequired[str]  # always written; NotRequired so that `public_manifest` drops it
 
 
 class PublicManifest(BackupStub):
@@ -59,15 +70,15 @@ class StoredManifest(PublicManifest):
     wrapped_object_key: NotRequired[str]
 
 
-def _public(manifest: StoredManifest) -> PublicManifest:
+def public(manifest: StoredManifest) -> PublicManifest:
     """The manifest without the wrapped key (harmless, but of no use to a reader)."""
     public = manifest.copy()
     public.pop("wrapped_object_key", None)
     return public
 
 
-def _public_manifest(manifest: SealedManifest) -> BackupManifest:
-    """`_public` of a whole manifest."""
+def public_manifest(manifest: SealedManifest) -> BackupManifest:
+    """`public` of a whole manifest."""
     public = manifest.copy()
     public.pop("wrapped_object_key", None)
     return public

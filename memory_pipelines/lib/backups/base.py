@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from memory_pipelines.lib.backups.storage import BackupStorage
@@ -13,24 +14,25 @@ from memory_pipelines.lib.infra.home import LEGACY_SCRATCH
 from memory_pipelines.lib.memories.store import MemoryStore
 
 __all__ = [
-    "BackupServiceBase",
+    "BackupContext",
     "Hook",
 ]
 
 Hook = Callable[[str], None]
 
 
-class BackupServiceBase:
-    """The state of a BackupService (set by its constructor) and the helpers all its parts use."""
+@dataclass(frozen=True)
+class BackupContext:
+    """The state the backup service's parts share, and the scratch directories and hooks they use."""
 
     store: MemoryStore
     storage: BackupStorage
     staging: Path
-    days: int
-    hooks: dict[str, Hook]
+    days: int = 35
+    hooks: dict[str, Hook] = field(default_factory=dict)
 
     @contextmanager
-    def _scratch(self, tenant_id: str) -> Iterator[Path]:
+    def scratch(self, tenant_id: str) -> Iterator[Path]:
         """A scratch directory of the tenant's (ciphertext columns and ids), announced before it is made
         (lib/infra/artifacts.py): removed when the block ends, or by the next sweep once its process is
         gone, whatever killed it. Every backup and restore sweeps first."""
@@ -39,7 +41,8 @@ class BackupServiceBase:
         with artifacts.artifact(self.staging, "scratch-", owner=tenant_id, directory=True) as path:
             yield path
 
-    def _hook(self, step: str) -> None:
+    def hook(self, step: str) -> None:
+        """A restore reached `step`: its fault point, then the test hook registered for it, if any."""
         faults.point("restore." + step)
         if step in self.hooks:
             self.hooks[step](step)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from memory_pipelines.lib.backups.archive import SealedManifest, _public, _public_manifest
-from memory_pipelines.lib.backups.base import BackupServiceBase
+from memory_pipelines.lib.backups.archive import SealedManifest, public, public_manifest
+from memory_pipelines.lib.backups.storage import BackupStorage
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, ValidationError
+from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.results import BackupListing as Listing
 from memory_pipelines.lib.results import BackupManifest, BackupsExpired
 
@@ -17,8 +18,12 @@ __all__ = [
 ]
 
 
-class BackupListing(BackupServiceBase):
+class BackupListing:
     """Lists and expires backups."""
+
+    def __init__(self, store: MemoryStore, storage: BackupStorage) -> None:
+        self.store = store
+        self.storage = storage
 
     def list_backups(self, *, tenant_id: str) -> list[Listing]:
         """The tenant's backups, oldest first, in flight and failed ones included (ids and counts only)."""
@@ -32,7 +37,7 @@ class BackupListing(BackupServiceBase):
         # IN_FLIGHT: registered, snapshot being taken or uploaded (it may hold anything forgotten since).
         return [
             {
-                **_public(manifest),
+                **public(manifest),
                 "location": location,
                 "expired": expired is not None,
                 "state": state,
@@ -61,9 +66,10 @@ class BackupListing(BackupServiceBase):
         """The manifest (less its wrapped key) of the tenant's backup `backup_id` if it can be restored
         now: stored and not expired. Else ValidationError (malformed id, another tenant's backup),
         NotFoundError (unknown, failed or expired) or ConflictError (still being taken), naming `backup`."""
-        return _public_manifest(self._backup_row(tenant_id, backup_id))
+        return public_manifest(self.backup_row(tenant_id, backup_id))
 
-    def _backup_row(self, tenant_id: str, backup_id: str) -> SealedManifest:
+    def backup_row(self, tenant_id: str, backup_id: str) -> SealedManifest:
+        """The whole stored manifest (with its wrapped key) of a backup `find_backup` accepts; raises as it does."""
         validation.check_id("tenant", tenant_id)
         if not isinstance(backup_id, str) or not backup_id.startswith("b_") or len(backup_id) > 64:
             raise ValidationError("backup", f"malformed backup id {backup_id!r}")

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from memory_pipelines.lib.backups import restore_replay
+from memory_pipelines.lib.backups.base import BackupContext
 from memory_pipelines.lib.backups.listing import BackupListing
 from memory_pipelines.lib.backups.restore_load import RestoreLoading
 from memory_pipelines.lib.infra import faults, validation
@@ -67,15 +68,21 @@ def _restore_id_clash(row: tuple[Any, ...] | None, tenant_id: str, backup_id: st
     )
 
 
-class BackupRestore(RestoreLoading, BackupListing):
-    """Requests, runs and reopens restores."""
+class BackupRestore:
+    """Requests, runs and reopens restores: `listing` checks the backup, `loading` loads it."""
+
+    def __init__(self, context: BackupContext, *, listing: BackupListing, loading: RestoreLoading) -> None:
+        self.context = context
+        self.store = context.store
+        self.listing = listing
+        self.loading = loading
 
     def request_restore(self, *, tenant_id: str, backup_id: str, restore_id: str | None = None) -> RestoreRequest:
         """Record a restore for the restore sensor to run; the backup and the restore id are checked now.
         A `restore_id` already naming another restore is refused (ConflictError), never reused."""
         if restore_id is not None:
             check_restore_id(restore_id)
-        self._backup_row(tenant_id, backup_id)
+        self.listing.backup_row(tenant_id, backup_id)
         restore_id = restore_id or "r_" + secrets.token_hex(8)
         with self.store.transaction() as conn:
             inserted = conn.execute(
@@ -126,12 +133,12 @@ class BackupRestore(RestoreLoading, BackupListing):
         the tenant (same advisory lock); waits up to `lock_timeout` seconds. A `restore_id` naming
         another restore is refused (ConflictError) before anything is touched.
         """
-        manifest = self._backup_row(tenant_id, backup_id)
+        manifest = self.listing.backup_row(tenant_id, backup_id)
         if restore_id is not None:
             self.check_restore_id(tenant_id=tenant_id, backup_id=backup_id, restore_id=restore_id)
-        with self._tenant_lock(tenant_id, lock_timeout), self._scratch(tenant_id) as scratch:
+        with self._tenant_lock(tenant_id, lock_timeout), self.context.scratch(tenant_id) as scratch:
             self._require_restorable(tenant_id)
-            tables = self._fetch_and_open(manifest, scratch)
+            tables = self.loading.fetch_and_open(manifest, scratch)
             restore_id = restore_id or "r_" + secrets.token_hex(8)
             with self.store.transaction() as conn:
                 # Closing the gate waits for every write in flight (they hold the lock shared) and is
@@ -144,7 +151,7 @@ class BackupRestore(RestoreLoading, BackupListing):
             owed: restore_replay.Owed = {}
             try:
                 with self.store.transaction() as conn:
-                    self._load_and_replay(conn, tenant_id, manifest, tables, report, owed, progress)
+                    self.loading.load_and_replay(conn, tenant_id, manifest, tables, report, owed, progress)
                     report["verification"] = restore_replay.verify(conn, tenant_id)
                     if any(report["verification"].values()):
                         raise _VerificationFailed  # rolls the load back: forgotten rows never commit

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 
 from memory_pipelines.lib.backups import restore_replay
 from memory_pipelines.lib.backups import tables as backup_tables
-from memory_pipelines.lib.backups.archive import SealedManifest, _object_aad, _wrap_aad
-from memory_pipelines.lib.backups.base import BackupServiceBase
+from memory_pipelines.lib.backups.archive import SealedManifest, object_aad, wrap_aad
+from memory_pipelines.lib.backups.base import BackupContext
 from memory_pipelines.lib.infra import faults
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.infra.progress import Progress
@@ -32,11 +32,17 @@ __all__ = [
 ]
 
 
-class RestoreLoading(BackupServiceBase):
+class RestoreLoading:
     """Loads a backup into a tenant within the restore's transaction."""
 
-    def _fetch_and_open(self, manifest: SealedManifest, scratch: Path) -> dict[str, pa.Table]:
-        archive = self._fetch_archive(manifest, scratch)
+    def __init__(self, context: BackupContext) -> None:
+        self.context = context
+        self.store = context.store
+
+    def fetch_and_open(self, manifest: SealedManifest, scratch: Path) -> dict[str, pa.Table]:
+        """Fetch and decrypt the backup into `scratch` and open each of its tables (empty for a store
+        registered since); fails before anything is loaded."""
+        archive = self.fetch_archive(manifest, scratch)
         faults.point("restore.fetched")
         folder = scratch / "snapshot"
         with tarfile.open(archive) as tar:
@@ -52,7 +58,7 @@ class RestoreLoading(BackupServiceBase):
                 opened[name] = pq.read_table(file)
         return opened
 
-    def _fetch_archive(self, manifest: SealedManifest, scratch: Path) -> Path:
+    def fetch_archive(self, manifest: SealedManifest, scratch: Path) -> Path:
         """Download and decrypt the backup object into `scratch`; fails before anything is loaded."""
         tenant_id, backup_id = manifest["tenant_id"], manifest["backup_id"]
         with self.store.transaction() as conn:
@@ -64,23 +70,23 @@ class RestoreLoading(BackupServiceBase):
                 ) from exc
         try:
             object_key = crypto.open_sealed(
-                tenant_key, base64.b64decode(manifest["wrapped_object_key"]), _wrap_aad(tenant_id, backup_id)
+                tenant_key, base64.b64decode(manifest["wrapped_object_key"]), wrap_aad(tenant_id, backup_id)
             )
         except crypto.DecryptionError as exc:
             raise ValidationError("backup", f"backup {backup_id}: its object key does not unwrap") from exc
         sealed = scratch / "backup.bin"
-        self.storage.get_file(manifest["object"], sealed)
+        self.context.storage.get_file(manifest["object"], sealed)
         archive = scratch / "snapshot.tar"
         try:
             with sealed.open("rb") as src, archive.open("wb") as dst:
-                crypto.decrypt_stream(object_key, src, dst, _object_aad(tenant_id, backup_id))
+                crypto.decrypt_stream(object_key, src, dst, object_aad(tenant_id, backup_id))
         except crypto.DecryptionError as exc:
             raise ValidationError(
                 "backup", f"backup {backup_id} failed authentication ({exc}); nothing was loaded"
             ) from exc
         return archive
 
-    def _load_and_replay(
+    def load_and_replay(
         self,
         conn: psycopg.Connection,
         tenant_id: str,
@@ -103,13 +109,13 @@ class RestoreLoading(BackupServiceBase):
         seconds: dict[str, float] = {}
         report["loaded"] = self._load(conn, tenant_id, tables, progress)
         seconds["stage"] = lap()
-        self._hook("loaded")
+        self.context.hook("loaded")
         clock[-1] = time.perf_counter()  # a test's hook is no step of the restore
         removed, report["consent"] = restore_replay.filter_staged(
             conn, tenant_id, since=manifest.get("consent_snapshot")
         )
         seconds["filter"] = lap()
-        self._hook("filtered")
+        self.context.hook("filtered")
         clock[-1] = time.perf_counter()
         held = backup_tables.tables()
         restore_replay.publish(conn, tenant_id, [(name, *held[name]) for name in backup_tables.staged()])
@@ -133,7 +139,7 @@ class RestoreLoading(BackupServiceBase):
         report["seconds"] = seconds
         report["load_seconds"] = round(seconds["stage"] + seconds["publish"], 3)
         report["replay_seconds"] = round(seconds["filter"] + seconds["replay"], 3)
-        self._hook("replayed")
+        self.context.hook("replayed")
 
     def _load(
         self, conn: psycopg.Connection, tenant_id: str, tables: dict[str, pa.Table], progress: Progress

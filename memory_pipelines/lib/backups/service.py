@@ -14,18 +14,21 @@ applies the deletion journal (subject epochs, tombstones, key destructions) and 
 there, copies only what survives into the tenant's tables, replays and verifies again on them, and
 only then reopens reads (lib/backups/restore_replay.py). A restore id names one restore of one tenant.
 
-`BackupService` is assembled from one module per concern: taking.py (taking a backup), archive.py
-(the sealed object and its manifest), listing.py (listing, looking up and expiring backups),
-restore.py (requesting, running and reopening restores), restore_load.py (the load and replay
-inside a restore's transaction); tables.py says what a backup holds.
+`BackupService` holds one part per concern, each built on what it needs: base.py (the context the
+parts share: store, storage, scratch directory, retention, hooks), taking.py (taking a backup),
+listing.py (listing, looking up and expiring backups), restore.py (requesting, running and reopening
+restores, given the listing and the loading), restore_load.py (the load and replay inside a restore's
+transaction); archive.py is the sealed object and its manifest, tables.py what a backup holds.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 from memory_pipelines.lib.backups.archive import FORMAT
-from memory_pipelines.lib.backups.base import Hook
+from memory_pipelines.lib.backups.base import BackupContext, Hook
+from memory_pipelines.lib.backups.listing import BackupListing
 from memory_pipelines.lib.backups.restore import (
     RESTORE_ID_RE,
     BackupRestore,
@@ -35,10 +38,21 @@ from memory_pipelines.lib.backups.restore import (
     restored_sequences,
     restores,
 )
+from memory_pipelines.lib.backups.restore_load import RestoreLoading
 from memory_pipelines.lib.backups.storage import BackupStorage, LocalBackupStorage, S3BackupStorage
 from memory_pipelines.lib.backups.taking import BATCH_ROWS, BackupTaking
 from memory_pipelines.lib.infra.home import staging_dir
+from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.memories.store import MemoryStore
+from memory_pipelines.lib.results import BackupListing as Listing
+from memory_pipelines.lib.results import (
+    BackupManifest,
+    BackupsExpired,
+    BackupTaken,
+    RestoreReport,
+    RestoreRequest,
+    TenantReopened,
+)
 
 __all__ = [
     "BATCH_ROWS",
@@ -55,8 +69,10 @@ __all__ = [
 ]
 
 
-class BackupService(BackupTaking, BackupRestore):
-    """Backs tenants up to `storage`, lists and expires backups, and restores them safely."""
+class BackupService:
+    """Backs tenants up to `storage`, lists and expires backups, and restores them safely.
+
+    A facade over its parts (`taking`, `listing`, `loading`, `restoring`), which share `context`."""
 
     def __init__(
         self,
@@ -67,11 +83,82 @@ class BackupService(BackupTaking, BackupRestore):
         days: int = 35,
         hooks: dict[str, Hook] | None = None,
     ) -> None:
-        self.store = store
-        self.storage = storage
-        self.staging = staging
-        self.days = days
-        self.hooks = hooks or {}
+        self.context = BackupContext(store, storage, staging, days, hooks or {})
+        self.taking = BackupTaking(self.context)
+        self.listing = BackupListing(store, storage)
+        self.loading = RestoreLoading(self.context)
+        self.restoring = BackupRestore(self.context, listing=self.listing, loading=self.loading)
+
+    @property
+    def store(self) -> MemoryStore:
+        """The memory store backed up and restored."""
+        return self.context.store
+
+    @property
+    def storage(self) -> BackupStorage:
+        """Where the sealed backups and their manifests are kept."""
+        return self.context.storage
+
+    @property
+    def staging(self) -> Path:
+        """The directory of scratch files."""
+        return self.context.staging
+
+    @property
+    def days(self) -> int:
+        """How many days a backup is kept."""
+        return self.context.days
+
+    @property
+    def hooks(self) -> dict[str, Hook]:
+        """Test hooks called between a restore's steps, by step name."""
+        return self.context.hooks
+
+    def backup(self, *, tenant_id: str, progress: Progress = no_progress) -> BackupTaken:
+        """`BackupTaking.backup`: snapshot, encrypt and store one tenant."""
+        return self.taking.backup(tenant_id=tenant_id, progress=progress)
+
+    def list_backups(self, *, tenant_id: str) -> list[Listing]:
+        """`BackupListing.list_backups`: the tenant's backups, oldest first."""
+        return self.listing.list_backups(tenant_id=tenant_id)
+
+    def sweep_expired(self, *, now: datetime | None = None) -> BackupsExpired:
+        """`BackupListing.sweep_expired`: delete backups past their expiry."""
+        return self.listing.sweep_expired(now=now)
+
+    def find_backup(self, *, tenant_id: str, backup_id: str) -> BackupManifest:
+        """`BackupListing.find_backup`: the manifest of a backup that can be restored now."""
+        return self.listing.find_backup(tenant_id=tenant_id, backup_id=backup_id)
+
+    def request_restore(self, *, tenant_id: str, backup_id: str, restore_id: str | None = None) -> RestoreRequest:
+        """`BackupRestore.request_restore`: record a restore for the restore sensor to run."""
+        return self.restoring.request_restore(tenant_id=tenant_id, backup_id=backup_id, restore_id=restore_id)
+
+    def check_restore_id(self, *, tenant_id: str, backup_id: str, restore_id: str) -> str:
+        """`BackupRestore.check_restore_id`: `restore_id` if it may name this restore now."""
+        return self.restoring.check_restore_id(tenant_id=tenant_id, backup_id=backup_id, restore_id=restore_id)
+
+    def restore(
+        self,
+        *,
+        tenant_id: str,
+        backup_id: str,
+        restore_id: str | None = None,
+        lock_timeout: float = 60.0,
+        progress: Progress = no_progress,
+    ) -> RestoreReport:
+        """`BackupRestore.restore`: load a backup behind the restore gate, replay, verify, reopen."""
+        return self.restoring.restore(
+            tenant_id=tenant_id,
+            backup_id=backup_id,
+            restore_id=restore_id,
+            lock_timeout=lock_timeout,
+            progress=progress,
+        )
+
+    def reopen(self, *, tenant_id: str) -> TenantReopened:
+        """`BackupRestore.reopen`: open a tenant whose gate a BLOCKED restore left closed."""
+        return self.restoring.reopen(tenant_id=tenant_id)
 
 
 def backup_service(

@@ -20,12 +20,12 @@ from memory_pipelines.lib.backups import tables as backup_tables
 from memory_pipelines.lib.backups.archive import (
     FORMAT,
     SealedManifest,
-    _object_aad,
-    _public_manifest,
-    _sha256,
-    _wrap_aad,
+    object_aad,
+    public_manifest,
+    sha256,
+    wrap_aad,
 )
-from memory_pipelines.lib.backups.base import BackupServiceBase
+from memory_pipelines.lib.backups.base import BackupContext
 from memory_pipelines.lib.infra import faults, validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError
 from memory_pipelines.lib.infra.progress import Progress, no_progress
@@ -49,8 +49,14 @@ def _select(table: str, columns: list[tuple[str, pa.DataType]]) -> psycopg.sql.C
     )
 
 
-class BackupTaking(BackupServiceBase):
-    """Backs tenants up to the storage."""
+class BackupTaking:
+    """Backs tenants up to the context's storage, each backup kept for the context's `days`."""
+
+    def __init__(self, context: BackupContext) -> None:
+        self.context = context
+        self.store = context.store
+        self.storage = context.storage
+        self.days = context.days
 
     def backup(self, *, tenant_id: str, progress: Progress = no_progress) -> BackupTaken:
         """Snapshot, encrypt and store one tenant; returns the manifest (ids and counts only).
@@ -71,7 +77,7 @@ class BackupTaking(BackupServiceBase):
                 "UPDATE control.backups SET state = 'DONE', manifest = %s, snapshot_at = %s WHERE backup_id = %s",
                 (json.dumps(manifest), manifest["snapshot_at"], backup_id),
             )
-        return {**_public_manifest(manifest), "seconds": round(time.perf_counter() - started, 3)}
+        return {**public_manifest(manifest), "seconds": round(time.perf_counter() - started, 3)}
 
     def _register(self, tenant_id: str, backup_id: str) -> datetime:
         """Record the backup as IN_FLIGHT before its snapshot: from now on a proof counts it, and
@@ -116,7 +122,7 @@ class BackupTaking(BackupServiceBase):
 
     def _take(self, tenant_id: str, backup_id: str, created: datetime, progress: Progress) -> SealedManifest:
         """Snapshot, seal and upload; returns the manifest."""
-        with self._scratch(tenant_id) as scratch:
+        with self.context.scratch(tenant_id) as scratch:
             snapshot = scratch / "snapshot"
             snapshot.mkdir()
             with self.store.transaction() as conn:
@@ -159,8 +165,8 @@ class BackupTaking(BackupServiceBase):
             object_key = crypto.new_key()
             sealed = scratch / "backup.bin"
             with archive.open("rb") as src, sealed.open("wb") as dst:
-                size = crypto.encrypt_stream(object_key, src, dst, _object_aad(tenant_id, backup_id))
-            digest = _sha256(sealed)
+                size = crypto.encrypt_stream(object_key, src, dst, object_aad(tenant_id, backup_id))
+            digest = sha256(sealed)
             manifest: SealedManifest = {
                 "format": FORMAT,
                 "backup_id": backup_id,
@@ -168,7 +174,7 @@ class BackupTaking(BackupServiceBase):
                 "rows": rows,
                 "key_ids": {"tenant_key": tenant_key_id, "subject_keys": key_ids},
                 "wrapped_object_key": base64.b64encode(
-                    crypto.seal(tenant_key, object_key, _wrap_aad(tenant_id, backup_id))
+                    crypto.seal(tenant_key, object_key, wrap_aad(tenant_id, backup_id))
                 ).decode(),
                 "object": f"{tenant_id}/{backup_id}.bin",
                 "bytes": size,
