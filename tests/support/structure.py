@@ -3,9 +3,9 @@
     python -m tests.support.structure
 
 - the largest class counted with its in-project bases (lines and methods, each base once);
-- `_private` names used outside the module that defines them (imported, or reached through an
-  object: `store._bump(...)`, or through `self` in a class whose own module never defines the name:
-  a mixin using its sibling's);
+- `_private` names of this package used outside the module that defines them (imported, or reached
+  through an object: `store._bump(...)`, or through `self` in a class whose own module never defines
+  the name: a mixin using its sibling's); other libraries' (`os._exit`) are listed apart;
 - import circles among the package's modules, function-level imports included (type-checking ones not);
 - upward imports: a `lib` domain importing one above it (LIB_ORDER), function-level included.
 """
@@ -126,17 +126,38 @@ def _defined_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def private_uses() -> list[str]:
-    """`module: name` for each `_private` name used in a module that does not define it."""
+def _all_private_uses() -> list[tuple[str, str, str]]:
+    """(module, name, expression) for each `_private` name used in a module that does not define it."""
     found = []
     for module, tree in _trees():
         defined = _defined_names(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(ROOT):
-                found += [f"{module}: {a.name}" for a in node.names if _private(a.name)]
+                found += [(module, a.name, a.name) for a in node.names if _private(a.name)]
             elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in defined:
-                found.append(f"{module}: {ast.unparse(node)}")
+                found.append((module, node.attr, ast.unparse(node)))
     return found
+
+
+def _ours() -> set[str]:
+    names: set[str] = set()
+    for _, tree in _trees():
+        names |= _defined_names(tree)
+    return names
+
+
+def private_uses() -> list[str]:
+    """`module: expression` for each `_private` name of this package used in a module that does not
+    define it."""
+    ours = _ours()
+    return [f"{module}: {expr}" for module, name, expr in _all_private_uses() if name in ours]
+
+
+def foreign_private_uses() -> list[str]:
+    """`_private` names of other libraries reached (`os._exit`, `DagsterGrpcClient._query`): not ours to
+    make public; `launch/dagster_internals.py` is where Dagster's are meant to live."""
+    ours = _ours()
+    return [f"{module}: {expr}" for module, name, expr in _all_private_uses() if name not in ours]
 
 
 def _private(name: str) -> bool:
@@ -202,6 +223,7 @@ def summary() -> dict[str, object]:
     return {
         "largest_class_with_bases": {"class": largest[0], "lines": largest[1], "methods": largest[2]},
         "cross_module_private_uses": len(privates),
+        "other_libraries_private_uses": foreign_private_uses(),
         "circles": circles(),
         "upward_imports": upward_imports(),
     }

@@ -97,13 +97,10 @@ def test_no_import_circle_and_no_upward_import_even_inside_functions():
     assert structure.upward_imports() == []
 
 
-# `_private` names used outside their module (a mixin reaching into its sibling, `store._bump(...)`):
-# 149 when counted first (2026-12-05), 140 after the SQL fragments became public; the collaborators
-# of issue 37 take it to 0. It may only go down.
-PRIVATE_USES_AT_MOST = 140
-
-
-def test_cross_module_private_uses_only_go_down():
+# `_private` names of this package used outside their module (a mixin reaching into its sibling,
+# `store._bump(...)`): 149 when counted first (2026-12-05), 0 once the stores, backups and services
+# held their parts instead of inheriting them. Other libraries' (`os._exit`) are not counted.
+def test_no_private_name_is_used_outside_its_module():
     from tests.support import structure
 
-    assert len(structure.private_uses()) <= PRIVATE_USES_AT_MOST
+    assert structure.private_uses() == []
