@@ -25,6 +25,7 @@ from benchmarks.ingest import corpus
 from memory_pipelines.lib.backups.service import BackupService
 from memory_pipelines.lib.backups.storage import LocalBackupStorage
 from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.forget.ledger import DeletionLedger
 from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories import crypto
@@ -71,7 +72,12 @@ def main() -> None:
     store = open_store(settings)
     # No embeddings here: backups, restores and sweeps never embed, and derived stores are empty.
     derived = open_derived(settings, store, embedder=HashingEmbedder())
-    backups = BackupService(store, LocalBackupStorage(home / "backups"), staging=home / "backups" / ".staging")
+    backups = BackupService(
+        store,
+        LocalBackupStorage(home / "backups"),
+        staging=home / "backups" / ".staging",
+        job_records=DeletionLedger(store),
+    )
     service = DeletionService(derived)
 
     tenant = "bench-backup"

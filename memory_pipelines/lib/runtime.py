@@ -36,6 +36,7 @@ def open_store(settings: Settings, endpoints: Endpoints | None = None) -> Memory
 
 def open_backups(settings: Settings, store: MemoryStore) -> BackupService:
     from memory_pipelines.lib.backups.service import backup_service
+    from memory_pipelines.lib.forget.ledger import DeletionLedger
 
     return backup_service(
         store,
@@ -44,4 +45,5 @@ def open_backups(settings: Settings, store: MemoryStore) -> BackupService:
         s3_prefix=settings.s3_prefix,
         s3_endpoint_url=settings.s3_endpoint_url,
         days=settings.backup_days,
+        job_records=DeletionLedger(store),
     )

@@ -4,6 +4,7 @@ import dagster as dg
 from pydantic import Field
 
 from memory_pipelines.lib.backups.service import BackupService, backup_service
+from memory_pipelines.lib.forget.ledger import DeletionLedger
 from memory_pipelines.lib.infra.settings import DEFAULT_BACKUP_DAYS, DEFAULT_HOME
 from memory_pipelines.lib.memories.store import MemoryStore
 
@@ -25,4 +26,5 @@ class BackupResource(dg.ConfigurableResource):
             s3_prefix=self.s3_prefix,
             s3_endpoint_url=self.s3_endpoint_url,
             days=self.retention_days,
+            job_records=DeletionLedger(store),
         )

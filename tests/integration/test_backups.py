@@ -9,6 +9,7 @@ import pytest
 from memory_pipelines.lib.backups.service import BackupService
 from memory_pipelines.lib.backups.storage import LocalBackupStorage, S3BackupStorage
 from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.forget.ledger import DeletionLedger
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, ValidationError
 from tests.conftest import row_counts
 
@@ -45,7 +46,7 @@ def backups(request, store, tmp_path, s3_server):
         storage = LocalBackupStorage(tmp_path / "backups")
     else:
         storage = s3_storage(s3_server, "mp-" + tmp_path.name.lower().replace("_", "-")[:40])
-    return BackupService(store, storage, staging=tmp_path / "staging")
+    return BackupService(store, storage, staging=tmp_path / "staging", job_records=DeletionLedger(store))
 
 
 def seed(store, derived, tenant):
@@ -189,7 +190,11 @@ def test_restore_waits_for_a_running_forget_and_closes_reads_while_loading(store
         seen.append(step)
 
     service = BackupService(
-        store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s", hooks={"loaded": during_load}
+        store,
+        LocalBackupStorage(tmp_path / "b"),
+        staging=tmp_path / "s",
+        hooks={"loaded": during_load},
+        job_records=DeletionLedger(store),
     )
     manifest = service.backup(tenant_id=tenant)
     # A forget run holds the tenant's lock: the restore refuses after its wait instead of interleaving.
@@ -205,7 +210,7 @@ def test_restore_waits_for_a_running_forget_and_closes_reads_while_loading(store
 
 def test_s3_backups_get_a_lifecycle_rule_and_list(store, derived, tenant, s3_server, tmp_path):
     storage = s3_storage(s3_server, "mp-lifecycle")
-    service = BackupService(store, storage, staging=tmp_path / "staging", days=35)
+    service = BackupService(store, storage, staging=tmp_path / "staging", days=35, job_records=DeletionLedger(store))
     seed(store, derived, tenant)
     first = service.backup(tenant_id=tenant)
     assert storage.lifecycle_days() == 35
@@ -255,7 +260,9 @@ def test_keys_shred_compacts_the_key_store_and_requests_the_forget(store, derive
 def test_restore_failing_verification_stays_closed_and_blocked(store, derived, tenant, tmp_path):
     w = seed(store, derived, tenant)
     storage = LocalBackupStorage(tmp_path / "b")
-    manifest = BackupService(store, storage, staging=tmp_path / "s").backup(tenant_id=tenant)
+    manifest = BackupService(store, storage, staging=tmp_path / "s", job_records=DeletionLedger(store)).backup(
+        tenant_id=tenant
+    )
     service = DeletionService(derived)
     job = service.request(tenant_id=tenant, memory_id=w["bob_gone"].memory_id)
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
@@ -270,7 +277,13 @@ def test_restore_failing_verification_stays_closed_and_blocked(store, derived, t
             )
 
     before = {u: visible_ids(store, tenant, u) for u in ("alice", "bob", "carol")}
-    broken = BackupService(store, storage, staging=tmp_path / "s", hooks={"replayed": plant_a_forgotten_row})
+    broken = BackupService(
+        store,
+        storage,
+        staging=tmp_path / "s",
+        hooks={"replayed": plant_a_forgotten_row},
+        job_records=DeletionLedger(store),
+    )
     report = broken.restore(tenant_id=tenant, backup_id=manifest["backup_id"])
     assert report["state"] == "BLOCKED" and report["verification"]["tombstones"] == 1
     with pytest.raises(ConflictError, match="being restored"):
@@ -287,7 +300,7 @@ def test_restore_failing_verification_stays_closed_and_blocked(store, derived, t
     # And a restore may run again on a gate a BLOCKED restore left closed.
     again = broken.restore(tenant_id=tenant, backup_id=manifest["backup_id"])
     assert again["state"] == "BLOCKED"
-    fixed = BackupService(store, storage, staging=tmp_path / "s").restore(
+    fixed = BackupService(store, storage, staging=tmp_path / "s", job_records=DeletionLedger(store)).restore(
         tenant_id=tenant, backup_id=manifest["backup_id"]
     )
     assert fixed["state"] == "COMPLETE" and visible_ids(store, tenant, "carol") == before["carol"]
@@ -300,7 +313,9 @@ def test_restore_sensors_launch_the_restore_and_then_the_rebuild(store, derived,
     from memory_pipelines.resources import MemoryStoreResource
 
     seed(store, derived, tenant)
-    service = BackupService(store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s")
+    service = BackupService(
+        store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s", job_records=DeletionLedger(store)
+    )
     manifest = service.backup(tenant_id=tenant)
     requested = service.request_restore(tenant_id=tenant, backup_id=manifest["backup_id"])
     resource = MemoryStoreResource(home=str(session_settings.home))
@@ -332,7 +347,9 @@ def test_restores_completing_out_of_start_order_are_each_backfilled_once(store, 
     manifests = {}
     for t in (first, second):
         seed(store, derived, t)
-        manifests[t] = BackupService(store, storage, staging=tmp_path / "s").backup(tenant_id=t)
+        manifests[t] = BackupService(store, storage, staging=tmp_path / "s", job_records=DeletionLedger(store)).backup(
+            tenant_id=t
+        )
     resource = MemoryStoreResource(home=str(session_settings.home))
     definitions = defs()
     requests: list[dg.RunRequest] = []
@@ -348,7 +365,7 @@ def test_restores_completing_out_of_start_order_are_each_backfilled_once(store, 
         cursor[0] = result.cursor
 
     def second_restore_meanwhile(step: str) -> None:
-        BackupService(store, storage, staging=tmp_path / "s2").restore(
+        BackupService(store, storage, staging=tmp_path / "s2", job_records=DeletionLedger(store)).restore(
             tenant_id=second, backup_id=manifests[second]["backup_id"]
         )
         tick()  # sees the second restore only: the first has not committed
@@ -357,7 +374,13 @@ def test_restores_completing_out_of_start_order_are_each_backfilled_once(store, 
         instance.add_dynamic_partitions("tenants", [first, second])
         tick()  # whatever other tests restored: from here on, only new completions
         requests.clear()
-        slow = BackupService(store, storage, staging=tmp_path / "s1", hooks={"replayed": second_restore_meanwhile})
+        slow = BackupService(
+            store,
+            storage,
+            staging=tmp_path / "s1",
+            hooks={"replayed": second_restore_meanwhile},
+            job_records=DeletionLedger(store),
+        )
         assert slow.restore(tenant_id=first, backup_id=manifests[first]["backup_id"])["state"] == "COMPLETE"
         tick()
         tick()  # nothing new: each restore once
@@ -390,7 +413,9 @@ def test_restores_completing_out_of_start_order_are_each_backfilled_once(store, 
 def test_a_forget_after_a_restore_removes_copies_of_versions_the_restore_dropped(store, derived, tenant, tmp_path):
     """A version written after the backup is indexed, then the restore drops its primary row: its
     vector, postings and lineage are orphans, and the author's forget must take them too."""
-    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    backups = BackupService(
+        store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging", job_records=DeletionLedger(store)
+    )
     seed(store, derived, tenant)
     manifest = backups.backup(tenant_id=tenant)
     late = store.write(tenant_id=tenant, user_id="alice", text="Alice moved the licorice to the attic")

@@ -13,6 +13,7 @@ import pytest
 from memory_pipelines.defs.forget.ops import job_key
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureIncomplete, ErasureLedger, ErasureService
+from memory_pipelines.lib.forget.ledger import DeletionLedger
 from memory_pipelines.lib.stores import bytescan, registry
 from memory_pipelines.lib.stores.adapter import REQUIRED, postgres_files
 from memory_pipelines.lib.stores.chroma.hnsw_files import unused_capacity_holds_data
@@ -185,7 +186,9 @@ def test_shredded_backups_are_claimed_only_after_the_erasure(store, derived, ten
     from memory_pipelines.lib.backups.storage import LocalBackupStorage
 
     seed(store, derived, tenant)
-    BackupService(store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s", days=35).backup(tenant_id=tenant)
+    BackupService(
+        store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s", days=35, job_records=DeletionLedger(store)
+    ).backup(tenant_id=tenant)
     service = DeletionService(derived)
     job = service.request(tenant_id=tenant, subject="alice")
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])

@@ -27,6 +27,7 @@ from memory_pipelines.lib.agent_runs.runs import AgentRuns
 from memory_pipelines.lib.backups.service import BackupService
 from memory_pipelines.lib.backups.storage import LocalBackupStorage
 from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.forget.ledger import DeletionLedger
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.retention import rules as retention
@@ -67,7 +68,9 @@ def rows_of(store, tenant: str, memory_id: str) -> list[int]:
 def test_01_a_swept_memory_never_comes_back_from_an_older_or_a_newer_backup(store, derived, tenant, tmp_path):
     """The report, step by step: M v1 (general, 800 days old) -> B1 -> M v2 -> B2 -> restore B1 (drops
     v2) -> sweep of yesterday (COMPLETE, list empty) -> restore B2 must not bring v2's text back."""
-    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    backups = BackupService(
+        store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging", job_records=DeletionLedger(store)
+    )
     first = store.write(tenant_id=tenant, user_id="ann", text="Ann's old passport ends 7731", category="general")
     backdate(store, tenant, first.memory_id, 800)
     b1 = backups.backup(tenant_id=tenant)

@@ -16,6 +16,7 @@ from memory_pipelines.lib.backups.service import BackupService
 from memory_pipelines.lib.backups.storage import LocalBackupStorage
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
+from memory_pipelines.lib.forget.ledger import DeletionLedger
 from memory_pipelines.lib.memories import key_conversion
 from memory_pipelines.lib.memories.key_conversion import KeyConversion
 from memory_pipelines.lib.memories.store import MemoryStore
@@ -149,7 +150,9 @@ def test_until_the_retired_key_goes_a_forget_says_what_it_leaves_then_the_key_is
     store: MemoryStore, derived: DerivedStores, tenant: str, tmp_path
 ) -> None:
     written = _legacy_tenant(store, derived, tenant, n=3)
-    backups = BackupService(store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s")
+    backups = BackupService(
+        store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s", job_records=DeletionLedger(store)
+    )
     manifest = backups.backup(tenant_id=tenant)  # holds texts sealed under alice's old key
     convert_keys(store, tenant_id=tenant, backup_days=30)
     service = DeletionService(derived)

@@ -22,6 +22,7 @@ from memory_pipelines.lib.backups.storage import LocalBackupStorage
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
 from memory_pipelines.lib.forget.gate import FenceClosed, Gate
+from memory_pipelines.lib.forget.ledger import DeletionLedger
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, PermissionDeniedError
 from memory_pipelines.lib.memories.keys import KeyDestroyedError, KeyStore
 from memory_pipelines.lib.memories.store import MemoryStore
@@ -311,7 +312,9 @@ def test_12_summaries_are_hidden_the_moment_a_forget_is_accepted(store, derived,
 
 def test_13_restore_waits_for_a_write_in_flight_and_completes(store, derived, world, tmp_path):
     tenant = world["tenant"]
-    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    backups = BackupService(
+        store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging", job_records=DeletionLedger(store)
+    )
     taken = backups.backup(tenant_id=tenant)
     slow = SlowKeys(store.keys.master, delay=1.0)
     writer = another_store(store, slow)
@@ -429,7 +432,9 @@ def test_a_forgotten_version_number_is_never_reused(store, derived, world):
 
 def test_forget_after_a_restore_removes_copies_of_versions_the_restore_dropped(store, derived, world, tmp_path):
     tenant = world["tenant"]
-    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    backups = BackupService(
+        store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging", job_records=DeletionLedger(store)
+    )
     taken = backups.backup(tenant_id=tenant)
     late = store.write(tenant_id=tenant, user_id="alice", text=f"Core late fact {world['canary']}x", team_id="core")
     derived.sync_all(tenant_id=tenant)  # indexed, embedded, in the team summary
@@ -445,7 +450,9 @@ def test_forget_after_a_restore_removes_copies_of_versions_the_restore_dropped(s
 
 def test_a_version_number_a_restore_dropped_is_not_reused(store, derived, world, tmp_path):
     tenant, memory_id = world["tenant"], world["bob_personal"].memory_id
-    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    backups = BackupService(
+        store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging", job_records=DeletionLedger(store)
+    )
     taken = backups.backup(tenant_id=tenant)
     store.write(tenant_id=tenant, user_id="bob", text="Bob keeps a rye starter", memory_id=memory_id)
     derived.sync_all(tenant_id=tenant)  # copies of version 2 exist
@@ -461,7 +468,9 @@ def test_a_version_number_a_restore_dropped_is_not_reused(store, derived, world,
 
 def test_a_forgotten_memory_stays_gone_when_a_backup_holds_versions_it_no_longer_had(store, derived, world, tmp_path):
     tenant, memory_id = world["tenant"], world["bob_personal"].memory_id
-    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    backups = BackupService(
+        store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging", job_records=DeletionLedger(store)
+    )
     older = backups.backup(tenant_id=tenant)
     store.write(tenant_id=tenant, user_id="bob", text="Bob keeps a rye starter", memory_id=memory_id)
     newer = backups.backup(tenant_id=tenant)  # holds versions 1 and 2
@@ -477,7 +486,9 @@ def test_a_restore_drops_snapshots_summaries_caches_and_postings_of_versions_it_
     from memory_pipelines.lib.agent_runs.runs import AgentRuns
 
     tenant = world["tenant"]
-    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    backups = BackupService(
+        store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging", job_records=DeletionLedger(store)
+    )
     taken = backups.backup(tenant_id=tenant)
     late = store.write(tenant_id=tenant, user_id="bob", text="Core late decision zebrafish", team_id="core")
     derived.sync_all(tenant_id=tenant)

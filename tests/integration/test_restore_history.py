@@ -23,6 +23,7 @@ from memory_pipelines.lib.backups.storage import LocalBackupStorage
 from memory_pipelines.lib.forget.canary import files_containing
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureLedger, ErasureService
+from memory_pipelines.lib.forget.ledger import DeletionLedger
 from memory_pipelines.lib.infra.errors import ConflictError, PermissionDeniedError, ValidationError
 from memory_pipelines.lib.stores import bytescan
 from memory_pipelines.lib.stores.adapter import postgres_files
@@ -59,7 +60,14 @@ def seed(store, derived, tenant: str) -> dict[str, Any]:
 
 
 def service_for(store, tmp_path: Path, **kwargs: Any) -> BackupService:
-    return BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging", **kwargs)
+    """A backup service wired as the platform's is: a restore's erasure owed written by the deletion ledger."""
+    return BackupService(
+        store,
+        LocalBackupStorage(tmp_path / "backups"),
+        staging=tmp_path / "staging",
+        job_records=DeletionLedger(store),
+        **kwargs,
+    )
 
 
 def checkpoint(store) -> None:
@@ -280,7 +288,10 @@ def test_a_backup_in_flight_is_counted_by_the_proof(store, derived, tenant, tmp_
         seen_in_flight.extend(backups.list_backups(tenant_id=tenant))
 
     backups = BackupService(
-        store, LandsLate(tmp_path / "backups", forget_while_uploading), staging=tmp_path / "staging"
+        store,
+        LandsLate(tmp_path / "backups", forget_while_uploading),
+        staging=tmp_path / "staging",
+        job_records=DeletionLedger(store),
     )
     manifest = backups.backup(tenant_id=tenant)
     # The backup holds bob's row and carol's (its snapshot predates both forgets): neither proof may
@@ -307,7 +318,9 @@ def test_a_backup_that_fails_in_flight_is_not_counted(store, derived, tenant, tm
     def broken() -> None:
         raise OSError("disk full")
 
-    backups = BackupService(store, LandsLate(tmp_path / "backups", broken), staging=tmp_path / "staging")
+    backups = BackupService(
+        store, LandsLate(tmp_path / "backups", broken), staging=tmp_path / "staging", job_records=DeletionLedger(store)
+    )
     with pytest.raises(OSError):
         backups.backup(tenant_id=tenant)
     assert [b["state"] for b in backups.list_backups(tenant_id=tenant)] == ["FAILED"]

@@ -10,6 +10,7 @@ import pytest
 from memory_pipelines.lib.backups.service import BackupService
 from memory_pipelines.lib.backups.storage import LocalBackupStorage
 from memory_pipelines.lib.forget.deletion import DeletionService
+from memory_pipelines.lib.forget.ledger import DeletionLedger
 from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.retention import rules as retention
 
@@ -101,7 +102,9 @@ def test_restore_does_not_bring_back_what_retention_removed(store, derived, tena
     old = write(store, tenant, "medical", "Ann's old prescription")
     written_days_ago(store, tenant, old, 2555)
     kept = write(store, tenant, "general", "Ann's bike is blue")
-    backups = BackupService(store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s")
+    backups = BackupService(
+        store, LocalBackupStorage(tmp_path / "b"), staging=tmp_path / "s", job_records=DeletionLedger(store)
+    )
     manifest = backups.backup(tenant_id=tenant)
     result = retention.sweep(DeletionService(derived), day=DAY, tenant_id=tenant)
     assert result["removed"] == 1

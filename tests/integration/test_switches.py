@@ -17,6 +17,7 @@ from memory_pipelines.lib.forget import switches
 from memory_pipelines.lib.forget.certificate import render
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
+from memory_pipelines.lib.forget.ledger import DeletionLedger
 from memory_pipelines.lib.forget.switches import DeletionPaused
 from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, ValidationError
 
@@ -169,7 +170,9 @@ def test_a_pinned_adapter_version_runs_and_every_proof_records_it(store, derived
 
 def test_no_way_undoes_a_completed_deletion(store, derived, tenant, tmp_path):
     service = DeletionService(derived)
-    backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+    backups = BackupService(
+        store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging", job_records=DeletionLedger(store)
+    )
     memory = store.write(tenant_id=tenant, user_id="finn", text="Finn's first draft: the gate code is 7719")
     store.write(tenant_id=tenant, user_id="finn", text="Finn's second draft", memory_id=memory.memory_id)
     store.write(tenant_id=tenant, user_id="gail", text="Gail's note stays")

@@ -17,6 +17,7 @@ from memory_pipelines.lib.backups.storage import LocalBackupStorage
 from memory_pipelines.lib.forget import certificate
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
+from memory_pipelines.lib.forget.ledger import DeletionLedger
 from memory_pipelines.lib.infra.errors import ConflictError, ServiceError
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.stores import lineage, registry
@@ -98,7 +99,12 @@ def test_a_restore_drops_the_toy_notes_of_versions_it_drops(toy_registered, stor
     try:
         first = store.write(tenant_id=tenant, user_id="bob", text="Bob folds paper cranes")
         derived.sync_all(tenant_id=tenant)
-        backups = BackupService(store, LocalBackupStorage(tmp_path / "backups"), staging=tmp_path / "staging")
+        backups = BackupService(
+            store,
+            LocalBackupStorage(tmp_path / "backups"),
+            staging=tmp_path / "staging",
+            job_records=DeletionLedger(store),
+        )
         taken = backups.backup(tenant_id=tenant)
         late = store.write(tenant_id=tenant, user_id="bob", text="Bob folds paper boats", memory_id=first.memory_id)
         derived.sync_all(tenant_id=tenant)

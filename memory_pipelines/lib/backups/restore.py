@@ -69,13 +69,23 @@ def _restore_id_clash(row: tuple[Any, ...] | None, tenant_id: str, backup_id: st
 
 
 class BackupRestore:
-    """Requests, runs and reopens restores: `listing` checks the backup, `loading` loads it."""
+    """Requests, runs and reopens restores: `listing` checks the backup, `loading` loads it, and
+    `job_records` (the deletion ledger) records a job's erasure owed again when a restore brings back
+    rows a finished erasure had removed."""
 
-    def __init__(self, context: BackupContext, *, listing: BackupListing, loading: RestoreLoading) -> None:
+    def __init__(
+        self,
+        context: BackupContext,
+        *,
+        listing: BackupListing,
+        loading: RestoreLoading,
+        job_records: restore_replay.JobRecords,
+    ) -> None:
         self.context = context
         self.store = context.store
         self.listing = listing
         self.loading = loading
+        self.job_records = job_records
 
     def request_restore(self, *, tenant_id: str, backup_id: str, restore_id: str | None = None) -> RestoreRequest:
         """Record a restore for the restore sensor to run; the backup and the restore id are checked now.
@@ -208,7 +218,7 @@ class BackupRestore:
         erasure_hours = Settings.from_env().erasure_hours
         with self.store.transaction() as conn:
             report["erasure_owed"] = restore_replay.owe_erasure(
-                conn, tenant_id, restore_id, owed, erasure_hours=erasure_hours
+                conn, tenant_id, restore_id, owed, erasure_hours=erasure_hours, jobs=self.job_records
             )
             conn.execute(
                 "UPDATE control.restores SET report = report || %s WHERE restore_id = %s",

@@ -13,7 +13,8 @@ exclusively from the load to its commit, and every journal writer (a deletion's 
 retention sweep) takes that lock in the transaction that journals; key destructions follow their own
 journalled acceptance (`keys shred`) or run under the forget lock the restore holds (the cascade).
 Should the safety net still remove a row (a journal entry written some other way), fingerprints of
-its bytes are kept for the jobs it belongs to, and those jobs go back to `physical: PENDING`.
+its bytes are kept for the jobs it belongs to, and those jobs go back to `physical: PENDING`: through
+`JobRecords`, since only the deletion ledger writes a job's row (lib/forget/ledger.py, a layer above).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 import pyarrow as pa
@@ -37,6 +38,7 @@ __all__ = [
     "OWED_STORE",
     "STAGING_PREFIX",
     "Columns",
+    "JobRecords",
     "Owed",
     "analyze_published",
     "filter_staged",
@@ -183,6 +185,22 @@ def analyze_published(conn: psycopg.Connection, tenant_id: str) -> None:
 Owed = dict[str | None, set[int]]
 
 
+class JobRecords(Protocol):
+    """The write a restore makes to a deletion job's row; the deletion ledger (lib/forget/ledger.py)
+    implements it, as only it writes those rows."""
+
+    def reopen_erasure(
+        self,
+        conn: psycopg.Connection,
+        job_id: str,
+        *,
+        targets: dict[str, Any],
+        proof: dict[str, Any],
+        deadline: datetime,
+    ) -> None:
+        """The COMPLETE job's physical erasure owed again by `deadline`, with `targets` and `proof` saying so."""
+
+
 def replay(
     conn: psycopg.Connection, tenant_id: str, base: int, progress: Progress = no_progress
 ) -> tuple[dict[str, int], dict[str, int], Owed]:
@@ -228,11 +246,11 @@ def verify(conn: psycopg.Connection, tenant_id: str) -> dict[str, int]:
 
 
 def owe_erasure(
-    conn: psycopg.Connection, tenant_id: str, restore_id: str, owed: Owed, *, erasure_hours: int
+    conn: psycopg.Connection, tenant_id: str, restore_id: str, owed: Owed, *, erasure_hours: int, jobs: JobRecords
 ) -> dict[str, Any]:
     """Keep the fingerprints of rows the safety net removed from real tables, and put the jobs they
-    belong to (every COMPLETE job of the tenant when none is known) back to `physical: PENDING`, so the
-    erasure sensor runs the tenant's erasure and its byte scan looks for them."""
+    belong to (every COMPLETE job of the tenant when none is known) back to `physical: PENDING` through
+    `jobs`, so the erasure sensor runs the tenant's erasure and its byte scan looks for them."""
     complete = [
         r[0]
         for r in conn.execute(
@@ -258,12 +276,12 @@ def owe_erasure(
             " ON CONFLICT DO NOTHING",
             (job_id, OWED_STORE, sorted(fingerprints - {0})),
         )
-        _back_to_pending(conn, job_id, tenant_id, restore_id, deadline)
+        _back_to_pending(conn, jobs, job_id, tenant_id, restore_id, deadline)
     return {"jobs": sorted(per_job), "fingerprints": len(set().union(*per_job.values())) if per_job else 0}
 
 
 def _back_to_pending(
-    conn: psycopg.Connection, job_id: str, tenant_id: str, restore_id: str, deadline: datetime
+    conn: psycopg.Connection, jobs: JobRecords, job_id: str, tenant_id: str, restore_id: str, deadline: datetime
 ) -> None:
     row = conn.execute(
         "SELECT targets, proof, erased_at FROM control.deletion_jobs WHERE job_id = %s AND state = 'COMPLETE'"
@@ -285,11 +303,7 @@ def _back_to_pending(
     for entry in (proof.get("guarantees") or {}).values():
         entry["physical"] = "PENDING"
     proof.setdefault("erasureOwedByRestores", []).append(restore_id)
-    conn.execute(
-        "UPDATE control.deletion_jobs SET targets = %s, proof = %s, erased_at = NULL, erasure = NULL,"
-        " erasure_deadline = %s, updated_at = now() WHERE job_id = %s",
-        (json.dumps(targets), json.dumps(proof), deadline, job_id),
-    )
+    jobs.reopen_erasure(conn, job_id, targets=targets, proof=proof, deadline=deadline)
     conn.execute(
         "INSERT INTO control.audit (job_id, tenant_id, event, state, detail) VALUES (%s, %s, 'erasure_owed',"
         " 'COMPLETE', %s)",

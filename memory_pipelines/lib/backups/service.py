@@ -39,6 +39,7 @@ from memory_pipelines.lib.backups.restore import (
     restores,
 )
 from memory_pipelines.lib.backups.restore_load import RestoreLoading
+from memory_pipelines.lib.backups.restore_replay import JobRecords
 from memory_pipelines.lib.backups.storage import BackupStorage, LocalBackupStorage, S3BackupStorage
 from memory_pipelines.lib.backups.taking import BATCH_ROWS, BackupTaking
 from memory_pipelines.lib.infra.home import staging_dir
@@ -72,7 +73,9 @@ __all__ = [
 class BackupService:
     """Backs tenants up to `storage`, lists and expires backups, and restores them safely.
 
-    A facade over its parts (`taking`, `listing`, `loading`, `restoring`), which share `context`."""
+    A facade over its parts (`taking`, `listing`, `loading`, `restoring`), which share `context`. A
+    restore that owes a deletion job its erasure again writes it through `job_records` (the deletion
+    ledger, `lib/forget/ledger.py`'s DeletionLedger), required so no restore can commit without it."""
 
     def __init__(
         self,
@@ -82,12 +85,15 @@ class BackupService:
         staging: Path,
         days: int = 35,
         hooks: dict[str, Hook] | None = None,
+        job_records: JobRecords,
     ) -> None:
         self.context = BackupContext(store, storage, staging, days, hooks or {})
         self.taking = BackupTaking(self.context)
         self.listing = BackupListing(store, storage)
         self.loading = RestoreLoading(self.context)
-        self.restoring = BackupRestore(self.context, listing=self.listing, loading=self.loading)
+        self.restoring = BackupRestore(
+            self.context, listing=self.listing, loading=self.loading, job_records=job_records
+        )
 
     @property
     def store(self) -> MemoryStore:
@@ -169,11 +175,13 @@ def backup_service(
     s3_prefix: str = "memory-pipelines/",
     s3_endpoint_url: str | None = None,
     days: int = 35,
+    job_records: JobRecords,
 ) -> BackupService:
-    """Backups in S3 when a bucket is given, else under HOME/backups; scratch files under HOME/backups/.staging."""
+    """Backups in S3 when a bucket is given, else under HOME/backups; scratch files under HOME/backups/.staging;
+    a restore's erasure owed written through `job_records`."""
     storage: BackupStorage
     if s3_bucket:
         storage = S3BackupStorage(bucket=s3_bucket, prefix=s3_prefix, endpoint_url=s3_endpoint_url)
     else:
         storage = LocalBackupStorage(home / "backups")
-    return BackupService(store, storage, staging=staging_dir(home), days=days)
+    return BackupService(store, storage, staging=staging_dir(home), days=days, job_records=job_records)

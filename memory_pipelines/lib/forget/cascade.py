@@ -260,10 +260,7 @@ class DeletionCascade:
         try:
             started = time.perf_counter()
             with self.store.transaction() as conn:
-                conn.execute(
-                    "UPDATE control.deletion_jobs SET attempts = attempts + 1 WHERE job_id = ANY(%s)",
-                    ([j["job_id"] for j in jobs],),
-                )
+                self.ledger.count_attempt(conn, jobs)
                 self.ledger.set_state(jobs, "FROZEN", conn=conn)
             step = "gate"
             # Permits issued before the fence closed must be released or cancelled first; an expired

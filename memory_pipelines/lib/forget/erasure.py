@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 import psycopg
 
 from memory_pipelines.lib.forget import datadir, deployment, guarantees, switches, wal
+from memory_pipelines.lib.forget.ledger import mark_erased
 from memory_pipelines.lib.infra import faults, home, validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError
 from memory_pipelines.lib.infra.progress import Progress, no_progress
@@ -294,11 +295,7 @@ class ErasureService(ErasureLedger):
             "statistics": report["statistics"],
             "wal": report["wal"],
         }
-        conn.execute(
-            "UPDATE control.deletion_jobs SET targets = %s, proof = %s, erased_at = %s, erasure = %s,"
-            " updated_at = now() WHERE job_id = %s",
-            (json.dumps(targets), json.dumps(proof), erased, json.dumps(proof["erasure"]), job_id),
-        )
+        mark_erased(conn, job_id, targets=targets, proof=proof, erased=erased)
         self._audit(conn, job_id, tenant_id, "erased", {"byteScan": report["byteScan"]})
         # Queued with the state change, as COMPLETE's is: sent only where the operator asked for it.
         conn.execute(

@@ -5,6 +5,11 @@ States: REQUESTED -> FROZEN -> DELETING -> VERIFYING -> COMPLETE, or BLOCKED fro
 middle three. A job never reaches COMPLETE while a target is not DONE; a retry resumes
 idempotently. Jobs, audit rows, the outbox and proofs hold ids, HMACs and counts, never text.
 The cascade that moves jobs through these states is `cascade.py`.
+
+This module alone writes control.deletion_jobs (tests/unit/test_deletion_jobs_writer.py): the
+cascade, the freeze's targets (`targets.py`), the physical erasure (`erasure.py`) and a restore's
+safety net (lib/backups/restore_replay.py's `JobRecords`) record a job through its functions, each
+in the caller's transaction.
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ import psycopg
 from psycopg.rows import dict_row
 
 from memory_pipelines.lib.forget import gate, guarantees, switches
-from memory_pipelines.lib.forget.targets import LEGACY_SEALED
 from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError, NotFoundError, ValidationError
 from memory_pipelines.lib.memories import crypto, ordering
@@ -31,6 +35,7 @@ from memory_pipelines.lib.stores.derived import DerivedStores
 
 __all__ = [
     "DEADLINE_DAYS",
+    "LEGACY_SEALED",
     "NEAR_DEADLINE",
     "OPEN_STATES",
     "POLICY_VERSION",
@@ -38,7 +43,10 @@ __all__ = [
     "DeletionBlocked",
     "DeletionLedger",
     "DeletionRequests",
+    "fix_target_counts",
+    "mark_erased",
     "rebuilt_counts",
+    "record_found",
 ]
 
 POLICY_VERSION = "deletion-policy-2026-11"
@@ -49,6 +57,9 @@ NEAR_DEADLINE = timedelta(days=3)
 OPEN_STATES = ("REQUESTED", "FROZEN", "DELETING", "VERIFYING", "BLOCKED")
 # Key prefix, in a job's `found`, of the records a store rebuilt without the scope instead of deleting.
 REBUILT_PREFIX = "rebuilt:"
+# Key, in a job's `found`, of its target versions sealed under a key their deletion does not destroy
+# (counted at the first freeze: lib/forget/targets.py).
+LEGACY_SEALED = "legacySealed"
 
 
 class DeletionBlocked(MemoryPipelinesError):
@@ -239,6 +250,27 @@ class DeletionLedger:
         for job in jobs:
             job["state"] = state
 
+    @staticmethod
+    def count_attempt(conn: psycopg.Connection, jobs: list[DeletionJob]) -> None:
+        """One more attempt for each of `jobs` (a freeze beginning), in `conn`'s transaction."""
+        conn.execute(
+            "UPDATE control.deletion_jobs SET attempts = attempts + 1 WHERE job_id = ANY(%s)",
+            ([j["job_id"] for j in jobs],),
+        )
+
+    @staticmethod
+    def reopen_erasure(
+        conn: psycopg.Connection, job_id: str, *, targets: dict[str, Any], proof: dict[str, Any], deadline: datetime
+    ) -> None:
+        """A COMPLETE job's physical erasure owed again by `deadline` (a restore put copies back in the
+        files), with its `targets` and `proof` saying so: the write of lib/backups/restore_replay.py's
+        `JobRecords`, in the restore's transaction."""
+        conn.execute(
+            "UPDATE control.deletion_jobs SET targets = %s, proof = %s, erased_at = NULL, erasure = NULL,"
+            " erasure_deadline = %s, updated_at = now() WHERE job_id = %s",
+            (json.dumps(targets), json.dumps(proof), deadline, job_id),
+        )
+
     def block(self, jobs: list[DeletionJob], step: str, code: str) -> None:
         """Record `jobs` BLOCKED at `step` with an error code (best effort: the control plane may be down)."""
         try:
@@ -397,6 +429,38 @@ def _require_every_store_done(jobs: list[DeletionJob]) -> None:
         statuses = [str(job["targets"].get(spec.name, "PENDING")) for spec in registry.stores()]
         if not all(status.startswith("DONE:") for status in statuses):
             raise DeletionBlocked("targets", "TARGET_NOT_DONE", "a store has not confirmed its deletion")
+
+
+def fix_target_counts(conn: psycopg.Connection, counts: Mapping[str, int]) -> None:
+    """Record each job's target count (job_id -> versions) and that its targets are fixed from now on
+    (lib/forget/targets.py's `resolve_targets`), in `conn`'s transaction."""
+    conn.execute(
+        "UPDATE control.deletion_jobs j SET target_count = x.n, targets_fixed = true"
+        " FROM unnest(%s::text[], %s::int[]) AS x(job_id, n) WHERE j.job_id = x.job_id",
+        (list(counts), list(counts.values())),
+    )
+
+
+def record_found(conn: psycopg.Connection, found: Mapping[str, dict[str, int]]) -> None:
+    """Keep what each store held of each job's targets at its first freeze (job_id -> counts;
+    lib/forget/targets.py's `found`), in `conn`'s transaction."""
+    conn.execute(
+        "UPDATE control.deletion_jobs j SET found = x.found::jsonb"
+        " FROM unnest(%s::text[], %s::text[]) AS x(job_id, found) WHERE j.job_id = x.job_id",
+        (list(found), [json.dumps(counts) for counts in found.values()]),
+    )
+
+
+def mark_erased(
+    conn: psycopg.Connection, job_id: str, *, targets: dict[str, Any], proof: dict[str, Any], erased: datetime
+) -> None:
+    """A job physically erased at `erased`, with the `targets` and `proof` (its `erasure` included)
+    that say so (lib/forget/erasure.py), in `conn`'s transaction."""
+    conn.execute(
+        "UPDATE control.deletion_jobs SET targets = %s, proof = %s, erased_at = %s, erasure = %s,"
+        " updated_at = now() WHERE job_id = %s",
+        (json.dumps(targets), json.dumps(proof), erased, json.dumps(proof["erasure"]), job_id),
+    )
 
 
 class DeletionRequests(DeletionLedger):

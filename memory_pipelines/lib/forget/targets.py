@@ -7,7 +7,6 @@ Targets, counts and fingerprints are recorded on the job at its first freeze and
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,6 +14,8 @@ from typing import Any
 
 import psycopg
 
+from memory_pipelines.lib.forget import ledger
+from memory_pipelines.lib.forget.ledger import LEGACY_SEALED
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.results import DeletionJob, DeletionScope
 from memory_pipelines.lib.stores import bytescan, lineage, registry
@@ -138,11 +139,7 @@ def resolve_targets(conn: psycopg.Connection, tenant_id: str, jobs: list[Deletio
         " SELECT * FROM unnest(%s::text[], %s::text[], %s::int[]) ON CONFLICT DO NOTHING",
         [(job_id, m, v) for job_id, targets in rows.items() for m, v in targets],
     )
-    conn.execute(
-        "UPDATE control.deletion_jobs j SET target_count = x.n, targets_fixed = true"
-        " FROM unnest(%s::text[], %s::int[]) AS x(job_id, n) WHERE j.job_id = x.job_id",
-        (list(rows), [len(targets) for targets in rows.values()]),
-    )
+    ledger.fix_target_counts(conn, {job_id: len(targets) for job_id, targets in rows.items()})
     for job_id, targets in rows.items():
         out[job_id] = set(targets)
     return out
@@ -241,10 +238,10 @@ class Records:
         return self._found[key]
 
 
-# Of a job's target versions, those of which a copy may be sealed under a key that outlives them: sealed
-# under their author's subject key (written before version keys, not yet converted), or converted
-# while a retired key of their author opens the copies made before (lib/memories/key_conversion.py).
-LEGACY_SEALED = "legacySealed"
+# Of a job's target versions, those of which a copy may be sealed under a key that outlives them
+# (LEGACY_SEALED in its `found`): sealed under their author's subject key (written before version keys,
+# not yet converted), or converted while a retired key of their author opens the copies made before
+# (lib/memories/key_conversion.py).
 _LEGACY_SEALED = (
     "SELECT count(*) FROM memory.memory_versions v JOIN unnest(%(m)s::text[], %(v)s::int[]) AS w(memory_id, version)"
     " ON v.memory_id = w.memory_id AND v.version = w.version WHERE v.tenant_id = %(t)s AND (v.key_id NOT LIKE 'vk\\_%%'"
@@ -274,11 +271,7 @@ def found(conn: psycopg.Connection, records: Records, jobs: list[DeletionJob]) -
         out[job["job_id"]][LEGACY_SEALED] = int(legacy[0]) if legacy else 0
     new = [job_id for job_id in out if job_id not in kept]
     if new:
-        conn.execute(
-            "UPDATE control.deletion_jobs j SET found = x.found::jsonb"
-            " FROM unnest(%s::text[], %s::text[]) AS x(job_id, found) WHERE j.job_id = x.job_id",
-            (new, [json.dumps(out[job_id]) for job_id in new]),
-        )
+        ledger.record_found(conn, {job_id: out[job_id] for job_id in new})
     return out
 
 
