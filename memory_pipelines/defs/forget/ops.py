@@ -404,7 +404,7 @@ def _prove_op(phase: Phase) -> dg.OpDefinition:
                 **({"rebuilt": dg.MetadataValue.json(summary["rebuilt"])} if summary.get("rebuilt") else {}),
                 "seconds": dg.MetadataValue.json(summary.get("seconds", {})),
                 **proof_metadata(proofs),
-                **certificates(service, proofs),
+                **certificates(service.jobs, proofs),
                 **data_map_metadata(context, service, tenant_id, before),
             }
         )

@@ -69,7 +69,7 @@ def retention_sweep(
         # each materialization with the proofs, certificates and data map a forget run attaches.
         proofs = [service.proof(job_id=j) for j, state in states.items() if state == "COMPLETE"]
         metadata.update(proof_metadata(proofs))
-        metadata.update(certificates(service, proofs))
+        metadata.update(certificates(service.jobs, proofs))
         metadata.update(data_map_metadata(context, service, tenant_id, before))
         context.log_event(dg.AssetMaterialization(asset_key="memory_deletions", partition=tenant_id, metadata=metadata))
         report_forgotten(context, tenant_id, job_ids, ["retention"], result["stores"].get(tenant_id, {}))

@@ -1,14 +1,16 @@
 """Forgetting: deletion jobs that hide at once, cascade through every registered store via lineage,
 erase physically, destroy keys, verify (exact ids and paraphrase probes) and prove.
 
-`DeletionService` is the one object callers use (CLI, API, Dagster ops, tests): the ledger's
-requests and reads (`ledger.py`) with the cascade runner (`cascade.py`) composed in. The freeze's
+`DeletionService` is the one object callers use (CLI, API, Dagster ops, tests): it holds the
+ledger of jobs (`jobs`) and the requests (`requests`, both `ledger.py`) and the cascade runner
+(`cascade.py`), which records every step through that same ledger. The freeze's
 targets, counts, probes and fingerprints are `targets.py`; the forget sensor's planning is
 `planning.py`. Every name is re-exported here, so `deletion` stays the import path.
 """
 
 from __future__ import annotations
 
+from datetime import date, datetime
 from typing import Any
 
 from memory_pipelines.lib.forget import targets
@@ -48,6 +50,7 @@ from memory_pipelines.lib.forget.planning import (
     relaunch_grace,
 )
 from memory_pipelines.lib.forget.targets import MAX_PROBES, Probes
+from memory_pipelines.lib.results import DeletionJob, DeletionProof, DeletionRequest, KeysShredded
 from memory_pipelines.lib.stores.adapter import Source
 from memory_pipelines.lib.stores.derived import DerivedStores
 
@@ -87,8 +90,11 @@ __all__ = [
 ]
 
 
-class DeletionService(DeletionRequests):
-    """Accepts deletion requests and runs them. `hooks` let fault-injection tests act between steps."""
+class DeletionService:
+    """Accepts deletion requests and runs them. `hooks` let fault-injection tests act between steps.
+
+    Its parts: `jobs` (the ledger: job rows, states, proofs), `requests` (accepting and hiding) and
+    `cascade` (running batches); the requests and the cascade read and write jobs through `jobs`."""
 
     # Versions with derived copies and no primary row (what a restore leaves); a test reads them here.
     _orphans = staticmethod(targets.orphans)
@@ -101,10 +107,87 @@ class DeletionService(DeletionRequests):
         drain_timeout: float = 30.0,
         erasure_hours: int | None = None,
     ) -> None:
-        super().__init__(derived)
+        self.derived = derived
+        self.store = derived.store
+        self.jobs = DeletionLedger(derived.store)
+        self.requests = DeletionRequests(derived, ledger=self.jobs)
         self.cascade = DeletionCascade(
-            derived, ledger=self, hooks=hooks, drain_timeout=drain_timeout, erasure_hours=erasure_hours
+            derived, ledger=self.jobs, hooks=hooks, drain_timeout=drain_timeout, erasure_hours=erasure_hours
         )
+
+    # -- requests (`DeletionRequests`) ----------------------------------------------------------
+
+    def request(
+        self,
+        *,
+        tenant_id: str,
+        subject: str | None = None,
+        memory_id: str | None = None,
+        version: int | None = None,
+        all_tenant: bool = False,
+        confirm: str | None = None,
+        basis: str = "user-request",
+        requested_by: str | None = None,
+        request_key: str | None = None,
+    ) -> DeletionRequest:
+        """Accept a request and hide its scope from every read at once (`DeletionRequests.request`)."""
+        return self.requests.request(
+            tenant_id=tenant_id,
+            subject=subject,
+            memory_id=memory_id,
+            version=version,
+            all_tenant=all_tenant,
+            confirm=confirm,
+            basis=basis,
+            requested_by=requested_by,
+            request_key=request_key,
+        )
+
+    def shred_keys(self, *, tenant_id: str, subject: str | None = None, confirm: str | None = None) -> KeysShredded:
+        """Crypto-shred the subject's (or the tenant's) keys now (`DeletionRequests.shred_keys`)."""
+        return self.requests.shred_keys(tenant_id=tenant_id, subject=subject, confirm=confirm)
+
+    def request_retention(
+        self, *, tenant_id: str, day: date, memory_ids: list[str], categories: dict[str, int], policy_version: str
+    ) -> dict[str, Any] | None:
+        """Accept a retention sweep of one tenant and day (`DeletionRequests.request_retention`)."""
+        return self.requests.request_retention(
+            tenant_id=tenant_id, day=day, memory_ids=memory_ids, categories=categories, policy_version=policy_version
+        )
+
+    # -- the ledger's reads (`DeletionLedger`) --------------------------------------------------
+
+    def status(self, *, job_id: str) -> DeletionJob:
+        """A job's ids, state, targets and counts (`DeletionLedger.status`)."""
+        return self.jobs.status(job_id=job_id)
+
+    def proof(self, *, job_id: str) -> DeletionProof:
+        """A COMPLETE job's proof, as stored (`DeletionLedger.proof`)."""
+        return self.jobs.proof(job_id=job_id)
+
+    def list_jobs(self, *, state: str | None = None, tenant_id: str | None = None) -> list[DeletionJob]:
+        """Jobs, oldest first, of a state and tenant when given (`DeletionLedger.list_jobs`)."""
+        return self.jobs.list_jobs(state=state, tenant_id=tenant_id)
+
+    def pending(
+        self, *, tenant_id: str | None = None, states: tuple[str, ...] = ("REQUESTED",)
+    ) -> dict[str, list[str]]:
+        """tenant -> job ids in `states` (`DeletionLedger.pending`)."""
+        return self.jobs.pending(tenant_id=tenant_id, states=states)
+
+    def ledger(self, *, tenant_id: str | None = None, paused: bool = True) -> list[dict[str, Any]]:
+        """Every open job as the forget sensor reads it (`DeletionLedger.ledger`)."""
+        return self.jobs.ledger(tenant_id=tenant_id, paused=paused)
+
+    def forget_running(self, *, tenant_id: str) -> bool:
+        """Whether a live process holds the tenant's forget run lock now (`DeletionLedger.forget_running`)."""
+        return self.jobs.forget_running(tenant_id=tenant_id)
+
+    def attention(self, *, tenant_id: str | None = None, now: datetime | None = None) -> dict[str, dict[str, Any]]:
+        """tenant -> open jobs that need a person (`DeletionLedger.attention`)."""
+        return self.jobs.attention(tenant_id=tenant_id, now=now)
+
+    # -- the cascade (`DeletionCascade`) ---------------------------------------------------------
 
     @property
     def hooks(self) -> dict[str, Hook]:

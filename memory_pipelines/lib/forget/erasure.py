@@ -98,12 +98,27 @@ class ErasureLedger:
         return [j for j in self.pending() if j["erasure_deadline"] is not None and j["erasure_deadline"] < now]
 
 
-class ErasureService(ErasureLedger):
-    """Runs a tenant's physical erasure over every registered store and proves it."""
+class ErasureService:
+    """Runs a tenant's physical erasure over every registered store and proves it; `ledger` says
+    which deletions wait for it."""
 
     def __init__(self, derived: DerivedStores, *, settings: Settings | None = None) -> None:
-        super().__init__(derived.store, settings=settings)
         self.derived = derived
+        self.store = derived.store
+        self.ledger = ErasureLedger(derived.store, settings=settings)
+        self.settings = self.ledger.settings
+
+    def pending(self, *, tenant_id: str | None = None) -> list[dict[str, Any]]:
+        """COMPLETE deletions not yet physically erased, oldest first (`ErasureLedger.pending`)."""
+        return self.ledger.pending(tenant_id=tenant_id)
+
+    def due_tenants(self, *, now: datetime | None = None) -> list[str]:
+        """Tenants whose erasure should run now (`ErasureLedger.due_tenants`)."""
+        return self.ledger.due_tenants(now=now)
+
+    def overdue(self, *, now: datetime | None = None) -> list[dict[str, Any]]:
+        """Pending erasures past their deadline (`ErasureLedger.overdue`)."""
+        return self.ledger.overdue(now=now)
 
     def erase_tenant(self, *, tenant_id: str, progress: Progress = no_progress) -> dict[str, Any]:
         """Rewrite the tenant's files in every registered store, scan them, and mark the jobs ERASED;
@@ -125,7 +140,7 @@ class ErasureService(ErasureLedger):
                 lock_conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 2))", (lock_key,))
 
     def _erase(self, tenant_id: str, started: float, progress: Progress) -> dict[str, Any]:
-        jobs = self.pending(tenant_id=tenant_id)
+        jobs = self.ledger.pending(tenant_id=tenant_id)
         if not jobs:
             return {"tenant_id": tenant_id, "jobs": [], "erased": 0}
         job_ids = [job["job_id"] for job in jobs]
