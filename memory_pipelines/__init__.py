@@ -1,6 +1,6 @@
 """memory_pipelines: the data lifecycle of an AI assistant's long-term memory, on Dagster.
 
-`from memory_pipelines import MemoryPlatform` is the Python entry point (memory_pipelines/platform.py).
+`from memory_pipelines import MemoryPlatform` is the Python entry point (memory_pipelines/platform/).
 """
 
 from __future__ import annotations

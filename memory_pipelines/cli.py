@@ -3,7 +3,7 @@
 Errors go to stderr as `memory-pipelines: error: FIELD: message` with a non-zero exit code
 (2 bad input, 3 not found, 4 permission denied, 5 conflict, 6 service unavailable).
 
-One front door: every command calls a `MemoryPlatform` method (memory_pipelines/platform.py), the
+One front door: every command calls a `MemoryPlatform` method (memory_pipelines/platform/), the
 same API a host application uses. What stays outside it, each saying why where it happens:
 commands that launch Dagster runs (`materialize`, `forget --wait`, `deletion retry|erase`, `backup`,
 `restore --wait`, `retention sweep --wait`, `eval run`, `demo`: memory_pipelines/launch/materialize.py)
