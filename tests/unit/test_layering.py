@@ -77,13 +77,20 @@ LONGER_BY_DESIGN: dict[str, str] = {}
 
 
 def test_no_class_over_400_lines_and_no_function_over_80():
-    too_long = []
+    """A class is measured with every in-project base it inherits (a mixin lattice is one class to
+    read), as `tests/support/structure.py` counts it."""
+    from tests.support import structure
+
+    too_long = [
+        (name, lines)
+        for name, lines, _ in structure.with_bases(structure.classes())
+        if lines > MAX_CLASS_LINES and name not in LONGER_BY_DESIGN
+    ]
     for name, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno:
                 lines = node.end_lineno - node.lineno + 1
-                limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
-                if lines > limit and f"{name}.{node.name}" not in LONGER_BY_DESIGN:
+                if lines > MAX_FUNCTION_LINES and f"{name}.{node.name}" not in LONGER_BY_DESIGN:
                     too_long.append((f"{name}.{node.name}", lines))
     assert too_long == []
 
