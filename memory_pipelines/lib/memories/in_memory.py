@@ -218,18 +218,24 @@ class InMemoryStore:
 
     # -- RetentionReads (lib/retention/rules.py) ------------------------------------------------
 
-    def unswept(
-        self, *, categories: list[str], written_before: datetime | None, tenant_id: str | None
-    ) -> list[tuple[str, str, str]]:
+    def expiring(self, *, written_before: dict[str, datetime], tenant_id: str | None) -> list[tuple[str, str, str]]:
         """(tenant, memory id, category) of current, not hidden memories of open tenants whose current
-        category is one of `categories`, first written before `written_before` (None: any time)."""
+        category is a key of `written_before`, first written before its value; by category, sorted."""
+        return [
+            row
+            for category, end in sorted(written_before.items())
+            for row in self.in_categories(categories=[category], tenant_id=tenant_id)
+            if self.memories[(row[0], row[1])].created_at < end
+        ]
+
+    def in_categories(self, *, categories: list[str], tenant_id: str | None) -> list[tuple[str, str, str]]:
+        """The same, of the given categories whenever written."""
         return sorted(
             (m.tenant_id, m.memory_id, m.current.category)
             for m in self.memories.values()
             if (tenant_id is None or m.tenant_id == tenant_id)
             and not self._tenants[m.tenant_id].closed
             and m.current.category in categories
-            and (written_before is None or m.created_at < written_before)
             and not self._hidden(m, m.current.version)
         )
 

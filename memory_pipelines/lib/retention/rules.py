@@ -148,9 +148,22 @@ def check_sweep_day(day: Any, *, today: date | None = None) -> date:
     return the_day
 
 
-# Current memories of the given categories (first written before a time, for a period), hidden ones
-# and deleted or restoring tenants left out. Constant text; every value is bound.
-_UNSWEPT = (
+# Memories whose period ended by the end of the day (on it, or earlier and not swept yet: a missed
+# day, a tightened policy, a category changed to a shorter one), first written before
+# day + 1 - keep for their current category; hidden and deleted or restoring tenants left out.
+_EXPIRED = (
+    "SELECT m.tenant_id, m.memory_id, v.category FROM memory.memories m"
+    " JOIN memory.memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
+    " AND v.version = m.current_version"
+    " JOIN memory.subjects s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id"
+    " JOIN memory.tenants x ON x.tenant_id = m.tenant_id"
+    " WHERE v.category = %(category)s AND m.created_at < %(end)s"
+    " AND (%(tenant)s::text IS NULL OR m.tenant_id = %(tenant)s)"
+    " AND x.deleted_at IS NULL AND x.restoring_since IS NULL AND s.forgotten_at IS NULL"
+    " AND NOT EXISTS (SELECT 1 FROM control.tombstones t WHERE t.tenant_id = v.tenant_id"
+    " AND t.memory_id = v.memory_id AND t.version = v.version)"
+)
+_IMMEDIATE = (
     "SELECT m.tenant_id, m.memory_id, v.category FROM memory.memories m"
     " JOIN memory.memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
     " AND v.version = m.current_version"
@@ -162,18 +175,20 @@ _UNSWEPT = (
     " AND NOT EXISTS (SELECT 1 FROM control.tombstones t WHERE t.tenant_id = v.tenant_id"
     " AND t.memory_id = v.memory_id AND t.version = v.version)"
 )
-_UNSWEPT_BEFORE = _UNSWEPT + " AND m.created_at < %(end)s"
 
 
 class RetentionReads(Protocol):
     """What retention reads of a memory store: `MemoryStore` through `StoreRetentionReads`, or the
-    in-memory store of lib/memories/in_memory.py in unit tests."""
+    in-memory store of lib/memories/in_memory.py in unit tests. Rows are (tenant, memory id, category)
+    of current, not hidden memories of open tenants, by their current version's category."""
 
-    def unswept(
-        self, *, categories: list[str], written_before: datetime | None, tenant_id: str | None
-    ) -> list[tuple[str, str, str]]:
-        """(tenant, memory id, category) of the current, not hidden memories whose current version is
-        in `categories`, first written before `written_before` (None: whenever), open tenants only."""
+    def expiring(self, *, written_before: dict[str, datetime], tenant_id: str | None) -> list[tuple[str, str, str]]:
+        """Those whose category is a key of `written_before` and were first written before its value,
+        category by category in sorted order, from one snapshot of the store."""
+        ...
+
+    def in_categories(self, *, categories: list[str], tenant_id: str | None) -> list[tuple[str, str, str]]:
+        """Those whose category is one of `categories`, whenever written."""
         ...
 
 
@@ -181,13 +196,18 @@ class RetentionReads(Protocol):
 class StoreRetentionReads:
     store: MemoryStore
 
-    def unswept(
-        self, *, categories: list[str], written_before: datetime | None, tenant_id: str | None
-    ) -> list[tuple[str, str, str]]:
-        query = _UNSWEPT if written_before is None else _UNSWEPT_BEFORE
-        params = {"categories": categories, "end": written_before, "tenant": tenant_id}
+    def expiring(self, *, written_before: dict[str, datetime], tenant_id: str | None) -> list[tuple[str, str, str]]:
+        rows: list[tuple[str, str, str]] = []
         with self.store.transaction() as conn:
-            return [(t, m, c) for t, m, c in conn.execute(query, params)]
+            for category, end in sorted(written_before.items()):
+                params = {"category": category, "end": end, "tenant": tenant_id}
+                rows += [(t, m, c) for t, m, c in conn.execute(_EXPIRED, params)]
+        return rows
+
+    def in_categories(self, *, categories: list[str], tenant_id: str | None) -> list[tuple[str, str, str]]:
+        with self.store.transaction() as conn:
+            params = {"categories": categories, "tenant": tenant_id}
+            return [(t, m, c) for t, m, c in conn.execute(_IMMEDIATE, params)]
 
 
 def period_end(day: date, keep_days: int) -> datetime:
@@ -203,10 +223,9 @@ def expired(
     (on it, or earlier and not swept yet: a missed day, a tightened policy, a category changed to a
     shorter one)."""
     out: dict[str, dict[str, list[str]]] = {}
-    for category, keep in sorted(policies.keep_days.items()):
-        end = period_end(day, keep)
-        for tenant, memory_id, cat in reads.unswept(categories=[category], written_before=end, tenant_id=tenant_id):
-            out.setdefault(tenant, {}).setdefault(cat, []).append(memory_id)
+    ends = {category: period_end(day, keep) for category, keep in policies.keep_days.items()}
+    for tenant, memory_id, cat in reads.expiring(written_before=ends, tenant_id=tenant_id):
+        out.setdefault(tenant, {}).setdefault(cat, []).append(memory_id)
     return out
 
 
@@ -215,9 +234,7 @@ def immediate(reads: RetentionReads, *, policies: Policies, tenant_id: str | Non
     out: dict[str, list[str]] = {}
     if not policies.immediate:
         return out
-    for tenant, memory_id, _ in reads.unswept(
-        categories=sorted(policies.immediate), written_before=None, tenant_id=tenant_id
-    ):
+    for tenant, memory_id, _ in reads.in_categories(categories=sorted(policies.immediate), tenant_id=tenant_id):
         out.setdefault(tenant, []).append(memory_id)
     return out
 
