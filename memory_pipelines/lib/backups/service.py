@@ -75,7 +75,7 @@ class BackupService:
 
     A facade over its parts (`taking`, `listing`, `loading`, `restoring`), which share `context`. A
     restore that owes a deletion job its erasure again writes it through `job_records` (the deletion
-    ledger, `lib/forget/ledger.py`'s DeletionLedger), required so no restore can commit without it."""
+    ledger, `lib/forget/ledger.py`'s DeletionLedger), required: a restore that owes one always has where to write it."""
 
     def __init__(
         self,

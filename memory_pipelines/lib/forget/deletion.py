@@ -110,7 +110,7 @@ class DeletionService:
         self.derived = derived
         self.store = derived.store
         self.jobs = DeletionLedger(derived.store)
-        self.requests = DeletionRequests(derived, ledger=self.jobs)
+        self.requests = DeletionRequests(derived, jobs=self.jobs)
         self.cascade = DeletionCascade(
             derived, ledger=self.jobs, hooks=hooks, drain_timeout=drain_timeout, erasure_hours=erasure_hours
         )

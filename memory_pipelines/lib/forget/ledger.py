@@ -466,12 +466,13 @@ def mark_erased(
 class DeletionRequests:
     """Accepts deletion requests: each resolved to a stable scope and hidden from every read in the
     transaction that records it; crypto-shredding and retention sweeps too. Reads and audits the
-    jobs through `ledger` (a ledger of the same store when not given)."""
+    jobs through `jobs` (a ledger of the same store when not given; named as `DeletionService.jobs`,
+    since `ledger` is the name of the open-jobs read)."""
 
-    def __init__(self, derived: DerivedStores, *, ledger: DeletionLedger | None = None) -> None:
+    def __init__(self, derived: DerivedStores, *, jobs: DeletionLedger | None = None) -> None:
         self.derived = derived
         self.store = derived.store
-        self.ledger = DeletionLedger(derived.store) if ledger is None else ledger
+        self.jobs = DeletionLedger(derived.store) if jobs is None else jobs
 
     def request(
         self,
@@ -526,8 +527,8 @@ class DeletionRequests:
             job_id = self._accept(conn, tenant_id, scope, scope_hash, basis, subject, memory_id, version, versions)
             self._key_request(conn, tenant_id, request_key, job_id)
             received = {"scope": scope, "basis": basis, **({"requested_by": requested_by} if requested_by else {})}
-            self.ledger.audit(conn, job_id, tenant_id, "received", "REQUESTED", received)
-            return {**self.ledger.job_row(conn, job_id), "duplicate": False}
+            self.jobs.audit(conn, job_id, tenant_id, "received", "REQUESTED", received)
+            return {**self.jobs.job_row(conn, job_id), "duplicate": False}
 
     def _accept(
         self,
@@ -580,7 +581,7 @@ class DeletionRequests:
             "SELECT job_id FROM control.deletion_request_keys WHERE tenant_id = %s AND request_key = %s",
             (tenant_id, request_key),
         ).fetchone()
-        return None if row is None else self.ledger.job_row(conn, row[0])
+        return None if row is None else self.jobs.job_row(conn, row[0])
 
     @staticmethod
     def _key_request(conn: psycopg.Connection, tenant_id: str, request_key: str | None, job_id: str) -> None:
@@ -623,7 +624,7 @@ class DeletionRequests:
                     " VALUES (%s, 'KEY_DESTROYED', %s, %s, %s)",
                     [(tenant_id, subject, key_id, job["job_id"]) for key_id in destroyed],
                 )
-            self.ledger.audit(conn, job["job_id"], tenant_id, "keys_shredded", job["state"], {"keys": len(destroyed)})
+            self.jobs.audit(conn, job["job_id"], tenant_id, "keys_shredded", job["state"], {"keys": len(destroyed)})
         try:
             # Crypto-shredding now means now: the tenant's key partitions are rewritten at once (small,
             # and no other tenant's), so no dead copy of a wrapped key waits for the erasure run.
@@ -639,7 +640,7 @@ class DeletionRequests:
             "SELECT job_id FROM control.deletion_jobs WHERE tenant_id = %s AND scope_hash = %s AND state <> 'COMPLETE'",
             (tenant_id, scope_hash),
         ).fetchone()
-        return scope_hash, None if row is None else self.ledger.job_row(conn, row[0])
+        return scope_hash, None if row is None else self.jobs.job_row(conn, row[0])
 
     def request_retention(
         self, *, tenant_id: str, day: date, memory_ids: list[str], categories: dict[str, int], policy_version: str
@@ -699,10 +700,10 @@ class DeletionRequests:
                 "UPDATE memory.tenants SET change_seq = change_seq + 1, updated_at = now() WHERE tenant_id = %s",
                 (tenant_id,),
             )
-            self.ledger.audit(
+            self.jobs.audit(
                 conn, job_id, tenant_id, "received", "REQUESTED", {"scope": "RETENTION", "categories": categories}
             )
-            return {**self.ledger.job_row(conn, job_id), "duplicate": False}
+            return {**self.jobs.job_row(conn, job_id), "duplicate": False}
 
     @staticmethod
     def _memory_versions(conn: psycopg.Connection, tenant_id: str, memory_id: str, version: int | None) -> list[int]:
