@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
 from tests.support import durations
+from tests.support.cpu import CpuByModule, cpu_seconds
 
 ROW_COUNT_TABLES = (
     "memory.tenants",
@@ -68,6 +69,33 @@ def _is_controller(config: pytest.Config) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     if _is_controller(config):
         os.environ[ENV_TEST_RUN] = uuid.uuid4().hex  # before xdist starts the workers: they inherit it
+
+
+CPU = CpuByModule()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    before = cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        CPU.add(item.nodeid, cpu_seconds() - before)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """A worker ended: its CPU per module joins the controller's (xdist hook)."""
+    dumped = getattr(node, "workeroutput", {}).get("cpu_by_module")
+    if dumped:
+        CPU.merge(dumped)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _is_controller(config) and CPU.seconds:
+        terminalreporter.write_sep("=", "CPU-seconds by test module (tests/support/cpu.py)")
+        for line in CPU.lines():
+            terminalreporter.write_line(line)
 
 
 def run_processes(basetemp: Path, run: str) -> list[tuple[processes.Proc, str]]:
@@ -121,6 +149,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Fail the run, naming each one, if a process the tests started outlives them; then end it."""
     config = session.config
     if not _is_controller(config):
+        config.workeroutput["cpu_by_module"] = CPU.dumps()  # type: ignore[attr-defined]
         return
     basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
     leaked = outlived(run_processes(basetemp, os.environ.get(ENV_TEST_RUN, "")), LEAK_GRACE_SECONDS)
