@@ -32,6 +32,7 @@ DERIVED = {"memory_embeddings", "keyword_index", "subject_summaries", "team_summ
 # The assets partitioned by tenant: the sensor makes "acme" (never the canary's tenant) a partition of
 # each. The others are monthly (memory_eval, memory_drift) or have no partitions at all.
 TENANT_PARTITIONED = {"memories", "memory_deletions", "physical_erasure", "key_conversion", "tenant_backups"} | DERIVED
+UNPARTITIONED_BY_TENANT = {"deletion_notifications", "deletion_canary", "memory_eval", "memory_drift"}
 # What `dev` runs: dg dev, then the processes dagster dev starts.
 DEV_PROCESSES = ("dg dev", "dagster_webserver", "dagster._daemon", "dagster code-server start", "dagster api grpc")
 # As `sh -c '... &'` does (POSIX: no job control, so the background command ignores SIGINT and
@@ -127,18 +128,7 @@ def test_dev_in_the_background_shows_every_asset_and_ends_with_all_its_processes
                 pass
             time.sleep(2)
         by_key = {"/".join(n["assetKey"]["path"]): n for n in nodes or []}
-        expected = {
-            "memories",
-            "memory_deletions",
-            "deletion_notifications",
-            "physical_erasure",
-            "key_conversion",
-            "deletion_canary",
-            "tenant_backups",
-            "memory_eval",
-            "memory_drift",
-        }
-        assert set(by_key) == expected | DERIVED
+        assert set(by_key) == TENANT_PARTITIONED | UNPARTITIONED_BY_TENANT
         assert by_key["memories"]["groupName"] == "memory_store"
         assert by_key["memory_embeddings"]["groupName"] == "derived_stores"
         assert all(by_key[name]["partitionKeys"] == ["acme"] for name in TENANT_PARTITIONED)
