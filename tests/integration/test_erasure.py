@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+import psycopg
 import pytest
 
 from memory_pipelines.defs.forget.ops import job_key
@@ -146,6 +148,56 @@ def test_a_file_still_holding_forgotten_bytes_fails_the_erasure_and_marks_nothin
         assert service.status(job_id=job["job_id"])["targets"]["physical"].startswith("PENDING:")
     finally:
         stray.unlink()
+    assert ErasureService(derived).erase_tenant(tenant_id=tenant)["erased"] == 1
+
+
+def _forget_alice_under_an_older_snapshot(store, derived, tenant, reader):
+    """Alice forgotten (COMPLETE) while `reader` holds a snapshot taken before: it still sees her rows."""
+    seed(store, derived, tenant)
+    reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    assert reader.execute("SELECT count(*) FROM memory.memories WHERE tenant_id = %s", (tenant,)).fetchone()[0] == 3
+    service = DeletionService(derived)
+    job = service.request(tenant_id=tenant, subject="alice")
+    service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
+    assert service.status(job_id=job["job_id"])["state"] == "COMPLETE"
+    return service, job
+
+
+def test_the_erasure_waits_for_a_snapshot_older_than_the_deletion_then_erases_everything(store, derived, tenant):
+    """VACUUM FULL keeps every deleted row an open snapshot may still see, in the new file and its WAL:
+    rewritten under such a snapshot, the scan finds them. The erasure waits for it to end first."""
+    with psycopg.connect(store.conninfo) as reader:
+        service, job = _forget_alice_under_an_older_snapshot(store, derived, tenant, reader)
+        ended = threading.Timer(1.5, reader.rollback)
+        ended.start()
+        try:
+            report = ErasureService(derived).erase_tenant(tenant_id=tenant)
+        finally:
+            ended.join()
+    assert report["horizon"]["olderSnapshots"] == 1 and report["horizon"]["waitedSeconds"] >= 1.0
+    assert report["erased"] == 1 and report["byteScan"]["hits"] == 0, report["byteScan"]
+    assert service.status(job_id=job["job_id"])["targets"]["physical"].startswith("ERASED:")
+
+
+def test_a_snapshot_outliving_the_wait_refuses_the_erasure_before_any_rewrite(store, derived, tenant):
+    with psycopg.connect(store.conninfo) as reader:
+        service, job = _forget_alice_under_an_older_snapshot(store, derived, tenant, reader)
+        pid = reader.info.backend_pid
+        files = tenant_files(derived, tenant)
+        started = time.monotonic()
+        with pytest.raises(ErasureIncomplete) as err:
+            ErasureService(derived, horizon_seconds=0.5).erase_tenant(tenant_id=tenant)
+        assert 0.5 <= time.monotonic() - started < 10
+        [label] = err.value.hits
+        assert label.startswith(f"session {pid} (") and "older snapshot" in str(err.value), label
+        assert service.status(job_id=job["job_id"])["targets"]["physical"].startswith("PENDING:")
+        assert tenant_files(derived, tenant) == files  # nothing rewritten: a rewrite gives new file names
+        with store.transaction() as conn:
+            [detail] = conn.execute(
+                "SELECT detail FROM control.audit WHERE job_id = %s AND event = 'erasure_failed'", (job["job_id"],)
+            ).fetchone()
+        assert detail["horizon"]["olderSnapshots"] == 1 and "byteScan" not in detail
+        reader.rollback()
     assert ErasureService(derived).erase_tenant(tenant_id=tenant)["erased"] == 1
 
 

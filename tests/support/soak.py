@@ -1101,6 +1101,13 @@ class Deleter(Worker):
         ok, report = self.attempt("erase", run)
         if ok and report is not None:
             self.log.emit("erased", tenant=tenant, jobs=report["jobs"], t=time.time())
+            waited = report.get("horizon", {})  # absent when nothing was pending
+            if waited.get("olderSnapshots"):
+                notes = self.tally.notes
+                notes["erasures that waited for an older snapshot"] += 1
+                notes["erasure snapshot wait ms (max)"] = max(
+                    notes["erasure snapshot wait ms (max)"], round(waited["waitedSeconds"] * 1000)
+                )
 
     def change_consent(self, tenant: str) -> None:
         """Do-not-sell flags (two memories, one subject) and one team membership, changed just before a

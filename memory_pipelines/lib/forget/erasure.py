@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from memory_pipelines.lib.forget import datadir, deployment, guarantees, switches, wal
+from memory_pipelines.lib.forget import datadir, deployment, guarantees, horizon, switches, wal
 from memory_pipelines.lib.forget.ledger import mark_erased
 from memory_pipelines.lib.infra import faults, home, validation
 from memory_pipelines.lib.infra.errors import MemoryPipelinesError
@@ -38,6 +38,7 @@ from memory_pipelines.lib.stores.adapter import Erasure
 from memory_pipelines.lib.stores.derived import DerivedStores
 
 __all__ = [
+    "HORIZON_SECONDS",
     "ErasureIncomplete",
     "ErasureLedger",
     "ErasureService",
@@ -45,12 +46,20 @@ __all__ = [
 
 
 class ErasureIncomplete(MemoryPipelinesError):
-    """The byte scan found fingerprints of erased data: nothing is marked ERASED."""
+    """The byte scan found fingerprints of erased data, or a snapshot older than the deletions outlived
+    the wait before the rewrites: nothing is marked ERASED."""
 
     def __init__(self, hits: dict[str, int]) -> None:
         self.hits = hits
         files = ", ".join(f"{path} ({n})" for path, n in sorted(hits.items())[:5])
-        super().__init__("physical_erasure", f"{len(hits)} file(s) still hold erased data or are in use: {files}")
+        super().__init__(
+            "physical_erasure", f"{len(hits)} file(s) or snapshot(s) still hold erased data or are in use: {files}"
+        )
+
+
+# How long an erasure waits for snapshots older than its deletions to end before it refuses (and the
+# sensor tries again): a rewrite under such a snapshot would keep the rows it erases.
+HORIZON_SECONDS = 60.0
 
 
 def _now() -> datetime:
@@ -102,11 +111,14 @@ class ErasureService:
     """Runs a tenant's physical erasure over every registered store and proves it; `ledger` says
     which deletions wait for it."""
 
-    def __init__(self, derived: DerivedStores, *, settings: Settings | None = None) -> None:
+    def __init__(
+        self, derived: DerivedStores, *, settings: Settings | None = None, horizon_seconds: float = HORIZON_SECONDS
+    ) -> None:
         self.derived = derived
         self.store = derived.store
         self.ledger = ErasureLedger(derived.store, settings=settings)
         self.settings = self.ledger.settings
+        self.horizon_seconds = horizon_seconds
 
     def pending(self, *, tenant_id: str | None = None) -> list[dict[str, Any]]:
         """COMPLETE deletions not yet physically erased, oldest first (`ErasureLedger.pending`)."""
@@ -145,11 +157,10 @@ class ErasureService:
             return {"tenant_id": tenant_id, "jobs": [], "erased": 0}
         job_ids = [job["job_id"] for job in jobs]
         swept = home.sweep(self.settings)  # a killed process's scratch may hold what was forgotten
-        # Before the rewrites: the rows rewrapped under the new KEK leave dead tuples wrapped by the
-        # old one, which the key store's compaction then removes.
-        keys = self.rotate_keys(tenant_id)
+        keys = self.rotate_keys(tenant_id)  # before the rewrites, which drop its dead old-KEK wraps
         faults.point("erasure.keys_rotated")
         rotated = time.perf_counter()
+        waited = self.wait_for_older_snapshots(tenant_id, job_ids)
         erasures: dict[str, Erasure] = {}
         for index, spec in enumerate(registry.stores()):
             erasures[spec.name] = registry.adapter(spec.name).erase(self.derived, tenant_id)
@@ -202,6 +213,7 @@ class ErasureService:
                 "dataDirectory": data.report(),
             },
             "keys": keys,
+            "horizon": waited.report(),
             "deployment": deployment.of(self.settings, postgres_files_ours=data.directory is not None),
             "statistics": statistics,
             "wal": purged.report(),
@@ -220,11 +232,21 @@ class ErasureService:
         report["scannedStores"] = {name: e.scanned for name, e in erasures.items()}
         return self._mark_all_erased(tenant_id, report)
 
+    def wait_for_older_snapshots(self, tenant_id: str, job_ids: list[str]) -> horizon.Horizon:
+        """Wait until no snapshot can see what these jobs deleted (a rewrite would keep it,
+        lib/forget/horizon.py); refuse, rewriting nothing, when one outlives `horizon_seconds`."""
+        waited = horizon.wait_past(self.store.conninfo, timeout=self.horizon_seconds)
+        if waited.holders:
+            held = {holder.label(): 1 for holder in waited.holders}
+            self._refuse(tenant_id, {"jobs": job_ids, "horizon": waited.report()}, held)
+        return waited
+
     def _refuse(self, tenant_id: str, report: dict[str, Any], hits: dict[str, int]) -> NoReturn:
         """Audit the failed erasure of each job of `report` and raise: nothing is marked."""
+        detail: dict[str, Any] = {key: report[key] for key in ("byteScan", "horizon") if key in report}
         with self.store.transaction() as conn:
             for job_id in report["jobs"]:
-                self._audit(conn, job_id, tenant_id, "erasure_failed", {"byteScan": report["byteScan"]})
+                self._audit(conn, job_id, tenant_id, "erasure_failed", detail)
         raise ErasureIncomplete(hits)
 
     def _mark_all_erased(self, tenant_id: str, report: dict[str, Any]) -> dict[str, Any]:
