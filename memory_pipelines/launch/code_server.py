@@ -169,7 +169,7 @@ def _start(socket: Path, idle: int, log: Path) -> int:
         sys.executable,
         ISOLATED,
         "-m",
-        "dagster",
+        "memory_pipelines.launch.serve_code",  # `dagster api grpc`, run workers forked warm
         "api",
         "grpc",
         "--socket",

@@ -26,6 +26,9 @@ Private, and why no public API does the job:
 - `dagster._grpc.client.DagsterGrpcClient`: the heartbeat that keeps the CLI's warm code server
   (code_server.py) alive between commands, and the runs whose processes it still tracks; no public
   client of a code server exists.
+- `dagster._grpc.server.DagsterApiServer._mp_ctx`: the multiprocessing context the code server starts
+  each run worker from. Dagster fixes it to "spawn", so every run imports Dagster and the definitions
+  anew; the CLI's warm code server (serve_code.py) sets a fork server that has imported them once.
 - `DagsterInstance.run_storage` and dagster-postgres' `PostgresRunStorage.postgres_url` (neither
   documented): the database a run worker takes its lease on (lib/infra/leases.py), which every
   process sharing the instance can reach; the instance exposes no connection of its own.
@@ -48,7 +51,9 @@ launch nothing do not load dagster at all).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
+from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -209,6 +214,27 @@ class RunDequeuer:
 
     def close(self) -> None:
         self._daemon.__exit__(None, None, None)
+
+
+# -- the warm code server's run workers (serve_code.py) ---------------------------------------
+
+
+def start_run_workers_from(context: BaseContext) -> None:
+    """Every code server made in this process starts its run workers from `context`.
+
+    Dagster's gRPC server starts each run in a fresh interpreter (`multiprocessing.get_context("spawn")`,
+    kept as `DagsterApiServer._mp_ctx`), which imports Dagster and the definitions again for every
+    run; no public setting chooses another start method."""
+    from dagster._grpc.server import DagsterApiServer
+
+    made = DagsterApiServer.__init__
+
+    @functools.wraps(made)
+    def __init__(self: DagsterApiServer, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        self._mp_ctx = context  # type: ignore[assignment]  # typed as spawn's; forkserver's has the same Process, Queue, Event
+
+    DagsterApiServer.__init__ = __init__  # type: ignore[method-assign]
 
 
 # -- definitions: sensors and checks -----------------------------------------------------------

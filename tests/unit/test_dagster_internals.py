@@ -384,3 +384,28 @@ def test_the_code_server_client_calls_the_warm_server_makes() -> None:
     # A server that is not there raises, as the warm server's liveness check expects.
     with pytest.raises(Exception):  # noqa: B017 - grpc's own error types
         internals.grpc_heartbeat(Path("/nonexistent/mp-test.sock"), timeout=1)
+
+
+def test_a_code_server_starts_its_run_workers_from_the_context_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+    import multiprocessing
+    import threading
+
+    from dagster._core.utils import FuturesAwareThreadPoolExecutor
+    from dagster._grpc.server import DagsterApiServer
+
+    def server() -> Any:
+        with FuturesAwareThreadPoolExecutor(max_workers=1) as pool:
+            made = DagsterApiServer(
+                server_termination_event=threading.Event(),
+                logger=logging.getLogger("test"),
+                server_threadpool_executor=pool,
+            )
+            made._server_termination_event.set()  # ends its heartbeat and cleanup threads
+            return made
+
+    pinned(server()._mp_ctx.get_start_method() == "spawn", "DagsterApiServer._mp_ctx (spawn)")
+    monkeypatch.setattr(DagsterApiServer, "__init__", DagsterApiServer.__init__)  # put back after the test
+    forkserver = multiprocessing.get_context("forkserver")
+    internals.start_run_workers_from(forkserver)
+    pinned(server()._mp_ctx is forkserver, "DagsterApiServer._mp_ctx, set after __init__")

@@ -1,0 +1,38 @@
+"""`dagster api grpc` whose run workers start warm: the CLI's code server (code_server.py) runs this.
+
+Dagster starts each run of a code server in a new interpreter ("spawn"), which imports Dagster,
+dagster-postgres and the definitions again before the run's first step, in every `materialize`,
+`forget --wait`, `backup` or `restore` (docs/performance.md, "Run workers forked warm", has the
+figures). Here the server starts them from multiprocessing's fork server instead: a single-threaded
+process, started by the code server with its interpreter flags, environment and path, that imports
+those modules once and forks a child per run. It imports modules only: no connection, thread or
+model exists in it when it forks.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import runpy
+
+# What every run worker would import first; an import the fork server fails is left to the worker.
+PRELOAD = (
+    "dagster._cli",
+    "dagster._grpc.impl",
+    "dagster_postgres",
+    "memory_pipelines.definitions",
+    "onnxruntime",
+    "tokenizers",
+)
+
+
+def main() -> None:
+    from memory_pipelines.launch.dagster_internals import start_run_workers_from
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOAD))
+    start_run_workers_from(context)
+    runpy.run_module("dagster", run_name="__main__", alter_sys=True)  # `python -m dagster`, with our arguments
+
+
+if __name__ == "__main__":
+    main()
