@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memory_pipelines.lib.infra.children import ISOLATED, isolated_env
-from memory_pipelines.lib.infra.code_runtime import runtime_dir, sweep_records
+from memory_pipelines.lib.infra.code_runtime import runtime_dir, scratch_of, sweep_records
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.infra.owner_only import replace_private_file
 from memory_pipelines.lib.infra.paths import PROJECT_ROOT
@@ -39,6 +40,7 @@ __all__ = [
     "ENV_IDLE_SECONDS",
     "LOCATION",
     "WarmServer",
+    "command",
     "module_workspace",
     "warm_server",
 ]
@@ -158,14 +160,16 @@ def warm_server(settings: Settings, *, log: Path) -> WarmServer | None:
                     return WarmServer(socket=socket, pid=pid, workspace_file=workspace)
         for stale in (socket, record):
             stale.unlink(missing_ok=True)
+        shutil.rmtree(scratch_of(socket), ignore_errors=True)  # a killed server's fork-server socket
         sweep_records(runtime, keep=record)
         pid = _start(socket, idle, log)
         replace_private_file(record, json.dumps({"pid": pid, "home": str(settings.home), "started": time.time()}))
         return WarmServer(socket=socket, pid=pid, workspace_file=workspace)
 
 
-def _start(socket: Path, idle: int, log: Path) -> int:
-    command = [
+def command(socket: Path, idle: int) -> list[str]:
+    """The warm code server's command line (`stop` and `home_processes` know it as Dagster's)."""
+    return [
         sys.executable,
         ISOLATED,
         "-m",
@@ -186,11 +190,14 @@ def _start(socket: Path, idle: int, log: Path) -> int:
         "--log-level",
         "warning",
     ]
+
+
+def _start(socket: Path, idle: int, log: Path) -> int:
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         # A session of its own: the terminal's Ctrl-C ends the command, not the server other commands share.
         proc = subprocess.Popen(
-            command,
+            command(socket, idle),
             stdin=subprocess.DEVNULL,
             stdout=fd,
             stderr=fd,

@@ -13,6 +13,11 @@ from __future__ import annotations
 
 import multiprocessing
 import runpy
+import sys
+import tempfile
+from pathlib import Path
+
+from memory_pipelines.lib.infra.code_runtime import scratch_of
 
 # What every run worker would import first; an import the fork server fails is left to the worker.
 PRELOAD = (
@@ -28,6 +33,12 @@ PRELOAD = (
 def main() -> None:
     from memory_pipelines.launch.dagster_internals import start_run_workers_from
 
+    # The fork server's socket directory beside the server's own files, not in /tmp: a server killed
+    # before it could remove it leaves it where the next command's sweep (code_runtime.py) finds it.
+    socket = Path(sys.argv[sys.argv.index("--socket") + 1])
+    scratch = scratch_of(socket)
+    scratch.mkdir(mode=0o700, exist_ok=True)
+    tempfile.tempdir = str(scratch)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(PRELOAD))
     start_run_workers_from(context)

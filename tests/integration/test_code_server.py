@@ -4,6 +4,7 @@ private runtime directory can be had a command runs its own server and leaves no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -68,12 +69,17 @@ def test_commands_share_one_warm_server_per_environment_and_an_idle_one_ends(tmp
         both = code_servers(home)
         assert len(both) == 2 and first[0] in both
 
-        # A server that died is replaced by the next command.
+        # A server that died is replaced by the next command, and what it could not remove goes: the
+        # socket directory of its run workers' fork server (launch/serve_code.py).
+        (killed,) = _fork_server_sockets(first[0])
         os.kill(first[0], 9)
         assert wait_for(lambda: first[0] not in code_servers(home), 10)
+        assert killed.exists(), "the control: SIGKILL leaves the fork server's socket"
         assert ok(run_cli("materialize", "--tenant", "acme", home=home, env=IDLE))["success"]
         serving = code_servers(home)
         assert len(serving) == 2 and first[0] not in serving
+        assert not killed.exists()
+        assert all(len(_fork_server_sockets(pid)) == 1 for pid in serving)
 
         # A server nobody sends heartbeats to any more ends by itself within about twice its idle time.
         assert ok(run_cli("materialize", "--tenant", "acme", home=home, env=SHORT_IDLE))["success"]
@@ -102,6 +108,17 @@ def test_without_a_private_runtime_directory_a_command_runs_its_own_server(tmp_p
         services.stop_services(settings_for(home))
 
 
+def _fork_server_sockets(pid: int) -> list[Path]:
+    """The listening sockets of the fork server of code server `pid`, in the server's runtime files."""
+    runtime = code_runtime.runtime_dir()
+    assert runtime is not None
+    for record in runtime.glob("*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(record.read_text()).get("pid") == pid:
+                return sorted(code_runtime.scratch_of(record.with_suffix(".sock")).glob("pymp-*/listener-*"))
+    return []
+
+
 def _records_naming(home: Path) -> list[str]:
     runtime = code_runtime.runtime_dir()
     assert runtime is not None
@@ -124,8 +141,11 @@ def test_stop_leaves_no_record_of_its_code_servers_outside_home(tmp_path):
         ok(run_cli("tenant", "create", "--tenant", "acme", home=home))
         assert ok(run_cli("materialize", "--tenant", "acme", home=home, env=IDLE))["success"]
         assert len(code_servers(home)) == 1 and len(_records_naming(home)) == 1, "the control"
+        (listener,) = _fork_server_sockets(code_servers(home)[0])
+        scratch = listener.parent.parent
         stopped = ok(run_cli("stop", home=home))
         assert stopped["stopped"] and code_servers(home) == []
         assert _records_naming(home) == []
+        assert not scratch.exists()  # the socket directory of its run workers' fork server
     finally:
         services.stop_services(settings_for(home))

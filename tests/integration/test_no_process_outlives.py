@@ -60,8 +60,13 @@ def test_a_cli_session_then_stop_leaves_no_process_of_its_home(tmp_path):
             # The command waited for its run workers; what is left is the one warm code server.
             left = {proc.pid: " ".join(proc.args) for proc in processes.home_processes(home)}
             warm = {pid for pid, args in left.items() if " api grpc " in args}
-            # Besides the server, only its multiprocessing resource tracker (made with its first run worker).
-            assert all("resource_tracker" in args for pid, args in left.items() if pid not in warm), (command, left)
+            # Besides the server, only its multiprocessing helpers, made with its first run worker: the
+            # fork server its run workers fork from (launch/serve_code.py) and the resource tracker.
+            helpers = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+            assert all(any(h in args for h in helpers) for pid, args in left.items() if pid not in warm), (
+                command,
+                left,
+            )
             servers |= warm
         assert len(servers) == 1, "every command reused the first command's code server"
         cli("rollback", "--tenant", "acme", "--user", "alice", "--memory-id", memory)

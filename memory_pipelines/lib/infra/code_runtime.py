@@ -1,6 +1,7 @@
 """The runtime directory of the warm code servers (memory_pipelines/launch/code_server.py): per server, a
-record (pid, HOME), its socket, its workspace file and a lock, in /tmp/mp-code-<uid>. Here, not in
-code_server.py, so `stop` can remove what the servers it ended leave, without importing Dagster."""
+record (pid, HOME), its socket, its workspace file, a lock and the directory of its run workers' fork
+server, in /tmp/mp-code-<uid>. Here, not in code_server.py, so `stop` can remove what the servers it
+ended leave, without importing Dagster."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from memory_pipelines.lib.infra.processes import read_proc
 
 __all__ = [
     "runtime_dir",
+    "scratch_of",
     "sweep_records",
 ]
 
@@ -28,6 +31,11 @@ def runtime_dir() -> Path | None:
     if not path.is_dir() or path.is_symlink() or info.st_uid != os.geteuid() or info.st_mode & 0o077:
         return None
     return path
+
+
+def scratch_of(socket: Path) -> Path:
+    """The directory of a server's multiprocessing files (its run workers' fork server's socket)."""
+    return socket.with_suffix(".mp")
 
 
 def sweep_records(runtime: Path, keep: Path | None = None) -> None:
@@ -45,6 +53,7 @@ def sweep_records(runtime: Path, keep: Path | None = None) -> None:
             continue  # busy or unreadable: not ours to remove
         try:
             if read_proc(pid) is None:  # gone, or a zombie nobody has collected yet
+                shutil.rmtree(scratch_of(record.with_suffix(".sock")), ignore_errors=True)
                 for suffix in (".sock", ".yaml", ".json"):
                     record.with_suffix(suffix).unlink(missing_ok=True)
         finally:

@@ -147,13 +147,16 @@ def is_dagster_process(proc: Proc) -> bool:
     for index, arg in enumerate(head):
         if Path(arg).name in _DAGSTER_PROGRAMS:
             return True
-        if arg == "-m" and index + 1 < len(proc.args) and proc.args[index + 1].split(".")[0] in _DAGSTER_MODULES:
+        module = proc.args[index + 1] if arg == "-m" and index + 1 < len(proc.args) else ""
+        if module.split(".")[0] in _DAGSTER_MODULES or module in _DAGSTER_ENTRIES:
             return True
     return any("multiprocessing" in arg for arg in head)
 
 
 _DAGSTER_PROGRAMS = {"dagster", "dagster-daemon", "dagster-webserver", "dagster-graphql", "dg"}
 _DAGSTER_MODULES = {"dagster", "dagster_webserver", "dagster_graphql", "dagster_dg_cli"}
+# Our own entries that run a Dagster program: the CLI's warm code server (`dagster api grpc`).
+_DAGSTER_ENTRIES = {"memory_pipelines.launch.serve_code"}
 
 
 def names_home(proc: Proc, home: Path) -> bool:
