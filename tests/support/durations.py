@@ -1,9 +1,11 @@
 """How long each test module took in a recorded run, so the longest start first on the xdist workers.
 
-Two workers that take tests in file order finish minutes apart: the daemon test alone is six
-minutes, and it used to start late. `tests/conftest.py` orders the modules by their recorded total
-(longest first) and xdist hands out one test at a time (`--maxschedchunk 1` in pyproject.toml), so
-the run ends with short tests on both workers. Refresh the record after adding a long test:
+Each module runs whole on one worker (`--dist loadscope` in pyproject.toml), so its module-scoped
+fixtures (a HOME with its servers, the crypto-erasure test's four written and forgotten tenants) are
+built once, not once per worker that got one of its tests. `tests/conftest.py` orders the modules
+by their recorded total, longest first, and xdist keeps that order (`--no-loadscope-reorder`), so
+the run ends with short modules on both workers; in file order the daemon test started last.
+Refresh the record after adding a long test:
 
     .venv/bin/pytest --junitxml=/tmp/run.xml && .venv/bin/python -m tests.support.durations /tmp/run.xml
 """
