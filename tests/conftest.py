@@ -212,6 +212,16 @@ def _no_disposed_instance_as_defs_state_storage() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_disposed_instance_as_defs_state_storage_for_the_module() -> Iterator[None]:
+    """The same for a module's fixtures, set up before any test's: with whole modules per worker, a
+    module-scoped `defs()` (tests/test_defs.py) once loaded after a module that left a disposed one."""
+    from dagster._core.storage.defs_state.base import set_defs_state_storage
+
+    with set_defs_state_storage(None):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _home_variables_restored() -> Iterator[None]:
     """Commands run in-process point HOME and DAGSTER_HOME at their HOME; later tests start clean."""
