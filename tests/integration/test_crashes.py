@@ -24,7 +24,7 @@ from memory_pipelines.lib.infra.leases import libpq_url
 from memory_pipelines.lib.infra.services import Endpoints, ensure_services, stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from tests.conftest import run_cli, settings_for
-from tests.support.crashes import artifacts_under, cli_lost_with_its_host, run_killed, run_ok
+from tests.support.crashes import artifacts_under, cli_lost_with_its_host, run_here, run_killed, run_ok
 
 pytestmark = pytest.mark.slow
 
@@ -70,14 +70,15 @@ def test_a_backup_killed_at_each_step_leaves_nothing_once_the_next_command_start
 
 def _backed_up(settings: Settings, tenant: str, *, then: str | None = None) -> str:
     """A memory of alice's written and backed up, then `then` written after the backup; the backup id."""
-    out = run_ok(
+    out = run_here(
         settings.home,
         f"""
         import json
         mp.write(tenant_id={tenant!r}, user_id="alice", text="alice keeps bees on the roof")
         backup = mp.backup(tenant_id={tenant!r})
-        if {then!r} is not None:
-            mp.write(tenant_id={tenant!r}, user_id="alice", text={then!r})
+        then = {then!r}
+        if then is not None:
+            mp.write(tenant_id={tenant!r}, user_id="alice", text=then)
         print(json.dumps(backup["backup_id"]))
         """,
     )
@@ -142,7 +143,7 @@ ERASE = "from memory_pipelines.lib.forget.erasure import ErasureService\n"
 
 def _one_forgotten(settings: Settings, tenant: str, *, memories: int, backed_up: bool = False) -> tuple[list[str], str]:
     """Memories of alice, synced (and backed up), the first forgotten to COMPLETE: their ids and the job's."""
-    out = run_ok(
+    out = run_here(
         settings.home,
         f"""
         import json
@@ -240,7 +241,7 @@ def test_the_same_text_in_another_tenant_does_not_stop_an_erasure_that_scans_all
     never pass."""
     settings, _ = home
     mine, theirs = _tenant(), _tenant()
-    out = run_ok(
+    out = run_here(
         settings.home,
         f"""
         import json
@@ -513,7 +514,7 @@ def test_a_lifecycle_operation_killed_at_each_step_is_finished_by_the_next_comma
     tenant, op = _tenant(), LIFECYCLE[point]
     fill = {"t": tenant, "day": _yesterday(), "bulk": repr(BULK)}
     texts = {"alice": ["alice keeps bees", "alice sings alto"], "bob": ["bob mends clocks", "bob rows at dawn"]}
-    run_ok(
+    run_here(
         settings.home,
         f"""
         for user, texts in {texts!r}.items():

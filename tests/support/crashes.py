@@ -3,17 +3,21 @@ killed (SIGKILL) at a named point of our code (memory_pipelines/lib/infra/faults
 killer or a power cut would end it; then what the next command finds is checked.
 
 `run_killed` insists the child died at the point: a point renamed or never reached fails the test
-instead of passing it without a crash.
+instead of passing it without a crash. The steps before it run in the test's process (`run_here`);
+what follows it runs in a new process (`run_ok`, the CLI), as the next command would.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from memory_pipelines.lib.infra.faults import ENV_CRASH_AT
 
@@ -65,6 +69,29 @@ def run_ok(home: Path, code: str, *, env: dict[str, str] | None = None, timeout:
     proc = _run(home, code, env or {}, timeout)
     assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
+
+
+def run_here(home: Path, code: str) -> str:
+    """Run `code` (after PRELUDE) in this process on `home`, for the steps before the one killed, where
+    a process of its own proves nothing more (the killed step and the next command get theirs);
+    returns what it printed. `mp` is closed afterwards, and the environment is as it was."""
+    saved = os.environ.get("MEMORY_PIPELINES_HOME")
+    os.environ["MEMORY_PIPELINES_HOME"] = str(home)
+    scope: dict[str, Any] = {}
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            try:
+                exec(PRELUDE + textwrap.dedent(code), scope)
+            finally:
+                mp = scope.get("mp")
+                if mp is not None:
+                    mp.close()
+    finally:
+        if saved is None:
+            os.environ.pop("MEMORY_PIPELINES_HOME", None)
+        else:
+            os.environ["MEMORY_PIPELINES_HOME"] = saved
+    return out.getvalue()
 
 
 def artifacts_under(root: Path) -> list[Path]:
