@@ -108,28 +108,27 @@ def test_without_a_private_runtime_directory_a_command_runs_its_own_server(tmp_p
         services.stop_services(settings_for(home))
 
 
-def _fork_server_sockets(pid: int) -> list[Path]:
-    """The listening sockets of the fork server of code server `pid`, in the server's runtime files."""
+def _records() -> list[tuple[Path, dict]]:
+    """Every readable server record in the runtime directory, with what it says (pid, HOME)."""
     runtime = code_runtime.runtime_dir()
     assert runtime is not None
+    found = []
     for record in runtime.glob("*.json"):
         with contextlib.suppress(OSError, ValueError):
-            if json.loads(record.read_text()).get("pid") == pid:
-                return sorted(code_runtime.scratch_of(record.with_suffix(".sock")).glob("pymp-*/listener-*"))
+            found.append((record, json.loads(record.read_text())))
+    return found
+
+
+def _fork_server_sockets(pid: int) -> list[Path]:
+    """The listening sockets of the fork server of code server `pid`, in the server's runtime files."""
+    for record, said in _records():
+        if said.get("pid") == pid:
+            return sorted(code_runtime.scratch_of(record.with_suffix(".sock")).glob("pymp-*/listener-*"))
     return []
 
 
 def _records_naming(home: Path) -> list[str]:
-    runtime = code_runtime.runtime_dir()
-    assert runtime is not None
-    named = []
-    for record in runtime.glob("*.json"):
-        try:
-            if json.loads(record.read_text()).get("home") == str(home):
-                named.append(record.name)
-        except (OSError, ValueError):
-            continue
-    return named
+    return [record.name for record, said in _records() if said.get("home") == str(home)]
 
 
 @pytest.mark.slow
