@@ -30,7 +30,7 @@ from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import DerivedStores, open_derived
-from tests.support import durations
+from tests.support import durations, instances
 from tests.support.cpu import CpuByModule, cpu_seconds
 
 ROW_COUNT_TABLES = (
@@ -81,6 +81,19 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     finally:
         CPU.add(item.nodeid, cpu_seconds() - before)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    """A test that leaves a DagsterInstance entered fails here, not a later one (tests/support/instances.py)."""
+    with instances.entered() as open_now:
+        try:
+            result = yield
+        finally:
+            left = instances.leave(open_now)
+    if left:
+        raise AssertionError(f"the test entered Dagster instances it never left (use `with`): {left}")
+    return result
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -205,7 +218,9 @@ def _no_disposed_instance_as_defs_state_storage() -> Iterator[None]:
     order (a fixture's instance entered before a test's and left first) restore a disposed one,
     and once it is collected the next definitions load in that worker fails with "Attempted to
     resolve undefined DagsterInstance weakref" (seen in CI, depending on which tests ran before on
-    the worker). Dagster has no public way to reset it, hence its private module here, in tests only."""
+    the worker). An instance never left at all does it mid-test, whenever it is collected: that the
+    test's call fails instead (tests/support/instances.py). Dagster has no public way to reset the
+    storage, hence its private module here, in tests only."""
     from dagster._core.storage.defs_state.base import set_defs_state_storage
 
     with set_defs_state_storage(None):

@@ -168,12 +168,12 @@ def test_no_customer_tenant_is_skipped_by_any_sensor_or_schedule(store, derived,
             dg.build_sensor_context(instance=instance, resources={"memory_store": resource})
         )
         at = datetime.now(UTC).replace(hour=2, minute=0, second=0, microsecond=0) + timedelta(days=1)
-        backups = nightly_backups(
-            dg.build_schedule_context(
-                instance=instance, resources={"memory_store": resource}, scheduled_execution_time=at
-            )
-        )
-        retention = retention_schedule(dg.build_schedule_context(instance=instance, scheduled_execution_time=at))
+        with dg.build_schedule_context(
+            instance=instance, resources={"memory_store": resource}, scheduled_execution_time=at
+        ) as context:
+            backups = nightly_backups(context)
+        with dg.build_schedule_context(instance=instance, scheduled_execution_time=at) as context:
+            retention = retention_schedule(context)
         assert isinstance(forget, dg.SensorResult) and isinstance(erase, dg.SensorResult)
         assert isinstance(backups, list) and isinstance(retention, list)
         for name, result in (("forget", forget), ("erasure", erase), ("backups", backups), ("retention", retention)):

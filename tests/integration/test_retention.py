@@ -204,10 +204,10 @@ def test_retention_schedule_fans_out_over_tenants_for_the_day_that_ended(tenant)
 
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("tenants", [tenant, tenant + "-b"])
-        context = dg.build_schedule_context(
+        with dg.build_schedule_context(
             instance=instance, scheduled_execution_time=datetime(2026, 6, 16, 2, tzinfo=UTC)
-        )
-        requests = retention_schedule(context)
+        ) as context:
+            requests = retention_schedule(context)
     assert [(r.partition_key, r.run_key, r.tags[DAY_TAG]) for r in requests] == [
         (tenant, f"retention:2026-06-15:{tenant}", "2026-06-15"),
         (tenant + "-b", f"retention:2026-06-15:{tenant}-b", "2026-06-15"),

@@ -153,8 +153,8 @@ def test_offboarded_vanished_and_internal_tenants_do_not_stay_partitions(store, 
         reported = {e.partition for e in result.asset_events if isinstance(e, dg.AssetMaterialization)}
         assert tenant in reported and not reported & {offboarded, "eval", "canary-x-" + tenant}
         night = datetime(2026, 11, 1, 1, 30, tzinfo=UTC)
-        schedule_context = dg.build_schedule_context(
+        with dg.build_schedule_context(
             instance=instance, resources={"memory_store": resource}, scheduled_execution_time=night
-        )
-        backed_up = {r.partition_key for r in nightly_backups(schedule_context)}
+        ) as schedule_context:
+            backed_up = {r.partition_key for r in nightly_backups(schedule_context)}
         assert backed_up == {tenant}  # not the one being offboarded either
