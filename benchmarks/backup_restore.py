@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import tempfile
 import time
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -21,12 +20,12 @@ from typing import Any
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from benchmarks.forget import build
+from benchmarks.homes import discard, temporary_home
 from benchmarks.ingest import corpus
 from memory_pipelines.lib.backups.service import BackupService
 from memory_pipelines.lib.backups.storage import LocalBackupStorage
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.ledger import DeletionLedger
-from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.store import MemoryStore
@@ -67,7 +66,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="memories in the retention tenant")
     parser.add_argument("--home", type=Path)
     args = parser.parse_args()
-    home = args.home or Path(tempfile.mkdtemp(prefix="mp-bench-backup-"))
+    home = args.home or temporary_home("mp-bench-backup-")
     settings = Settings.from_env({"MEMORY_PIPELINES_HOME": str(home)})
     store = open_store(settings)
     # No embeddings here: backups, restores and sweeps never embed, and derived stores are empty.
@@ -151,7 +150,7 @@ def main() -> None:
     )
     store.close()
     if args.home is None:
-        stop_services(settings)
+        discard(home)
 
 
 if __name__ == "__main__":

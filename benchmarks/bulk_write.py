@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.homes import discard, temporary_home
 from benchmarks.ingest import corpus
 from memory_pipelines.lib.forget.deletion import DeletionService
-from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import open_derived
@@ -65,7 +64,7 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=0.05, help="seconds between deletion requests")
     parser.add_argument("--home", type=Path, help="data folder (default: a new temporary folder)")
     args = parser.parse_args()
-    home = args.home or Path(tempfile.mkdtemp(prefix="mp-bench-bulk-"))
+    home = args.home or temporary_home("mp-bench-bulk-")
     settings = Settings.from_env({"MEMORY_PIPELINES_HOME": str(home)})
     store = open_store(settings)
     print(f"home {home}")
@@ -123,7 +122,7 @@ def main() -> None:
     print(f"acceptance p99 during the write: {p99:.1f} ms (target < 50 ms: {'met' if p99 < 50 else 'MISSED'})")
     store.close()
     if args.home is None:
-        stop_services(settings)
+        discard(home)
 
 
 if __name__ == "__main__":

@@ -21,12 +21,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from memory_pipelines.lib.infra.services import stop_services
-from memory_pipelines.lib.infra.settings import Settings
+from benchmarks.homes import discard, temporary_home
 from memory_pipelines.platform import MemoryPlatform
 
 TENANT = "latency"
@@ -63,9 +61,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--home", type=Path, help="data folder (default: a new temporary folder)")
     args = parser.parse_args()
-    home = args.home or Path(tempfile.mkdtemp(prefix="mp-bench-cli-"))
+    home = args.home or temporary_home("mp-bench-cli-")
     env = {**os.environ, "MEMORY_PIPELINES_HOME": str(home)}
-    settings = Settings.from_env(env)
     os.environ["MEMORY_PIPELINES_HOME"] = str(home)
     with MemoryPlatform.from_env() as platform:
         if TENANT not in {t["tenant_id"] for t in platform.tenants()}:
@@ -117,8 +114,7 @@ def main() -> None:
     ]
     print(f"commands without a job within 1.5 s: {'met' if not slow else 'MISSED: ' + ', '.join(slow)}")
     if args.home is None:
-        subprocess.run([*CLI, "stop"], env=env, capture_output=True)
-        stop_services(settings)
+        discard(home)
 
 
 if __name__ == "__main__":

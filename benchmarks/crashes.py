@@ -38,7 +38,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from collections import Counter, defaultdict
@@ -49,9 +48,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from benchmarks.homes import discard, temporary_home
 from memory_pipelines import MemoryPlatform
 from memory_pipelines.lib.forget.canary import file_bytes
-from memory_pipelines.lib.infra.services import ensure_services, stop_services
+from memory_pipelines.lib.infra.services import ensure_services
 from memory_pipelines.lib.infra.settings import Settings
 from tests.support.crashes import artifacts_under
 
@@ -263,7 +263,7 @@ def main() -> None:
     parser.add_argument("--scan-every", type=int, default=25)
     parser.add_argument("--home", type=Path, help="HOME to use (default: a temporary one, stopped afterwards)")
     args = parser.parse_args()
-    home = args.home or Path(tempfile.mkdtemp(prefix="mp-bench-crashes-"))
+    home = args.home or temporary_home("mp-bench-crashes-")
     os.environ["MEMORY_PIPELINES_HOME"] = str(home)
     settings = Settings.from_env()
     ensure_services(settings)
@@ -302,7 +302,7 @@ def main() -> None:
         bench.mp.close()
         bench.watchdog.shutdown(wait=False)
         if args.home is None:
-            stop_services(settings)
+            discard(home)
     print(f"kills: {sum(kills.values())} ({', '.join(f'{op} {n}' for op, n in sorted(kills.items()))})")
     print(f"finished before their kill (not counted): {sum(finished.values())}")
     print(f"memories acknowledged: {len(bench.model.acked)}; forgotten: {len(bench.model.forgotten)}")

@@ -18,16 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.embedding_raw import make_sentences
+from benchmarks.homes import discard, temporary_home
 from benchmarks.ingest import run_ingest
 from memory_pipelines.lib.evaluation.evaluator import evaluate, load_eval_set, ready_eval_tenant
-from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import open_derived
@@ -85,7 +84,7 @@ def main() -> None:
     parser.add_argument("--ingest", type=int, default=10_000, help="memories for the ingest figure (default 10,000)")
     parser.add_argument("--home", type=Path, help="data folder (default: a new temporary folder)")
     args = parser.parse_args()
-    home = args.home or Path(tempfile.mkdtemp(prefix="mp-bench-embedding-"))
+    home = args.home or temporary_home("mp-bench-embedding-")
     settings = Settings.from_env({"MEMORY_PIPELINES_HOME": str(home)})
     models = {"float32": MiniLMEmbedder(quantized=False), "int8": MiniLMEmbedder()}
     for name, model in models.items():
@@ -126,7 +125,7 @@ def main() -> None:
     result.print()
     print(f"  end to end / raw int8: {result.ratio:.2f} (target >= 0.8: {'met' if result.ratio >= 0.8 else 'MISSED'})")
     if args.home is None:
-        stop_services(settings)
+        discard(home)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ import argparse
 import os
 import random
 import statistics
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -38,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.homes import discard, temporary_home
 from benchmarks.ingest import corpus
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureIncomplete, ErasureService
-from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.runtime import open_store
@@ -132,7 +131,7 @@ def main() -> None:
     if args.without_fix:
         vectors.clear_unused_capacity = lambda segment: 0
     rng = random.Random(args.seed)
-    home = args.home or Path(tempfile.mkdtemp(prefix="mp-bench-erasure-"))
+    home = args.home or temporary_home("mp-bench-erasure-")
     settings = Settings.from_env({"MEMORY_PIPELINES_HOME": str(home)})
     store = open_store(settings)
     derived = open_derived(settings, store)
@@ -214,7 +213,7 @@ def main() -> None:
     finally:
         store.close()
         if args.home is None:
-            stop_services(settings)
+            discard(home)
     erasures = totals["erasures"]
     print(f"\nerasures: {erasures} ({totals['vectors']} vectors forgotten in all)")
     print(

@@ -41,7 +41,6 @@ import argparse
 import hashlib
 import json
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.homes import discard, temporary_home
 from benchmarks.ingest import corpus
 from benchmarks.roundtrips import RoundTrips
 from memory_pipelines.lib.forget.deletion import DeletionBlocked, DeletionService
@@ -544,7 +544,7 @@ def main() -> None:
     sizes = sorted(int(s.replace("_", "")) for s in args.sizes.split(","))
     if any(n < 2 * VERSIONS * (args.repeats + 1) for n in sizes):
         raise SystemExit(f"each size needs at least {2 * VERSIONS * (args.repeats + 1)} memories")
-    home = args.home or Path(tempfile.mkdtemp(prefix="mp-bench-forget-"))
+    home = args.home or temporary_home("mp-bench-forget-")
     home.mkdir(parents=True, exist_ok=True)
     settings = {name: Settings.from_env({"MEMORY_PIPELINES_HOME": str(home / name)}) for name in ("full", "naive")}
     stores = {name: open_store(s) for name, s in settings.items()}
@@ -575,6 +575,7 @@ def main() -> None:
         if args.home is None:
             for s in settings.values():
                 stop_services(s)
+            discard(home)
     if results:
         summarize(results)
 

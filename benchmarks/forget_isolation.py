@@ -35,7 +35,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,10 +43,10 @@ from typing import Any
 import psycopg
 
 from benchmarks.forget import VERSIONS, SyntheticVectors, items_for, populate, remaining, subject
+from benchmarks.homes import discard, temporary_home
 from benchmarks.ingest import WORDS
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
-from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import ENV_HOME, Settings, lower_priority
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import default_embedder, open_derived, sync_keywords
@@ -226,7 +225,7 @@ def main() -> None:
     parser.add_argument("--home", type=Path)
     parser.add_argument("--build-only", action="store_true", help="build the tenants under --home, measure later")
     args = parser.parse_args()
-    home = args.home or Path(tempfile.mkdtemp(prefix="mp-bench-isolation-"))
+    home = args.home or temporary_home("mp-bench-isolation-")
     home.mkdir(parents=True, exist_ok=True)
     settings = settings_for(str(home))
     marker = home / f"built-isolation-{args.a_size}-{args.a_chroma}-{args.b_size}.json"
@@ -270,7 +269,7 @@ def main() -> None:
     samples: list[tuple[float, float, str]] = samples_q.get()
     read.join()
     if args.home is None:
-        stop_services(settings)
+        discard(home)
 
     def window(lo: float, hi: float, mode: str | None = None) -> list[float]:
         return [s for t, s, m in samples if lo <= t < hi and (mode is None or m == mode)]

@@ -79,6 +79,7 @@ import psycopg
 
 from benchmarks.forget import SyntheticVectors, items_for, percentile, remaining, subject, timed, write_tenant
 from benchmarks.forget_isolation import MODES, reader, settings_for, stats
+from benchmarks.homes import temporary_home
 from memory_pipelines.lib.forget import certificate
 from memory_pipelines.lib.forget.deletion import DeletionLedger, DeletionService, LastRun, phases, plan_forget_runs
 from memory_pipelines.lib.forget.erasure import ErasureLedger, ErasureService
@@ -1039,7 +1040,9 @@ def main() -> None:
     sizes = sorted((int(s.replace("_", "")) for s in args.sizes.split(",")), reverse=True)
     per_subject, needed, auto = layout(sizes, phases, args.memories_per_subject)
 
-    home = args.home or Path(f"/tmp/mp-bench-forget-stream-{os.getpid()}")
+    # A HOME whose services are kept stays for the next run (--home); any other temporary one goes.
+    kept = Path(f"/tmp/mp-bench-forget-stream-{os.getpid()}")
+    home = args.home or (kept if args.keep_services else temporary_home("mp-bench-forget-stream-"))
     home.mkdir(parents=True, exist_ok=True)
     settings = settings_for(str(home))
     store = open_store(settings)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memory_pipelines.lib.infra.services import stop_services
+from benchmarks.homes import discard, temporary_home
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores.derived import default_embedder, open_derived, sync_embeddings, sync_keywords
@@ -156,7 +155,7 @@ def main() -> None:
     parser.add_argument("--home", type=Path, help="data folder (default: a new temporary folder)")
     args = parser.parse_args()
     n = 100_000 if args.large else args.n
-    home = args.home or Path(tempfile.mkdtemp(prefix="mp-bench-ingest-"))
+    home = args.home or temporary_home("mp-bench-ingest-")
     settings = Settings.from_env({"MEMORY_PIPELINES_HOME": str(home)})
     embedder = default_embedder(settings.embedding_model)
     result = run_ingest(settings, embedder, n=n, subjects=args.subjects, tenant="bench")
@@ -169,7 +168,7 @@ def main() -> None:
     checks = result.checks
     print("checks:", {name: {k: v for k, v in c.items() if k != "records"} for name, c in checks.items()})
     if args.home is None:
-        stop_services(settings)
+        discard(home)
 
 
 if __name__ == "__main__":

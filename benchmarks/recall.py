@@ -23,7 +23,6 @@ import argparse
 import json
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -31,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.forget import build
+from benchmarks.homes import discard, temporary_home
 from benchmarks.ingest import WORDS, corpus
 from memory_pipelines.lib.infra.errors import NotFoundError
-from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories import crypto
 from memory_pipelines.lib.memories.store import MemoryStore
@@ -279,7 +278,7 @@ def main() -> None:
         parser.error("--baseline-queries must be from 1 to --queries")
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = [m for m in MODES if m in args.modes.split(",")]
-    home = args.home or Path(tempfile.mkdtemp(prefix="mp-bench-recall-"))
+    home = args.home or temporary_home("mp-bench-recall-")
     settings = Settings.from_env({"MEMORY_PIPELINES_HOME": str(home)})
     store = open_store(settings)
     embedder = default_embedder() if args.embedder == "minilm" else HashingEmbedder()
@@ -317,7 +316,7 @@ def main() -> None:
         print(f"keyword p50 at {large:,}: {keyword:.1f} ms (target < 30 ms: {'met' if keyword < 30 else 'MISSED'})")
     store.close()
     if args.home is None:
-        stop_services(settings)
+        discard(home)
 
 
 if __name__ == "__main__":

@@ -30,16 +30,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.homes import discard, temporary_home
 from memory_pipelines import demo
 from memory_pipelines.lib.evaluation import evaluator as ev
 from memory_pipelines.lib.infra.paths import ASSETS_DIR
-from memory_pipelines.lib.infra.services import stop_services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.runtime import open_store
@@ -214,7 +213,7 @@ def main() -> None:
     args = parser.parse_args()
     corpora = [c for c in CORPORA if c in args.corpora.split(",")]
     ks = tuple(sorted({int(k) for k in args.ks.split(",")}))
-    home = args.home or Path(tempfile.mkdtemp(prefix="mp-bench-quality-"))
+    home = args.home or temporary_home("mp-bench-quality-")
     settings = Settings.from_env({"MEMORY_PIPELINES_HOME": str(home)})
     store = open_store(settings)
     derived = open_derived(settings, store, embedder=HashingEmbedder() if args.embedder == "hashing" else None)
@@ -247,7 +246,7 @@ def main() -> None:
     print("target (eval and demo): " + ("met" if all(met.get(c, True) for c in ("eval", "demo")) else "MISSED"))
     store.close()
     if args.home is None:
-        stop_services(settings)
+        discard(home)
 
 
 if __name__ == "__main__":

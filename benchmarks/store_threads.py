@@ -11,12 +11,10 @@ Prints writes/s for each and the ratio shared / own-store (target: at least 0.8)
 from __future__ import annotations
 
 import argparse
-import tempfile
 import threading
 import time
-from pathlib import Path
 
-from memory_pipelines.lib.infra.services import stop_services
+from benchmarks.homes import discard, temporary_home
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.runtime import open_store
@@ -45,7 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="mp-bench-threads-"))
+    home = temporary_home("mp-bench-threads-")
     settings = Settings.from_env({"MEMORY_PIPELINES_HOME": str(home)})
     store = open_store(settings)
     own = [open_store(settings) for _ in range(4)]
@@ -61,7 +59,7 @@ def main() -> None:
     finally:
         for s in [store, *own]:
             s.close()
-        stop_services(settings)
+        discard(home)
 
 
 if __name__ == "__main__":

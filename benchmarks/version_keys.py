@@ -32,7 +32,6 @@ import secrets
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -210,11 +209,12 @@ def design(n: int, group_sizes: list[int]) -> dict[str, Any]:
     a group's rekey (G - 1 survivors rewrapped under a new group key)."""
     import psycopg
 
-    from memory_pipelines.lib.infra.services import ensure_services, stop_services
+    from benchmarks.homes import discard, temporary_home
+    from memory_pipelines.lib.infra.services import ensure_services
     from memory_pipelines.lib.infra.settings import Settings
     from memory_pipelines.lib.memories import crypto
 
-    home = Path(tempfile.mkdtemp(prefix="mp-design-"))
+    home = temporary_home("mp-design-")
     settings = Settings.from_env({"MEMORY_PIPELINES_HOME": str(home)})
     conninfo = ensure_services(settings).store_conninfo
     old, new = crypto.new_key(), crypto.new_key()
@@ -250,7 +250,7 @@ def design(n: int, group_sizes: list[int]) -> dict[str, Any]:
             out[f"rotation_groups_of_{g}_s"] = round(rotate(max(1, n // g)), 3)
             out[f"rekey_one_group_of_{g}_ms"] = round(1000 * rotate(g - 1), 2)
     finally:
-        stop_services(settings)
+        discard(home)
     return out
 
 
@@ -265,8 +265,11 @@ def main() -> None:
     if args.serve:
         serve(Path(args.serve))
         return
+    # Here, not at the top: the baseline's workers run this file on a tree without benchmarks/homes.py.
+    from benchmarks.homes import discard, temporary_home
+
     sizes = [int(n) for n in args.erasure_sizes.split(",") if n]
-    work = Path(tempfile.mkdtemp(prefix="mp-version-keys-"))
+    work = temporary_home("mp-version-keys-")
     baseline = work / "baseline"
     subprocess.run(
         ["git", "worktree", "add", "--detach", str(baseline), args.baseline], cwd=ROOT, check=True, capture_output=True
@@ -292,6 +295,7 @@ def main() -> None:
         for side in sides.values():
             side.close()
         subprocess.run(["git", "worktree", "remove", "--force", str(baseline)], cwd=ROOT, check=False)
+        discard(work)
     print(f"\n{'figure':<28}{'before':>12}{'after':>12}{'after/before':>14}   (median of {len(rounds)} rounds)")
     for key in rounds[0]["after"]:
         before = statistics.median(r["before"][key] for r in rounds)
