@@ -81,6 +81,8 @@ def test_chroma_server_is_shared_by_processes_and_stopped_with_postgres(fresh_ho
     resource = ChromaResource(home=str(settings.home), embedding_model="hashing-test-only")
     held = resource.vector_store()  # a long-lived process's client, connected before the restart below
     assert held.url == state["url"] and held.client().heartbeat() > 0
+    # Its warnings and errors only, no INFO line (one a request by default; RUST_LOG=info here gives some).
+    assert b" INFO" not in (settings.chroma_path / "server.log").read_bytes()
 
     stopped = services.stop_services(settings)
     assert stopped["stopped"] is True

@@ -503,7 +503,9 @@ def _start_chroma(settings: Settings, token: str, timeout: float = CHROMA_START_
     path = private_dir(settings.chroma_path)
     log_path = path / CHROMA_LOG
     binary = chroma_binary()
-    env = {**os.environ, "ANONYMIZED_TELEMETRY": "False"}
+    # Warnings and errors only, unless RUST_LOG says otherwise: at its default level `chroma run` logs
+    # every request (some 20 MB in one test session's HOME), a file every canary drill then reads.
+    env = {"RUST_LOG": "warn", **os.environ, "ANONYMIZED_TELEMETRY": "False"}
     read_end, write_end = os.pipe()
     command = [
         sys.executable,
