@@ -60,6 +60,13 @@ def forgotten(store, derived, tenant):
     return job, canary, subject
 
 
+def drain(store, channels, events) -> None:
+    """Deliver every notice due, earlier tests' too: the session's database keeps them all, a channel
+    new to it is sent the last day's, and one `deliver` takes at most outbox.BATCH of them."""
+    while deliver(db=store, channels=channels, events=events)["delivered"]:
+        pass
+
+
 def ours(sent, job_id):
     return [m for m in sent if job_id.encode() in (m.get("raw") or m.get("body") or b"")]
 
@@ -68,6 +75,7 @@ def test_a_forget_is_told_once_by_email_and_signed_webhook_without_content(store
     smtp, hook, env = sinks
     settings = NotifySettings.from_env(env)
     channels = channels_of(settings)
+    drain(store, channels, settings.events)
     job, canary, subject = forgotten(store, derived, tenant)
 
     first = deliver(db=store, channels=channels, events=settings.events)
@@ -103,7 +111,7 @@ def test_a_crash_between_send_and_record_sends_once_more_with_the_same_key(
     smtp, _, env = sinks
     env = {k: v for k, v in env.items() if k != config.ENV_WEBHOOK_URL}  # email alone
     settings = NotifySettings.from_env(env)
-    deliver(db=store, channels=channels_of(settings), events=settings.events)  # earlier tests' notices
+    drain(store, channels_of(settings), settings.events)
     job, _, _ = forgotten(store, derived, tenant)
     child = (
         "import os, sys\n"
@@ -146,7 +154,7 @@ def test_a_failing_server_leaves_the_notice_pending_and_retried_with_backoff(sto
     env = {k: v for k, v in env.items() if k != config.ENV_WEBHOOK_URL}
     settings = NotifySettings.from_env(env)
     channels = channels_of(settings)
-    deliver(db=store, channels=channels, events=settings.events)
+    drain(store, channels, settings.events)
     job, _, _ = forgotten(store, derived, tenant)
     smtp.failing = True
     now = datetime.now(UTC)
@@ -238,7 +246,7 @@ def test_the_sensor_asks_for_a_run_only_when_a_notice_is_due(store, derived, ten
     memory_store = MemoryStoreResource(home=str(session_settings.home))
     on = NotifierResource(**{field: env.get(name) for field, name in config.FIELDS.items()})
     settings = on.settings()
-    deliver(db=store, channels=on.channels(), events=settings.events)  # nothing due before the forget
+    drain(store, on.channels(), settings.events)  # nothing due before the forget
 
     def tick(notifier):
         with dg.instance_for_test() as instance:
@@ -293,7 +301,7 @@ def test_two_deliverers_at_once_send_each_notice_once_and_a_later_channel_gets_i
 
     smtp, hook, env = sinks
     email_only = NotifySettings.from_env({k: v for k, v in env.items() if k != config.ENV_WEBHOOK_URL})
-    deliver(db=store, channels=channels_of(email_only), events=email_only.events)  # earlier tests' notices
+    drain(store, channels_of(email_only), email_only.events)
     jobs = [forgotten(store, derived, tenant)[0]["job_id"] for _ in range(3)]
     # A slow server and a short lease: the first deliverer's batch outlasts a claim made for all of it
     # at once, so the second one starts while the first still has a notice to send.
@@ -319,6 +327,6 @@ def test_two_deliverers_at_once_send_each_notice_once_and_a_later_channel_gets_i
 
     # The webhook, configured after email delivered them, still gets each of them once.
     both = NotifySettings.from_env(env)
-    deliver(db=store, channels=channels_of(both), events=both.events)
+    drain(store, channels_of(both), both.events)
     for job_id in jobs:
         assert len(ours(hook.received, job_id)) == 1 and len(ours(smtp.received, job_id)) == 1
