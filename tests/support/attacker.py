@@ -11,7 +11,8 @@ entry names; what it lacks is only what was destroyed. It:
   round after round, so a group key rebuilt from an old WAL record opens the version keys it wrapped;
 - carves sealed blobs (PostgreSQL varlena values holding our sealed format) out of files and tries
   every key it has on them under the associated data of its targets (`open_carved`);
-- looks for exact byte strings (ciphertexts and wrapped keys taken before the deletion) in every file.
+- looks for exact byte strings (ciphertexts and wrapped keys taken before the deletion) in every file,
+  WAL segments read as their record stream, so a value split by a page header is found too.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ _SEALED_MIN = 1 + _NONCE + 16
 WRAPPED_KEY_BYTES = 1 + _NONCE + crypto.KEY_BYTES + 16
 # A value stored inline fits one 8 KiB page; a larger one is TOASTed in chunks no carving joins.
 _INLINE_MAX = 8192
+_WAL_PAGE = 8192
+_XLP_LONG_HEADER = 0x0002  # xlp_info of a page whose header is the segment's long one
 # Key kinds that wrap other keys (a version key seals texts, a subject key MACs them: neither wraps).
 _WRAPPING_KINDS = ("master", "kek", "tenant", "group")
 
@@ -48,16 +51,33 @@ def wal_files(home: Path) -> list[Path]:
     return [p for p in home_files(home) if "pg_wal" in p.parts]
 
 
+def wal_stream(data: bytes) -> bytes:
+    """A WAL segment's records as one stream: the segment is 8 KiB pages, each opening with a header
+    (40 bytes on the segment's first page, 24 on the others), and a record longer than what is left
+    of its page goes on after the next one, so a value it holds is whole only without the headers."""
+    pages = []
+    for start in range(0, len(data) - _WAL_PAGE + 1, _WAL_PAGE):
+        info = int.from_bytes(data[start + 2 : start + 4], "little")
+        pages.append(data[start + (40 if info & _XLP_LONG_HEADER else 24) : start + _WAL_PAGE])
+    return b"".join(pages)
+
+
+def is_wal_segment(path: Path, size: int) -> bool:
+    return len(path.name) == 24 and all(c in "0123456789ABCDEF" for c in path.name) and size % _WAL_PAGE == 0
+
+
 def _read(path: Path) -> bytes:
+    """A file's bytes; a WAL segment's as its record stream (`wal_stream`), as an attacker would read it."""
     try:
         with path.open("rb") as fh:
             size = path.stat().st_size
             if size == 0:
                 return b""
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                return bytes(mapped)
+                data = bytes(mapped)
     except (FileNotFoundError, PermissionError, ValueError):
         return b""
+    return wal_stream(data) if is_wal_segment(path, size) else data
 
 
 def find_exact(files: Iterable[Path], blobs: dict[str, bytes]) -> dict[str, list[str]]:
