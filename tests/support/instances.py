@@ -58,7 +58,7 @@ def entered_at(stack: traceback.StackSummary) -> str:
 def leave(open_now: list[Any]) -> list[str]:
     """Leave the instances still open, latest first (as nested `with` blocks would); where each was entered."""
     left = []
-    for instance, at in reversed(open_now):
+    for instance, at in reversed(list(open_now)):  # a copy: leaving one takes it out of `open_now`
         left.append(f"the instance of {instance.root_directory}, entered at {at}")
         instance.__exit__(None, None, None)
     open_now.clear()

@@ -38,3 +38,15 @@ def test_a_schedule_context_used_with_with_leaves_nothing_entered():
             assert len(open_now) == 1 and open_now[0][0] is instance
         assert open_now == []
     assert instances.leave([]) == []
+
+
+def test_an_instance_entered_twice_is_named_twice_and_left():
+    with instances.entered() as open_now:
+        outer = dg.instance_for_test()
+        instance = outer.__enter__()
+        instance.__enter__()  # entered again, as code holding it might
+        assert [i for i, _ in open_now] == [instance, instance]
+        left = instances.leave(open_now)
+        assert len(left) == 2 and open_now == []
+        outer.__exit__(None, None, None)
+    assert DefsStateStorage.get() is None
