@@ -29,6 +29,7 @@ import psycopg
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from memory_pipelines.lib.forget import wal
 from memory_pipelines.lib.memories import crypto
 
 _NONCE = 12
@@ -62,10 +63,6 @@ def wal_stream(data: bytes) -> bytes:
     return b"".join(pages)
 
 
-def is_wal_segment(path: Path, size: int) -> bool:
-    return len(path.name) == 24 and all(c in "0123456789ABCDEF" for c in path.name) and size % _WAL_PAGE == 0
-
-
 def _read(path: Path) -> bytes:
     """A file's bytes; a WAL segment's as its record stream (`wal_stream`), as an attacker would read it."""
     try:
@@ -77,7 +74,7 @@ def _read(path: Path) -> bytes:
                 data = bytes(mapped)
     except (FileNotFoundError, PermissionError, ValueError):
         return b""
-    return wal_stream(data) if is_wal_segment(path, size) else data
+    return wal_stream(data) if wal.is_segment(path.name) and size % _WAL_PAGE == 0 else data
 
 
 def find_exact(files: Iterable[Path], blobs: dict[str, bytes]) -> dict[str, list[str]]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.support.attacker import find_exact, is_wal_segment, wal_stream
+from memory_pipelines.lib.forget import wal
+from tests.support.attacker import find_exact, wal_stream
 
 PAGE = 8192
 
@@ -30,7 +31,7 @@ def test_a_value_split_by_a_page_header_is_whole_in_the_stream(tmp_path: Path) -
     assert value in wal_stream(segment) and len(wal_stream(segment)) == 2 * PAGE - 40 - 24
     path = tmp_path / "000000010000000000000003"
     path.write_bytes(segment)
-    assert is_wal_segment(path, len(segment))
+    assert wal.is_segment(path.name)
     assert find_exact([path], {"value": value}) == {"value": [str(path)]}
 
 
@@ -39,7 +40,7 @@ def test_other_files_are_read_as_they_are(tmp_path: Path) -> None:
     segment = _segment(value)
     other = tmp_path / "relation.bin"  # same bytes, not a segment's name: not stitched
     other.write_bytes(segment)
-    assert not is_wal_segment(other, len(segment))
+    assert not wal.is_segment(other.name)
     assert find_exact([other], {"value": value}) == {}
     plain = tmp_path / "plain.bin"
     plain.write_bytes(b"x" * 100 + value)

@@ -28,6 +28,7 @@ __all__ = [
     "NOT_SCANNED",
     "WalPurge",
     "files",
+    "is_segment",
     "purge",
     "segments",
     "wal_directory",
@@ -70,10 +71,15 @@ class WalPurge:
         return out
 
 
+def is_segment(name: str) -> bool:
+    """A WAL segment file's name (24 hex digits), not a history, backup label or partial file's."""
+    return _SEGMENT.fullmatch(name) is not None
+
+
 def segments(directory: Path) -> list[str]:
     """The WAL segment files of `directory` (pg_wal), by name."""
     try:
-        return sorted(p.name for p in directory.iterdir() if _SEGMENT.fullmatch(p.name))
+        return sorted(p.name for p in directory.iterdir() if is_segment(p.name))
     except FileNotFoundError:
         return []
 
