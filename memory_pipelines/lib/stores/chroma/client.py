@@ -25,6 +25,7 @@ from memory_pipelines.lib.stores.embedding import Embedder
 
 __all__ = [
     "ERASURES",
+    "SPACE",
     "STORE",
     "ChromaCollections",
     "F",
@@ -48,6 +49,11 @@ _EMBEDDED_LOCK = threading.RLock()
 # Collection metadata key counting erasures; another process that loaded the index before an
 # erasure sees the count change and reloads from disk (see ChromaCollections._fresh).
 ERASURES = "erasures"
+# Inner product on our unit vectors ranks and scores as cosine does, but the index keeps the bytes it
+# was sent: under "cosine" hnswlib re-normalises them, so about one vector in four sat in the log and
+# in the index as two different byte strings, and a byte scan built from the one Chroma returns missed
+# the other (measured 2026-12-06: 3 of 12 under cosine, 0 of 30 under "ip"; docs/forgetting.md).
+SPACE = "ip"
 _SEEN: dict[tuple[str, str], int] = {}
 _REBUILD_PAGE = 5000  # vectors a get() carries
 
@@ -267,7 +273,7 @@ class ChromaCollections:
                 "opening the collection",
                 lambda: client.get_or_create_collection(
                     name=collection_name(tenant_id),
-                    metadata={"tenant_id": tenant_id, "hnsw:space": "cosine", "embedding_model": self.embedder.name},
+                    metadata={"tenant_id": tenant_id, "hnsw:space": SPACE, "embedding_model": self.embedder.name},
                     embedding_function=None,
                 ),
             )

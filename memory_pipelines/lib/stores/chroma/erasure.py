@@ -20,6 +20,7 @@ from memory_pipelines.lib.infra import faults
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.stores.chroma.client import (
     ERASURES,
+    SPACE,
     ChromaCollections,
     read_pages,
     reopen_embedded,
@@ -169,6 +170,7 @@ class VectorErasure:
         col = self.collections.collection(tenant_id)
         metadata = dict(col.metadata or {})
         metadata[ERASURES] = int(metadata.get(ERASURES, 0)) + 1  # other embedded clients reload
+        metadata["hnsw:space"] = SPACE  # a collection made under "cosine" keeps one byte form from here on
         self._drop_staging(tenant_id)
         fresh = self.collections.call(
             "creating the rebuilt collection",
