@@ -539,7 +539,9 @@ def test_clearing_unused_capacity_keeps_the_index_whole_across_server_restarts(t
 
     def add(vectors, tenant_id, n):
         col = vectors.collection(tenant_id)
-        new = rng.standard_normal((n, 16)).astype(np.float32)
+        new = rng.standard_normal((n, 16))
+        # Unit rows, as every Embedder gives: collections rank by inner product (chroma/client.py SPACE).
+        new = (new / np.linalg.norm(new, axis=1, keepdims=True)).astype(np.float32)
         ids = [f"m{made[0] + i}:1" for i in range(n)]
         made[0] += n
         for start in range(0, n, 50):
