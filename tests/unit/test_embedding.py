@@ -267,3 +267,12 @@ def test_the_model_setting_is_checked_and_names_its_variable():
             Settings.from_env({"MEMORY_PIPELINES_EMBEDDING_MODEL": bad})
         with pytest.raises(ValidationError, match="MEMORY_PIPELINES_EMBEDDING_MODEL"):
             default_embedder(bad)
+
+
+def test_vectors_of_another_length_are_refused_before_chroma_ranks_them_by_inner_product():
+    from memory_pipelines.lib.stores.chroma.client import require_unit
+
+    unit = HashingEmbedder(dimension=16).embed(["alice keeps bees", "", "bob bakes bread"])
+    require_unit(unit, model="hashing-16")  # every Embedder's rows, an empty text's included
+    with pytest.raises(ValueError, match=r"'scaled' gave vectors of length 1 to 2\b"):
+        require_unit(np.vstack([unit[:1], 2 * unit[1:2]]), model="scaled")

@@ -34,6 +34,7 @@ __all__ = [
     "http_client",
     "read_pages",
     "reopen_embedded",
+    "require_unit",
     "serialized",
     "source_of",
 ]
@@ -56,6 +57,18 @@ ERASURES = "erasures"
 SPACE = "ip"
 _SEEN: dict[tuple[str, str], int] = {}
 _REBUILD_PAGE = 5000  # vectors a get() carries
+
+
+def require_unit(vectors: Any, *, model: str) -> None:
+    """Refuse vectors that are not of unit length: inner product (SPACE) ranks as cosine only on those."""
+    import numpy as np
+
+    norms = np.linalg.norm(np.asarray(vectors, dtype=np.float64), axis=1)
+    if norms.size and float(np.max(np.abs(norms - 1.0))) > 1e-3:
+        raise ValueError(
+            f"embedding model {model!r} gave vectors of length {float(norms.min()):.4g} to {float(norms.max()):.4g}:"
+            " an Embedder must give unit vectors"
+        )
 
 
 def _embedded_client(path: Path) -> Any:

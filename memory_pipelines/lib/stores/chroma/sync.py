@@ -17,7 +17,14 @@ from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.memories import ordering
 from memory_pipelines.lib.memories.store import CurrentVersion, MemoryStore
 from memory_pipelines.lib.stores import lineage
-from memory_pipelines.lib.stores.chroma.client import STORE, ChromaCollections, read_pages, serialized, source_of
+from memory_pipelines.lib.stores.chroma.client import (
+    STORE,
+    ChromaCollections,
+    read_pages,
+    require_unit,
+    serialized,
+    source_of,
+)
 from memory_pipelines.lib.stores.chroma.erasure import VectorErasure
 from memory_pipelines.lib.stores.chroma.locks import collection_name
 
@@ -102,6 +109,8 @@ class VectorSync:
                 texts = store.open_texts(tenant_id=tenant_id, sources=[cv.source for cv in chunk], skip_unreadable=True)
                 readable = [cv for cv in chunk if cv.source in texts]
                 vectors = self.collections.embedder.embed([texts[cv.source] for cv in readable]) if readable else None
+                if vectors is not None:
+                    require_unit(vectors, model=self.collections.embedder.name)
                 del texts
                 if pending is not None:
                     pending.result()
