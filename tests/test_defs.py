@@ -118,6 +118,17 @@ def test_sensors_jobs_and_resources(definitions):
     assert definitions.resolve_job_def("tenant_refresh") is not None
 
 
+def test_every_job_runs_its_steps_in_its_worker_unless_its_config_asks_for_processes(definitions):
+    for job in definitions.get_repository_def().get_all_jobs():
+        [(_, chosen)] = dg.validate_run_config(job, {})["execution"].items()
+        if job.executor_def.name == "in_process":
+            continue
+        # The default executor: its step processes each load the code location again, unless asked for.
+        assert set(chosen) == {"in_process"}, (job.name, chosen)
+        asked = dg.validate_run_config(job, {"execution": {"config": {"multiprocess": {"max_concurrent": 2}}}})
+        assert asked["execution"]["multi_or_in_process_executor"]["multiprocess"]["max_concurrent"] == 2, job.name
+
+
 def test_sensor_adds_tenants_as_partitions_and_reports_counts(store, session_settings, tenant):
     store.write(tenant_id=tenant, user_id="alice", text="sensor sees me")
     resource = MemoryStoreResource(home=str(session_settings.home))

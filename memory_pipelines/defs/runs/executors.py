@@ -1,9 +1,10 @@
 """Every job's executor holds the run's lease (lib/infra/leases.py) while it orchestrates the run,
 so a run whose worker died is found by anyone sharing the instance (defs/runs/sensors.py).
 
-Each is Dagster's own executor, same name and config (the launchpad's `execution:` is unchanged),
-held as a field and wrapped: the lease is taken before the first step and tagged on the run, so a
-STARTED run tagged and without its lease has lost its worker.
+Each is Dagster's own executor, same name and config (the launchpad's `execution:` is unchanged; a
+run that sets none runs its steps in its worker), held as a field and wrapped: the lease is taken
+before the first step and tagged on the run, so a STARTED run tagged and without its lease has lost
+its worker.
 """
 
 from collections.abc import Iterator
@@ -44,11 +45,15 @@ class LeasedExecutor(dg.Executor):
             yield from self.inner.execute(plan_context, execution_plan)
 
 
-def leased(inner: dg.ExecutorDefinition) -> dg.ExecutorDefinition:
-    """`inner` under the same name and config, its executor wrapped in the run's lease."""
+def leased(inner: dg.ExecutorDefinition, *, default: dict[str, Any] | None = None) -> dg.ExecutorDefinition:
+    """`inner` under the same name and config, its executor wrapped in the run's lease; `default`,
+    when given, is the config of a run whose config sets no `execution:`."""
+    schema = inner.config_schema.as_field()
+    if default is not None:
+        schema = dg.Field(schema.config_type, default_value=default, description=schema.description)
     return dg.ExecutorDefinition(
         name=inner.name,
-        config_schema=inner.config_schema.as_field(),
+        config_schema=schema,
         requirements=inner.get_requirements,
         executor_creation_fn=lambda context: _created(inner, context),
         description=inner.description,
@@ -61,7 +66,9 @@ def _created(inner: dg.ExecutorDefinition, context: dg.InitExecutorContext) -> L
 
 
 leased_in_process = leased(dg.in_process_executor)
-leased_default = leased(dg.multi_or_in_process_executor)
+# Steps run in the run's worker unless a run's config asks for `multiprocess`: a process per step
+# imports Dagster, the code location and the embedding model again (docs/operating.md).
+leased_default = leased(dg.multi_or_in_process_executor, default={"in_process": {}})
 
 
 @dg.definitions
