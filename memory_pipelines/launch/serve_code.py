@@ -3,15 +3,17 @@
 Dagster starts each run of a code server in a new interpreter ("spawn"), which imports Dagster,
 dagster-postgres and the definitions again before the run's first step, in every `materialize`,
 `forget --wait`, `backup` or `restore` (docs/performance.md, "Run workers forked warm", has the
-figures). Here the server starts them from multiprocessing's fork server instead: a single-threaded
-process, started by the code server with its interpreter flags, environment and path, that imports
-those modules once and forks a child per run. It imports modules only: no connection, thread or
-model exists in it when it forks.
+figures). Here the server starts them from multiprocessing's fork server instead: a process, started
+by the code server with its interpreter flags, environment and path, that imports those modules once
+and forks a child per run. It imports modules only: no connection or model exists in it when it
+forks, and a fork copies only the thread that forks (pyarrow's allocator keeps a background thread,
+which its fork handlers leave to the parent).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import pkgutil
 import runpy
 import sys
 import tempfile
@@ -20,6 +22,8 @@ from pathlib import Path
 from memory_pipelines.lib.infra.code_runtime import scratch_of
 
 # What every run worker would import first; an import the fork server fails is left to the worker.
+# With the modules of the defs folder (`preload`) and chromadb, which the Chroma store's client
+# imports, they were about half of a small run's CPU in its worker (docs/performance.md).
 PRELOAD = (
     "dagster._cli",
     "dagster._grpc.impl",
@@ -27,7 +31,15 @@ PRELOAD = (
     "memory_pipelines.definitions",
     "onnxruntime",
     "tokenizers",
+    "chromadb",
 )
+
+
+def preload() -> list[str]:
+    """PRELOAD, then every module under memory_pipelines/defs/: what loading the definitions imports."""
+    import memory_pipelines.defs as folder
+
+    return [*PRELOAD, *(found.name for found in pkgutil.walk_packages(folder.__path__, f"{folder.__name__}."))]
 
 
 def main() -> None:
@@ -40,7 +52,7 @@ def main() -> None:
     scratch.mkdir(mode=0o700, exist_ok=True)
     tempfile.tempdir = str(scratch)
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(PRELOAD))
+    context.set_forkserver_preload(preload())
     start_run_workers_from(context)
     runpy.run_module("dagster", run_name="__main__", alter_sys=True)  # `python -m dagster`, with our arguments
 
