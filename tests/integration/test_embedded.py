@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import pwd
+import shutil
 import subprocess
 import sys
 import traceback
@@ -16,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from memory_pipelines.lib.infra import services
+from memory_pipelines.lib.infra import machine, services
 from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.runtime import open_store
 from tests.conftest import run_cli, settings_for
@@ -105,6 +106,53 @@ def test_a_long_lived_process_starts_the_server_again_after_a_stop(tmp_path):
         assert len(postmasters(settings.pgdata)) == 1
     finally:
         services.stop_services(settings)
+
+
+def test_a_removed_homes_socket_directory_is_swept_by_the_next_home_that_needs_one(tmp_path):
+    """A HOME too deep for a socket path keeps its server's socket in a directory of ours in /tmp, the
+    same one at every start. A HOME removed with it left there (one per test run): now the next HOME
+    that makes such a directory removes those whose data directory no longer names them."""
+    deep = "a-home-whose-path-is-too-long-for-a-socket-" * 2
+    first, second = (settings_for(tmp_path / name / deep / "home") for name in ("one", "two"))
+    assert not machine.socket_fits(first.pgdata)
+    try:
+        services.ensure_services(first, migrate=False)
+        left = Path((first.pgdata.parent / machine.SOCKET_RECORD).read_text())
+        services.stop_services(first)
+        assert left.is_dir()  # stopped: kept for its next start
+        shutil.rmtree(first.home)
+        services.ensure_services(second, migrate=False)
+        made = Path((second.pgdata.parent / machine.SOCKET_RECORD).read_text())
+        assert not left.exists() and made.is_dir() and made != left
+        assert (made / machine.SOCKET_OWNER).read_text() == str(second.pgdata)
+        assert made not in machine.sweep_socket_parents() and made.is_dir()  # a live socket in it
+        services.stop_services(second)
+        assert made not in machine.sweep_socket_parents() and made.is_dir()  # stopped, still named
+    finally:
+        services.stop_services(second)
+
+
+def test_a_socket_directory_is_swept_only_when_ours_empty_and_named_by_no_record(tmp_path):
+    temp, homes = tmp_path / "tmp", tmp_path / "homes"
+    temp.mkdir()
+
+    def made(name: str, *, recorded: bool) -> Path:
+        pgdata = homes / name / "pg" / "data"
+        pgdata.mkdir(parents=True)
+        directory = temp / f"{machine.SOCKET_PREFIX}{name}"
+        (directory / "a2ae792543").mkdir(parents=True)
+        (directory / machine.SOCKET_OWNER).write_text(str(pgdata))
+        if recorded:
+            (pgdata.parent / machine.SOCKET_RECORD).write_text(str(directory))
+        return directory
+
+    named, orphan, busy, shared = (made(n, recorded=n == "named") for n in ("named", "orphan", "busy", "shared"))
+    (busy / "a2ae792543" / ".s.PGSQL.5432").write_text("")  # a server's socket in it
+    shared.chmod(0o777)
+    unmarked = temp / f"{machine.SOCKET_PREFIX}unmarked"  # made before owner files, or by someone else
+    (unmarked / "a2ae792543").mkdir(parents=True)
+    assert machine.sweep_socket_parents(temp) == [orphan]
+    assert not orphan.exists() and all(d.is_dir() for d in (named, busy, shared, unmarked))
 
 
 def test_external_urls_start_nothing(tmp_path, endpoints, tenant):

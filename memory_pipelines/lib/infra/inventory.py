@@ -44,7 +44,13 @@ INVENTORY: tuple[Entry, ...] = (
         "none: a managed PostgreSQL",
     ),
     Entry("pg/.embedded-postgres.lock", "orders its starts", "the host of its server", "none: a managed PostgreSQL"),
-    Entry("pg/.socket-dir", "where its socket is, when HOME is too deep for one", "the host of its server", "none"),
+    Entry(
+        "pg/.socket-dir",
+        "where its socket is, when HOME is too deep for one (a `mp-pg-*` directory in the temporary"
+        " directory, used at every start; swept by the next HOME that makes one once this HOME is gone)",
+        "the host of its server",
+        "none",
+    ),
     Entry("keys", "key material", "", ""),
     Entry("keys/master.key", "the local master key", "every host", "none: KMS (MEMORY_PIPELINES_KMS_KEY_ID)"),
     Entry("keys/vault", "the key vault", "every host", "one shared volume (MEMORY_PIPELINES_KEY_VAULT)"),

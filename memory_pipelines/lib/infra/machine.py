@@ -38,6 +38,7 @@ __all__ = [
     "service_user",
     "socket_fits",
     "socket_parent",
+    "sweep_socket_parents",
 ]
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,10 @@ log = logging.getLogger(__name__)
 SERVICE_USER = "embedded_postgres"
 # Beside the data directory: the directory socket_parent made for the server's socket, if any.
 SOCKET_RECORD = ".socket-dir"
+# The start of that directory's name (tempfile.mkdtemp's prefix), and the file in it naming its
+# data directory, by which a later sweep finds those whose HOME is gone (sweep_socket_parents).
+SOCKET_PREFIX = "mp-pg-"
+SOCKET_OWNER = "pgdata"
 # embedded-postgres's own bookkeeping inside the data directory, written by the root process.
 _ROOT_FILES = {".handle_pids.json"}
 
@@ -174,9 +179,41 @@ def socket_parent(pgdata: Path) -> Path:
                 return recorded
     except (OSError, ValueError):
         pass
-    made = Path(tempfile.mkdtemp(prefix="mp-pg-"))
+    sweep_socket_parents()
+    made = Path(tempfile.mkdtemp(prefix=SOCKET_PREFIX))
     replace_private_file(record, str(made))
+    # After the record: a sweep meanwhile sees no owner file, and then a record that names it.
+    replace_private_file(made / SOCKET_OWNER, str(pgdata))
     return made
+
+
+def sweep_socket_parents(temp: Path | None = None) -> list[Path]:
+    """Remove the directories socket_parent made (in `temp`, the temporary directory by default)
+    whose data directory's record no longer names them: a HOME removed without its server's socket
+    directory. Only ours, and only when they hold nothing but their owner file and empty
+    directories (a running server's socket keeps one). Returns those removed."""
+    removed = []
+    for found in sorted(Path(temp or tempfile.gettempdir()).glob(f"{SOCKET_PREFIX}*")):
+        try:
+            info = found.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+                continue
+            owner = found / SOCKET_OWNER
+            record = Path(owner.read_text().strip()).parent / SOCKET_RECORD
+            try:
+                if Path(record.read_text().strip()) == found:
+                    continue  # its HOME's, stopped or running: the next start uses it again
+            except FileNotFoundError:
+                pass
+            for inner in found.iterdir():
+                if inner != owner:
+                    inner.rmdir()  # fails on anything but an empty directory
+            owner.unlink()
+            found.rmdir()
+        except (OSError, ValueError):
+            continue
+        removed.append(found)
+    return removed
 
 
 def close_socket(socket_dir: Path, pgdata: Path) -> None:
