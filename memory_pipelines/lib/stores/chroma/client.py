@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
+import numpy as np
+
 from memory_pipelines.lib.infra import unix_http
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.stores.chroma.locks import CollectionLocks, collection_name
@@ -61,8 +63,6 @@ _REBUILD_PAGE = 5000  # vectors a get() carries
 
 def require_unit(vectors: Any, *, model: str) -> None:
     """Refuse vectors that are not of unit length: inner product (SPACE) ranks as cosine only on those."""
-    import numpy as np
-
     norms = np.linalg.norm(np.asarray(vectors, dtype=np.float64), axis=1)
     if norms.size and float(np.max(np.abs(norms - 1.0))) > 1e-3:
         raise ValueError(

@@ -12,6 +12,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import Any
 
+import numpy as np
+
 from memory_pipelines.lib.infra import faults
 from memory_pipelines.lib.infra.progress import Progress, no_progress
 from memory_pipelines.lib.memories import ordering
@@ -162,8 +164,6 @@ class VectorSync:
         a vector, which the next sync fills). The upsert happens while the lock is held, so a
         deletion accepted after our check waits for it, and its cascade finds the vector.
         """
-        import numpy as np
-
         vectors = np.asarray(vectors)
         sources = [(cv.memory_id, cv.version, cv.epoch) for cv in chunk]
         with store.transaction() as conn:
