@@ -32,6 +32,9 @@ Private, and why no public API does the job:
 - `DagsterInstance.run_storage` and dagster-postgres' `PostgresRunStorage.postgres_url` (neither
   documented): the database a run worker takes its lease on (lib/infra/leases.py), which every
   process sharing the instance can reach; the instance exposes no connection of its own.
+- `DagsterInstance.optimize_for_webserver` (not documented): what the webserver calls so that each
+  storage keeps a connection; `hold_connections` calls it for a CLI command and a run worker.
+  dagster-postgres opens a connection per call otherwise, and no setting of dagster.yaml chooses.
 - `dagster._core.definitions.asset_checks.asset_check_evaluation.AssetCheckEvaluationTargetMaterializationData`:
   the `target_materialization_data` of the public `dg.AssetCheckEvaluation`. An evaluation reported
   outside the check's own step shows in the UI only when it targets the partition's latest
@@ -196,6 +199,34 @@ def instance_conninfo(instance: dg.DagsterInstance) -> str | None:
 
     url = getattr(instance.run_storage, "postgres_url", None)
     return libpq_url(url) if isinstance(url, str) else None
+
+
+# A storage's connections beyond the one it keeps, while that many calls use it at once (far more
+# than a command or run worker makes; each is closed when returned, as every connection was). A kept
+# one is replaced after an hour.
+HELD_OVERFLOW = 32
+HELD_RECYCLE_SECONDS = 3600
+# In milliseconds; the server's value for this role and database.
+TIMEOUT_SETTING = "SELECT setting::int FROM pg_catalog.pg_settings WHERE name = %s"
+
+
+def hold_connections(instance: dg.DagsterInstance) -> None:
+    """Each of the instance's PostgreSQL storages keeps one connection open for this process,
+    instead of opening one per call (dagster-postgres' default: about 110 for a CLI's small
+    `materialize` and 200 for its run worker, each a new server process). Dagster sets a statement
+    timeout on each connection it pools: the one the server gives this role and database, as before.
+    Nothing changes for any other storage."""
+    import psycopg
+
+    conninfo = instance_conninfo(instance)
+    if conninfo is None:
+        return
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute(TIMEOUT_SETTING, ("statement_timeout",)).fetchone()
+    timeout_ms = int(row[0]) if row else 0
+    instance.optimize_for_webserver(
+        statement_timeout=timeout_ms, pool_recycle=HELD_RECYCLE_SECONDS, max_overflow=HELD_OVERFLOW
+    )
 
 
 class RunDequeuer:

@@ -177,7 +177,7 @@ def _workspace(settings: Settings) -> Iterator[_Workspace]:
     import dagster as dg
 
     from memory_pipelines.launch.code_server import module_workspace, warm_server
-    from memory_pipelines.launch.dagster_internals import open_workspace
+    from memory_pipelines.launch.dagster_internals import hold_connections, open_workspace
     from memory_pipelines.lib.infra.services import ensure_services
 
     endpoints = ensure_services(settings)  # the embedded server and dagster.yaml, on a fresh HOME too
@@ -185,6 +185,7 @@ def _workspace(settings: Settings) -> Iterator[_Workspace]:
     os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
     os.environ[ENV_HOME] = str(settings.home)
     with _children_output(settings) as (stderr, terminal), dg.DagsterInstance.get() as instance:
+        hold_connections(instance)  # it reads the run's state every POLL_SECONDS while it waits
         warm = None if verbose() else warm_server(settings, log=settings.home / RUN_LOG)
         if warm is not None:
             with open_workspace(instance, warm.workspace_file, code_server_log_level="WARNING") as context:

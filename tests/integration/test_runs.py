@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,11 @@ from tests.conftest import CLI, run_cli
 from tests.integration.test_cli import ok
 
 pytestmark = pytest.mark.slow
+
+# Sessions a small `materialize` may open on the instance's database, command and run worker together:
+# those before each holds its connections (opening the instance, the run's first events), and one
+# per storage each keeps. 51-57 when measured (2026-12-06), 305 before.
+MOST_SESSIONS_PER_RUN = 100
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +116,33 @@ def test_runs_of_one_tenant_never_overlap_without_a_daemon(cli_env, instance, te
     assert all(r.dagster_run.status.value == "SUCCESS" for r in records)
     first, second = records
     assert first.end_time <= second.start_time, "two runs of one tenant ran at once"
+
+
+def test_a_command_and_its_run_worker_each_keep_their_connections_to_the_instance(cli_env, instance, tenant):
+    """dagster-postgres opens a connection per storage call: a small `materialize` made about 300, each
+    a new server process (113 from the command, 200 from its run worker). Each keeps its own now, once
+    it has opened the instance (21 and 38)."""
+    import psycopg
+
+    from memory_pipelines.launch.dagster_internals import instance_conninfo
+
+    conninfo = instance_conninfo(instance)
+    assert conninfo is not None
+
+    def sessions() -> int:
+        time.sleep(1.5)  # a backend that ended reports its session within a second
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            row = conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    ok(cli_env, "write", "--tenant", tenant, "--user", "ann", "Ann keeps bees")
+    ok(cli_env, "materialize", "--tenant", tenant)  # the warm code server's first run: its fork server starts
+    ok(cli_env, "write", "--tenant", tenant, "--user", "ann", "Ann mends clocks")
+    before = sessions()
+    assert ok(cli_env, "materialize", "--tenant", tenant)["success"]
+    opened = sessions() - before - 1
+    assert opened <= MOST_SESSIONS_PER_RUN, opened
 
 
 def test_offboarded_vanished_and_internal_tenants_do_not_stay_partitions(store, derived, session_settings, tenant):

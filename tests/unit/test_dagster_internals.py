@@ -304,6 +304,22 @@ def test_the_instance_names_its_postgres_run_storage() -> None:
         assert internals.instance_conninfo(test_instance) is None
 
 
+def test_holding_connections_is_the_webservers_pool_on_each_postgres_storage() -> None:
+    """hold_connections: DagsterInstance.optimize_for_webserver with its keywords, which each
+    dagster-postgres storage answers with an engine that keeps a connection; any other storage is left."""
+    from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, PostgresScheduleStorage
+
+    pinned(
+        accepts(dg.DagsterInstance.optimize_for_webserver, None, statement_timeout=0, pool_recycle=1, max_overflow=1),
+        "DagsterInstance.optimize_for_webserver(statement_timeout=, pool_recycle=, max_overflow=)",
+    )
+    for storage in (PostgresRunStorage, PostgresEventLogStorage, PostgresScheduleStorage):
+        source = inspect.getsource(storage.optimize_for_webserver)
+        pinned('"pool_size": 1' in source and "self._engine = " in source, f"{storage.__name__}.optimize_for_webserver")
+    with dg.instance_for_test() as test_instance:
+        internals.hold_connections(test_instance)  # SQLite: nothing to hold, and no error
+
+
 def test_reading_a_run_from_the_event_log() -> None:
     """What materialize.py reads from the instance (not public methods: all_logs, get_records_for_run,
     DagsterEvent.event_specific_data), through its own readers."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import dagster as dg
 
-from memory_pipelines.launch.dagster_internals import instance_conninfo
+from memory_pipelines.launch.dagster_internals import hold_connections, instance_conninfo
 from memory_pipelines.lib.infra import faults, leases
 
 # Set on a run once its worker holds the lease: from then on a free lease means a dead worker.
@@ -39,6 +39,7 @@ class LeasedExecutor(dg.Executor):
         if conninfo is None:  # an in-memory or SQLite instance: one process, nobody to tell
             yield from self.inner.execute(plan_context, execution_plan)
             return
+        hold_connections(instance)  # every event of the run is written through it
         with leases.held(conninfo, plan_context.run_id):
             instance.add_run_tags(plan_context.run_id, {LEASE_TAG: "held"})
             faults.point("run.leased")
