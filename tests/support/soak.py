@@ -178,6 +178,34 @@ def rollback_takes_user() -> bool:
     return "user_id" in inspect.signature(MemoryStore.rollback).parameters
 
 
+def relations_of(conninfo: str, paths: Iterable[str]) -> dict[str, str]:
+    """The table or index each `base/<database>/<filenode>` path among an erasure's hits now belongs
+    to in the store's database: what to look at when the soak finds one (it removes its HOME)."""
+    named: dict[str, str] = {}
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT oid::text FROM pg_catalog.pg_database WHERE datname = current_database()"
+            ).fetchone()
+            database = row[0] if row else ""
+            for path in paths:
+                found = re.fullmatch(r"base/(\d+)/(\d+)(?:_\w+)?(?:\.\d+)?", path)
+                if found is None:
+                    continue
+                if found.group(1) != database:
+                    named[path] = "another database"
+                    continue
+                relation = conn.execute(
+                    "SELECT c.oid::regclass::text || ' (' || c.relkind::text || ')' FROM pg_catalog.pg_class c"
+                    " WHERE pg_catalog.pg_relation_filenode(c.oid) = %s",
+                    (int(found.group(2)),),
+                ).fetchone()
+                named[path] = relation[0] if relation else "no relation now"
+    except psycopg.Error as exc:  # a diagnosis never ends the soak
+        named["error"] = type(exc).__name__
+    return named
+
+
 # -- configuration and schedule -----------------------------------------------------------------
 
 
@@ -1094,7 +1122,11 @@ class Deleter(Worker):
                 return ErasureService(self.derived).erase_tenant(tenant_id=tenant)
             except ErasureIncomplete as exc:
                 self.tally.violation(
-                    "erasure_incomplete", key=str(sorted(exc.hits)), hits=exc.hits, t=round(self.now(), 2)
+                    "erasure_incomplete",
+                    key=str(sorted(exc.hits)),
+                    hits=exc.hits,
+                    relations=relations_of(self.cfg.conninfo, exc.hits),
+                    t=round(self.now(), 2),
                 )
                 return None
 
