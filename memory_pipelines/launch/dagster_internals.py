@@ -32,9 +32,14 @@ Private, and why no public API does the job:
 - `DagsterInstance.run_storage` and dagster-postgres' `PostgresRunStorage.postgres_url` (neither
   documented): the database a run worker takes its lease on (lib/infra/leases.py), which every
   process sharing the instance can reach; the instance exposes no connection of its own.
-- `DagsterInstance.optimize_for_webserver` (not documented): what the webserver calls so that each
-  storage keeps a connection; `hold_connections` calls it for a CLI command and a run worker.
-  dagster-postgres opens a connection per call otherwise, and no setting of dagster.yaml chooses.
+- `DagsterInstance.optimize_for_webserver` and the same method of each dagster-postgres storage
+  (not documented): what the webserver calls so that each storage keeps a connection;
+  `hold_connections` calls it for a CLI command and a run worker, `HeldPostgresStorage` for every
+  process that opens an instance of the shipped dagster.yaml. dagster-postgres opens a connection
+  per call otherwise, and no setting of `storage: postgres:` chooses.
+- `dagster._core.storage.base_storage.DagsterStorage` and `dagster._serdes.ConfigurableClass` /
+  `ConfigurableClassData`: the bases of a storage that dagster.yaml's `storage: custom:` names
+  (`HeldPostgresStorage`); Dagster documents the block but exports neither base.
 - `dagster._core.definitions.asset_checks.asset_check_evaluation.AssetCheckEvaluationTargetMaterializationData`:
   the `target_materialization_data` of the public `dg.AssetCheckEvaluation`. An evaluation reported
   outside the check's own step shows in the UI only when it targets the partition's latest
@@ -67,10 +72,13 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
 from dagster._core.definitions.events import AssetKeyPartitionKey
 from dagster._core.definitions.selector import JobSubsetSelector
+from dagster._core.storage.base_storage import DagsterStorage
+from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
 if TYPE_CHECKING:
     from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
     from dagster._core.workspace.context import WorkspaceProcessContext as WorkspaceProcessContext
+    from dagster_postgres import DagsterPostgresStorage
 
 # QueuedRunCoordinatorDaemon.daemon_type(): the key of its heartbeat (the test pins it), known here
 # without importing the daemon machinery.
@@ -215,18 +223,80 @@ def hold_connections(instance: dg.DagsterInstance) -> None:
     instead of opening one per call (dagster-postgres' default: about 110 for a CLI's small
     `materialize` and 200 for its run worker, each a new server process). Dagster sets a statement
     timeout on each connection it pools: the one the server gives this role and database, as before.
-    Nothing changes for any other storage."""
-    import psycopg
-
+    Nothing changes for any other storage. (An instance of the dagster.yaml we ship holds them from
+    the start, `HeldPostgresStorage`; doing it again costs one connection per storage.)"""
     conninfo = instance_conninfo(instance)
     if conninfo is None:
         return
+    instance.optimize_for_webserver(
+        statement_timeout=server_statement_timeout(conninfo),
+        pool_recycle=HELD_RECYCLE_SECONDS,
+        max_overflow=HELD_OVERFLOW,
+    )
+
+
+def hold_storage_connections(parts: Iterable[Any], conninfo: str) -> None:
+    """`hold_connections` for dagster-postgres' storages themselves (`optimize_for_webserver` of each)."""
+    timeout_ms = server_statement_timeout(conninfo)
+    for part in parts:
+        part.optimize_for_webserver(
+            statement_timeout=timeout_ms, pool_recycle=HELD_RECYCLE_SECONDS, max_overflow=HELD_OVERFLOW
+        )
+
+
+def server_statement_timeout(conninfo: str) -> int:
+    """The statement timeout the server gives this role and database, in milliseconds."""
+    import psycopg
+
     with psycopg.connect(conninfo, autocommit=True) as conn:
         row = conn.execute(TIMEOUT_SETTING, ("statement_timeout",)).fetchone()
-    timeout_ms = int(row[0]) if row else 0
-    instance.optimize_for_webserver(
-        statement_timeout=timeout_ms, pool_recycle=HELD_RECYCLE_SECONDS, max_overflow=HELD_OVERFLOW
-    )
+    return int(row[0]) if row else 0
+
+
+class HeldPostgresStorage(DagsterStorage, ConfigurableClass):
+    """The storage of the dagster.yaml we ship (`storage: custom:`, with the config of `storage:
+    postgres:`): dagster-postgres' own storage, whose three parts each keep a connection in every
+    process that opens the instance: the daemon, its code servers and run workers, `dagster`
+    commands and ours, as the webserver's do. Each process builds its instance from the config and
+    never inherits one across a fork, so each pool is its own process's."""
+
+    def __init__(self, postgres: DagsterPostgresStorage, *, inst_data: ConfigurableClassData | None = None) -> None:
+        self.postgres = postgres
+        self.config_data = inst_data
+        super().__init__()
+
+    @property
+    def inst_data(self) -> ConfigurableClassData | None:
+        return self.config_data
+
+    @classmethod
+    def config_type(cls) -> Any:
+        from dagster_postgres import DagsterPostgresStorage
+
+        return DagsterPostgresStorage.config_type()
+
+    @classmethod
+    def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Any) -> HeldPostgresStorage:
+        from dagster_postgres import DagsterPostgresStorage
+
+        from memory_pipelines.lib.infra.leases import libpq_url
+
+        postgres = DagsterPostgresStorage.from_config_value(None, config_value)
+        parts = (postgres.run_storage, postgres.event_log_storage, postgres.schedule_storage)
+        hold_storage_connections(parts, libpq_url(postgres.postgres_url))
+        return cls(postgres, inst_data=inst_data)
+
+    @property
+    def event_log_storage(self) -> Any:
+        return self.postgres.event_log_storage
+
+    @property
+    def run_storage(self) -> Any:
+        return self.postgres.run_storage
+
+    @property
+    def schedule_storage(self) -> Any:
+        return self.postgres.schedule_storage
 
 
 class RunDequeuer:

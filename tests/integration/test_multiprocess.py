@@ -22,6 +22,8 @@ from memory_pipelines.lib.infra import services
 from memory_pipelines.lib.infra.settings import ENV_DAGSTER_PG_URL, Settings
 from tests.conftest import settings_for
 
+# Earlier shipped dagster.yaml files, as shipped.
+SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
 WORKER_SECONDS = 20.0
 MIN_OPERATIONS = 40  # per process; one loop is 10 operations (about 250 in 20 s here)
 
@@ -143,6 +145,16 @@ def test_dagster_yaml_is_ours_once_then_the_users(fresh_home, tmp_path):
     services.install_dagster_yaml(old)
     assert (old / "dagster.yaml").read_text() == shipped, "the file we used to regenerate is replaced once"
 
+    # A copy of an earlier shipped file, never edited, is ours too; the same file edited is the user's.
+    earlier = (SNAPSHOTS / "dagster-yaml-8160a84.yaml").read_bytes()
+    assert earlier != shipped.encode()
+    (old / "dagster.yaml").write_bytes(earlier)
+    services.install_dagster_yaml(old)
+    assert (old / "dagster.yaml").read_text() == shipped, "an unedited earlier shipped file is replaced"
+    (old / "dagster.yaml").write_bytes(earlier + b"# mine\n")
+    services.install_dagster_yaml(old)
+    assert (old / "dagster.yaml").read_bytes() == earlier + b"# mine\n", "an edited one is the user's"
+
 
 def test_shipped_dagster_yaml_validates_and_queues_one_run_per_tenant(fresh_home, tmp_path):
     import dagster as dg
@@ -156,7 +168,7 @@ def test_shipped_dagster_yaml_validates_and_queues_one_run_per_tenant(fresh_home
     services.install_dagster_yaml(home)
     # Dagster's own schema: a typo in the shipped file fails here.
     config, _cls = dagster_instance_config(str(home))
-    assert config["storage"]["postgres"]["postgres_url"] == {"env": ENV_DAGSTER_PG_URL}
+    assert config["storage"]["custom"]["config"]["postgres_url"] == {"env": ENV_DAGSTER_PG_URL}
     assert os.environ[ENV_DAGSTER_PG_URL] == endpoints.dagster_url
     with dg.DagsterInstance.from_config(str(home)) as instance:
         coordinator = instance.run_coordinator
@@ -169,6 +181,50 @@ def test_shipped_dagster_yaml_validates_and_queues_one_run_per_tenant(fresh_home
         assert instance.run_monitoring_enabled
         assert not instance.telemetry_enabled
         instance.get_runs(limit=1)  # the storage answers on the URL from the environment
+
+
+def test_the_shipped_storage_keeps_its_connections_where_dagster_postgres_opens_one_per_call(fresh_home, tmp_path):
+    """Every process that opens the instance of the shipped dagster.yaml (the daemon, its code
+    servers and run workers, the webserver, `dagster` commands) keeps a connection per storage;
+    `storage: postgres:` with the same config opens one per call (an idle daemon: about 940 a minute)."""
+    import dagster as dg
+    import psycopg
+
+    from memory_pipelines.launch.dagster_internals import HeldPostgresStorage, instance_conninfo
+
+    settings, _ = fresh_home
+    services.ensure_services(settings)
+    held, plain = tmp_path / "held", tmp_path / "plain"
+    for home in (held, plain):
+        home.mkdir()
+        services.install_dagster_yaml(home)
+    shipped = (plain / "dagster.yaml").read_text()
+    block = shipped[shipped.index("storage:\n") : shipped.index("\n\n", shipped.index("storage:\n"))]
+    (plain / "dagster.yaml").write_text(
+        shipped.replace(block, "storage:\n  postgres:\n    postgres_url:\n      env: " + ENV_DAGSTER_PG_URL)
+    )
+
+    def sessions(conninfo: str) -> int:
+        time.sleep(1.5)  # a backend that ended reports its session within a second
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            row = conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    opened = {}
+    for home in (held, plain):
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            conninfo = instance_conninfo(instance)
+            assert conninfo is not None
+            assert isinstance(instance.get_ref().storage, HeldPostgresStorage) == (home == held)
+            before = sessions(conninfo)
+            for _ in range(20):  # what a daemon's threads ask, tick after tick
+                instance.get_runs(limit=1)
+                instance.all_instigator_state()
+                instance.get_latest_materialization_events([dg.AssetKey("memory_embeddings")])
+            opened[home.name] = sessions(conninfo) - before - 1
+    assert opened["plain"] >= 60, opened  # the control: dagster-postgres' own pool opens one per call
+    assert opened["held"] <= 5, opened  # one per storage (3 here), and room for one replaced
 
 
 def test_exported_dagster_url_follows_the_server_and_a_users_value_wins(fresh_home, monkeypatch):

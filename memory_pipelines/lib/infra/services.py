@@ -16,6 +16,7 @@ MEMORY_PIPELINES_DAGSTER_PG_URL, which `ensure_services` exports for this proces
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -91,6 +92,16 @@ DAGSTER_DB = "dagster"
 DAGSTER_YAML = ASSETS_DIR / "dagster" / "dagster.yaml"
 # The first line of the dagster.yaml earlier versions regenerated on every command: ours to replace.
 _OLD_GENERATED = "# Written by memory-pipelines; regenerated"
+# The sha256 of each earlier version of the shipped dagster.yaml: a copy still byte for byte one of
+# them was never edited, and is ours to replace.
+SHIPPED_BEFORE = frozenset(
+    {
+        "976087ea0ff13805987e46888b785a18ec2147ac8f22d6c93b556a9581f5cd2f",
+        "731020e492137144ce629e0ac0565c5365ec189815899961676d025cf19aa523",
+        "96a768ef64cec1d6350c3622f1c355ff5f343168544cd051cb06d2e36b7dadaa",
+        "6b23485d7e73f96fd69b60ed332eb43d900b423aa45beaf87ee119f4e1744269",
+    }
+)
 CHROMA_STATE = "server.json"
 CHROMA_LOG = "server.log"
 CHROMA_START_SECONDS = 60.0
@@ -672,19 +683,19 @@ def _stop_chroma(settings: Settings) -> dict[str, object]:
 def install_dagster_yaml(dagster_home: Path) -> Path:
     """Copy our dagster.yaml into DAGSTER_HOME when absent; a user's file is never overwritten.
 
-    The one exception is the file earlier versions regenerated on every command (first line
-    `# Written by memory-pipelines; regenerated ...`, with the URL inline): it was ours, and is
-    replaced by the shipped file once.
+    The exceptions were ours: the file earlier versions regenerated on every command (first line
+    `# Written by memory-pipelines; regenerated ...`, with the URL inline), and a copy of an earlier
+    shipped file that nobody edited (`SHIPPED_BEFORE`). Each is replaced by the shipped file once.
     """
     private_dir(dagster_home)
     path = dagster_home / "dagster.yaml"
     if path.exists():
         try:
-            with open(path) as fh:
-                first = fh.readline()
+            current = path.read_bytes()
         except OSError:
             return path
-        if not first.startswith(_OLD_GENERATED):
+        ours = current.startswith(_OLD_GENERATED.encode()) or hashlib.sha256(current).hexdigest() in SHIPPED_BEFORE
+        if not ours:
             return path
     tmp = path.with_suffix(f".yaml.{os.getpid()}.tmp")
     shutil.copyfile(DAGSTER_YAML, tmp)
