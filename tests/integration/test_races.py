@@ -19,6 +19,7 @@ import pytest
 
 from memory_pipelines.lib.backups.service import BackupService
 from memory_pipelines.lib.backups.storage import LocalBackupStorage
+from memory_pipelines.lib.forget import targets
 from memory_pipelines.lib.forget.deletion import DeletionService
 from memory_pipelines.lib.forget.erasure import ErasureService
 from memory_pipelines.lib.forget.gate import FenceClosed, Gate
@@ -33,6 +34,7 @@ from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.keyword.index import KeywordIndex
 from memory_pipelines.lib.stores.summaries.store import ExtractiveSummarizer, SummaryStore
 from tests.integration.test_forget import _files_with_vector, everything_of
+from tests.support.attacker import find_exact, home_files
 
 pytestmark = pytest.mark.slow
 
@@ -384,6 +386,51 @@ def test_15_no_permit_for_a_lease_on_a_deleted_tenant_even_if_it_read_nothing(st
     DeletionService(derived).request(tenant_id=tenant, all_tenant=True, confirm=tenant)
     with pytest.raises(FenceClosed):
         gate.acquire(lease_id=lease, sink="model_output")
+
+
+# -- 16: a summary rebuilt by another process while the cascade freezes ---------------------------
+
+
+@pytest.mark.parametrize("scope", ["memory_id", "version"])
+def test_16_a_summary_rebuilt_without_the_forgotten_memory_mid_freeze_does_not_stop_its_erasure(
+    store, derived, world, monkeypatch, session_settings, scope
+):
+    """Found by the soak (erasure_incomplete, both windows of one blob in the tenant's
+    derived.summaries): a sync that rebuilt a summary without the memory being forgotten, between the
+    cascade's read of the lineage and its fingerprints, had the new summary fingerprinted. Its
+    sources did not change again, so the cascade's own sync left it as it was, live, and every
+    erasure of the job found it and refused."""
+    tenant = world["tenant"]
+    memory_id = world["alice_personal"].memory_id
+    store.write(tenant_id=tenant, user_id="alice", text="Alice waters the ferns on Mondays")  # alice keeps a summary
+    derived.sync_all(tenant_id=tenant)
+    with store.transaction() as conn:
+        (stating,) = conn.execute(
+            "SELECT summary_ct FROM derived.summaries WHERE tenant_id = %s AND scope = %s AND scope_id = %s",
+            (tenant, "subject", "alice"),
+        ).fetchone()
+    stating = bytes(stating)  # the summary that states the text forgotten below
+    ends = {"first": stating[1:17], "last": stating[-16:]}
+    assert find_exact(home_files(session_settings.home), ends), "the control: its bytes are in PostgreSQL's files"
+    fingerprint = targets.fingerprint
+
+    def rebuilt_meanwhile(conn: Any, records: Any, jobs: Any, probes: Any) -> None:
+        thread, out = in_thread(lambda: derived.summaries.sync(tenant_id=tenant, scope="subject"))  # its own connection
+        thread.join(60)
+        assert out.get("result", {}).get("rebuilt") == 1, out
+        fingerprint(conn, records, jobs, probes)
+
+    monkeypatch.setattr(targets, "fingerprint", rebuilt_meanwhile)
+    if scope == "memory_id":
+        forget_now(derived, tenant, memory_id=memory_id)
+    else:
+        forget_now(derived, tenant, memory_id=memory_id, version=2)
+    summary = derived.summaries.read(tenant_id=tenant, scope="subject", scope_id="alice")["summary"]
+    assert "ferns" in summary and "salty" not in summary  # the text of version 2 is gone from it
+    report = ErasureService(derived).erase_tenant(tenant_id=tenant)
+    assert report["erased"] == 1 and report["byteScan"]["hits"] == 0, report["byteScan"]
+    # The summary that stated it, replaced by the build meanwhile, is in no file of HOME either.
+    assert find_exact(home_files(session_settings.home), ends) == {}
 
 
 # -- 4, 5: unknown subjects and the acting user ---------------------------------------------------
