@@ -6,8 +6,8 @@ from typing import Any
 
 import psycopg
 
-from memory_pipelines.lib.stores import bytescan, lineage
-from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, edges_left_sql, run_count
+from memory_pipelines.lib.stores import bytescan
+from memory_pipelines.lib.stores.adapter import Context, Erasure, compact, edges_left_sql, linked, run_count
 from memory_pipelines.lib.stores.derived import DerivedStores
 from memory_pipelines.lib.stores.summaries.store import SUBJECT_STORE, TEAM_STORE
 
@@ -53,24 +53,16 @@ class _SummariesAdapter:
         return 0
 
     def fingerprints(self, conn: psycopg.Connection, ctx: Context) -> list[bytes]:
-        # The summaries as they are now that are still built from a target: the cascade's sync
-        # rebuilds each (its sources changed), sealing anew, so these windows can only be found in
-        # dead rows. One another process rebuilt without the targets since the lineage was read
-        # holds nothing forgotten and stays live; the build that replaced it deleted its key.
+        # The summaries as they are now that are still built from a target (their lineage read
+        # again here): the cascade's sync rebuilds each (its sources changed), sealing anew, so these
+        # windows can only be found in dead rows. One another process rebuilt without the targets
+        # since the batch read the lineage holds nothing forgotten and stays live; the build that
+        # replaced it deleted its key.
+        still = ctx.records & linked(conn, ctx.tenant_id, self.name, ctx.everything)
         rows = conn.execute(
-            "SELECT s.summary_ct FROM derived.summaries s WHERE s.tenant_id = %s AND s.scope = %s"
-            " AND (%s OR (s.scope_id = ANY(%s) AND EXISTS (SELECT 1 FROM derived.lineage l"
-            " JOIN unnest(%s::text[], %s::int[]) AS w(memory_id, version)"
-            " ON l.source_memory_id = w.memory_id AND l.source_version = w.version"
-            " WHERE l.tenant_id = s.tenant_id AND l.store = %s AND l.record_id = s.scope || ':' || s.scope_id)))",
-            (
-                ctx.tenant_id,
-                self.scope,
-                ctx.tenant_scope,
-                sorted(record.partition(":")[2] for record in ctx.records),
-                *lineage.pair_arrays(sorted(ctx.everything)),
-                self.name,
-            ),
+            "SELECT summary_ct FROM derived.summaries WHERE tenant_id = %s AND scope = %s"
+            " AND (%s OR scope_id = ANY(%s))",
+            (ctx.tenant_id, self.scope, ctx.tenant_scope, sorted(record.partition(":")[2] for record in still)),
         ).fetchall()
         return [w for (ct,) in rows for w in bytescan.windows(ct)]
 
