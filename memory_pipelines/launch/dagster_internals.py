@@ -60,6 +60,7 @@ launch nothing do not load dagster at all).
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Iterable, Mapping
 from multiprocessing.context import BaseContext
 from pathlib import Path
@@ -214,6 +215,8 @@ def instance_conninfo(instance: dg.DagsterInstance) -> str | None:
 # one is replaced after an hour.
 HELD_OVERFLOW = 32
 HELD_RECYCLE_SECONDS = 3600
+# Storages of this process that keep their connections already (`hold_storage_connections`).
+HELD_STORAGES: weakref.WeakSet[Any] = weakref.WeakSet()
 # In milliseconds; the server's value for this role and database.
 TIMEOUT_SETTING = "SELECT setting::int FROM pg_catalog.pg_settings WHERE name = %s"
 
@@ -223,10 +226,10 @@ def hold_connections(instance: dg.DagsterInstance) -> None:
     instead of opening one per call (dagster-postgres' default: about 110 for a CLI's small
     `materialize` and 200 for its run worker, each a new server process). Dagster sets a statement
     timeout on each connection it pools: the one the server gives this role and database, as before.
-    Nothing changes for any other storage. (An instance of the dagster.yaml we ship holds them from
-    the start, `HeldPostgresStorage`; doing it again costs one connection per storage.)"""
+    Nothing changes for any other storage, nor for storages that hold them already (an instance of
+    the dagster.yaml we ship, `HeldPostgresStorage`)."""
     conninfo = instance_conninfo(instance)
-    if conninfo is None:
+    if conninfo is None or instance.run_storage in HELD_STORAGES:
         return
     instance.optimize_for_webserver(
         statement_timeout=server_statement_timeout(conninfo),
@@ -242,6 +245,7 @@ def hold_storage_connections(parts: Iterable[Any], conninfo: str) -> None:
         part.optimize_for_webserver(
             statement_timeout=timeout_ms, pool_recycle=HELD_RECYCLE_SECONDS, max_overflow=HELD_OVERFLOW
         )
+        HELD_STORAGES.add(part)
 
 
 def server_statement_timeout(conninfo: str) -> int:

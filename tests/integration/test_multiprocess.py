@@ -190,7 +190,7 @@ def test_the_shipped_storage_keeps_its_connections_where_dagster_postgres_opens_
     import dagster as dg
     import psycopg
 
-    from memory_pipelines.launch.dagster_internals import HeldPostgresStorage, instance_conninfo
+    from memory_pipelines.launch.dagster_internals import HELD_STORAGES, HeldPostgresStorage, instance_conninfo
 
     settings, _ = fresh_home
     services.ensure_services(settings)
@@ -217,6 +217,7 @@ def test_the_shipped_storage_keeps_its_connections_where_dagster_postgres_opens_
             conninfo = instance_conninfo(instance)
             assert conninfo is not None
             assert isinstance(instance.get_ref().storage, HeldPostgresStorage) == (home == held)
+            assert (instance.run_storage in HELD_STORAGES) == (home == held)  # hold_connections leaves it
             before = sessions(conninfo)
             for _ in range(20):  # what a daemon's threads ask, tick after tick
                 instance.get_runs(limit=1)
