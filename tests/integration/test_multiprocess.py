@@ -21,6 +21,7 @@ import pytest
 from memory_pipelines.lib.infra import services
 from memory_pipelines.lib.infra.settings import ENV_DAGSTER_PG_URL, Settings
 from tests.conftest import settings_for
+from tests.support.instances import database_sessions
 
 # Earlier shipped dagster.yaml files, as shipped.
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
@@ -188,7 +189,6 @@ def test_the_shipped_storage_keeps_its_connections_where_dagster_postgres_opens_
     servers and run workers, the webserver, `dagster` commands) keeps a connection per storage;
     `storage: postgres:` with the same config opens one per call (an idle daemon: about 940 a minute)."""
     import dagster as dg
-    import psycopg
 
     from memory_pipelines.launch.dagster_internals import HELD_STORAGES, HeldPostgresStorage, instance_conninfo
 
@@ -204,13 +204,6 @@ def test_the_shipped_storage_keeps_its_connections_where_dagster_postgres_opens_
         shipped.replace(block, "storage:\n  postgres:\n    postgres_url:\n      env: " + ENV_DAGSTER_PG_URL)
     )
 
-    def sessions(conninfo: str) -> int:
-        time.sleep(1.5)  # a backend that ended reports its session within a second
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            row = conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()").fetchone()
-        assert row is not None
-        return int(row[0])
-
     opened = {}
     for home in (held, plain):
         with dg.DagsterInstance.from_config(str(home)) as instance:
@@ -218,12 +211,12 @@ def test_the_shipped_storage_keeps_its_connections_where_dagster_postgres_opens_
             assert conninfo is not None
             assert isinstance(instance.get_ref().storage, HeldPostgresStorage) == (home == held)
             assert (instance.run_storage in HELD_STORAGES) == (home == held)  # hold_connections leaves it
-            before = sessions(conninfo)
+            before = database_sessions(conninfo)
             for _ in range(20):  # what a daemon's threads ask, tick after tick
                 instance.get_runs(limit=1)
                 instance.all_instigator_state()
                 instance.get_latest_materialization_events([dg.AssetKey("memory_embeddings")])
-            opened[home.name] = sessions(conninfo) - before - 1
+            opened[home.name] = database_sessions(conninfo) - before - 1
     assert opened["plain"] >= 60, opened  # the control: dagster-postgres' own pool opens one per call
     assert opened["held"] <= 5, opened  # one per storage (3 here), and room for one replaced
 

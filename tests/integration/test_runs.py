@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from memory_pipelines.lib.infra import validation
 from memory_pipelines.lib.infra.settings import Settings
 from tests.conftest import CLI, run_cli
 from tests.integration.test_cli import ok
+from tests.support.instances import database_sessions
 
 pytestmark = pytest.mark.slow
 
@@ -122,26 +122,16 @@ def test_a_command_and_its_run_worker_each_keep_their_connections_to_the_instanc
     """dagster-postgres opens a connection per storage call: a small `materialize` made about 300, each
     a new server process (113 from the command, 200 from its run worker). Each keeps its own now, once
     it has opened the instance (21 and 38)."""
-    import psycopg
-
     from memory_pipelines.launch.dagster_internals import instance_conninfo
 
     conninfo = instance_conninfo(instance)
     assert conninfo is not None
-
-    def sessions() -> int:
-        time.sleep(1.5)  # a backend that ended reports its session within a second
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            row = conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()").fetchone()
-        assert row is not None
-        return int(row[0])
-
     ok(cli_env, "write", "--tenant", tenant, "--user", "ann", "Ann keeps bees")
     ok(cli_env, "materialize", "--tenant", tenant)  # the warm code server's first run: its fork server starts
     ok(cli_env, "write", "--tenant", tenant, "--user", "ann", "Ann mends clocks")
-    before = sessions()
+    before = database_sessions(conninfo)
     assert ok(cli_env, "materialize", "--tenant", tenant)["success"]
-    opened = sessions() - before - 1
+    opened = database_sessions(conninfo) - before - 1
     assert opened <= MOST_SESSIONS_PER_RUN, opened
 
 

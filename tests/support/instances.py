@@ -8,17 +8,20 @@ it: at any later moment, in whatever test then runs. That test's next definition
 disposed instance's storage ("Attempted to resolve undefined DagsterInstance weakref") or one whose
 temporary files are gone ("unable to open database file"), as two CI runs did. The suite watches each
 test's call instead (tests/conftest.py), leaves what it left open, and fails that test by name.
+
+Also: how many sessions an instance's database has had, to count the connections its storages open.
 """
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["entered", "entered_at", "leave"]
+__all__ = ["database_sessions", "entered", "entered_at", "leave"]
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -63,3 +66,15 @@ def leave(open_now: list[Any]) -> list[str]:
         instance.__exit__(None, None, None)
     open_now.clear()
     return left
+
+
+def database_sessions(conninfo: str) -> int:
+    """Sessions the database of `conninfo` has had (`pg_stat_database.sessions`, client backends
+    only), once those that just ended are counted; reading it is one more."""
+    import psycopg
+
+    time.sleep(1.5)  # a backend that ended reports its session within a second
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()").fetchone()
+    assert row is not None
+    return int(row[0])
