@@ -57,8 +57,10 @@ class _SummariesAdapter:
         # again here): the cascade's sync rebuilds each (its sources changed), sealing anew, so these
         # windows can only be found in dead rows. One another process rebuilt without the targets
         # since the batch read the lineage holds nothing forgotten and stays live; the build that
-        # replaced it deleted its key.
-        still = ctx.records & linked(conn, ctx.tenant_id, self.name, ctx.everything)
+        # replaced it deleted its key. A tenant's forget takes every summary: no lineage to read.
+        still = ctx.records
+        if not ctx.tenant_scope:
+            still = still & linked(conn, ctx.tenant_id, self.name, ctx.everything)  # a new set: records stay
         rows = conn.execute(
             "SELECT summary_ct FROM derived.summaries WHERE tenant_id = %s AND scope = %s"
             " AND (%s OR scope_id = ANY(%s))",
