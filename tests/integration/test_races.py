@@ -28,6 +28,7 @@ from memory_pipelines.lib.infra.errors import ConflictError, NotFoundError, Perm
 from memory_pipelines.lib.memories.keys import KeyDestroyedError, KeyStore
 from memory_pipelines.lib.memories.store import MemoryStore
 from memory_pipelines.lib.results import DeletionJob, DeletionRequest, RollBack
+from memory_pipelines.lib.stores import bytescan
 from memory_pipelines.lib.stores.analytics.store import AnalyticsStore
 from memory_pipelines.lib.stores.chroma.index import VectorStore
 from memory_pipelines.lib.stores.derived import DerivedStores
@@ -410,7 +411,7 @@ def test_16_a_summary_rebuilt_without_the_forgotten_memory_mid_freeze_does_not_s
             (tenant, "subject", "alice"),
         ).fetchone()
     stating = bytes(stating)  # the summary that states the text forgotten below
-    ends = {"first": stating[1:17], "last": stating[-16:]}
+    ends = dict(zip(("first", "last"), bytescan.windows(stating), strict=True))  # what the cascade fingerprints
     assert find_exact(home_files(session_settings.home), ends), "the control: its bytes are in PostgreSQL's files"
     fingerprint = targets.fingerprint
 
