@@ -66,9 +66,33 @@ def _is_controller(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput")
 
 
+# The run's HOMEs (PostgreSQL's data and WAL, Chroma's files, backups: about 3 GB, written, fsynced
+# and deleted) go to memory when it has room: what the tests read and erase is files, never a
+# medium. On the ext4 root of these machines (mounted with `discard`) the block layer's work for them
+# took a twelfth of the cores (docs/development.md). pytest's `--basetemp` or its documented
+# PYTEST_DEBUG_TEMPROOT still choose.
+MEMORY_TEMP_ROOT = Path("/dev/shm")
+MEMORY_TEMP_MIN_FREE = 8 << 30
+
+
+def memory_temp_root(root: Path = MEMORY_TEMP_ROOT, min_free: int = MEMORY_TEMP_MIN_FREE) -> Path | None:
+    """`root` when it is a writable directory with `min_free` bytes free, else None (pytest's default)."""
+    try:
+        stat = os.statvfs(root)
+    except OSError:
+        return None
+    if not os.access(root, os.W_OK | os.X_OK) or stat.f_bavail * stat.f_frsize < min_free:
+        return None
+    return root
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if _is_controller(config):
         os.environ[ENV_TEST_RUN] = uuid.uuid4().hex  # before xdist starts the workers: they inherit it
+        if config.option.basetemp is None and "PYTEST_DEBUG_TEMPROOT" not in os.environ:
+            root = memory_temp_root()
+            if root is not None:
+                os.environ["PYTEST_DEBUG_TEMPROOT"] = str(root)  # read when the base is first made
 
 
 CPU = CpuByModule()
