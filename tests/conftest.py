@@ -68,9 +68,9 @@ def _is_controller(config: pytest.Config) -> bool:
 
 # The run's HOMEs (PostgreSQL's data and WAL, Chroma's files, backups: about 3 GB, written, fsynced
 # and deleted) go to memory when it has room: what the tests read and erase is files, never a
-# medium. On the ext4 root of these machines (mounted with `discard`) the block layer's work for them
-# took a twelfth of the cores (docs/development.md). pytest's `--basetemp` or its documented
-# PYTEST_DEBUG_TEMPROOT still choose.
+# medium. On the ext4 root of these machines (mounted with `discard`) the block layer's kernel threads
+# spent on them CPU the tests needed (figures in docs/development.md). pytest's `--basetemp` or its
+# documented PYTEST_DEBUG_TEMPROOT still choose.
 MEMORY_TEMP_ROOT = Path("/dev/shm")
 MEMORY_TEMP_MIN_FREE = 8 << 30
 

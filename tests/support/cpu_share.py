@@ -59,14 +59,22 @@ def _move(pid: int, group: Path) -> bool:
     return True
 
 
+def _servers_of(home: Path) -> list[int]:
+    """The processes whose command line names `home` (PostgreSQL's postmaster, the door, Chroma), and
+    every process under them (the backends the postmaster forked before the move)."""
+    table = processes.processes()
+    named = [proc for proc in table if processes.names_path(proc.command, home)]
+    return sorted({found.pid for proc in named for found in (proc, *processes.descendants(proc.pid, table))})
+
+
 @contextlib.contextmanager
-def own_cpu_share(*, home: Path) -> Iterator[bool]:
-    """This process and every process of `home` in a CPU group of their own for the block; yields
-    whether they are. On leaving, each process still alive in the group goes back where it was (one
-    started in the block, to where this process was) and the group is removed."""
+def own_cpu_share(*, home: Path) -> Iterator[None]:
+    """This process and every process of `home` in a CPU group of their own for the block, where
+    the machine lets us make one. On leaving, each process still alive in the group goes back where
+    it was (one started in the block, to where this process was) and the group is removed."""
     found = _hierarchy()
-    if found is None or not os.access(found[0], os.W_OK):
-        yield False
+    if found is None:
+        yield
         return
     root, (weight_file, weight), version = found
     group = root / f"memory-pipelines-test-{os.getpid()}"
@@ -76,15 +84,15 @@ def own_cpu_share(*, home: Path) -> Iterator[bool]:
     except OSError:
         with contextlib.suppress(OSError):
             group.rmdir()
-        yield False
+        yield
         return
     was: dict[int, str] = {}
-    for pid in (os.getpid(), *(proc.pid for proc in processes.home_processes(home))):
+    for pid in (os.getpid(), *_servers_of(home)):
         before = _group_of(pid, version)
         if before is not None and _move(pid, group):
             was[pid] = before
     try:
-        yield bool(was)
+        yield
     finally:
         ours = was.get(os.getpid(), "/")
         for _ in range(5):  # a PostgreSQL backend may be forked into the group while it empties
