@@ -4,7 +4,10 @@ On two cores the suite is bound by its CPU work (docs/development.md), so wall t
 little: a module waiting on a sensor costs nothing, one starting Dagster processes costs much. This
 counts, per test, the CPU of the worker process and of the children it has waited for (a command
 run to its end, a server stopped and reaped); a process left to someone else to reap is not counted,
-so the figures are a floor. Workers send theirs to the controller through xdist's `workeroutput`.
+so the figures are a floor. A child counts when it is reaped: a server one test started and a later
+test in the same worker reaped lands on the later test's module, so a small module can show a
+server's whole life (docs/development.md). Workers send theirs to the controller through xdist's
+`workeroutput`.
 """
 
 from __future__ import annotations
