@@ -34,9 +34,14 @@ Private, and why no public API does the job:
   process sharing the instance can reach; the instance exposes no connection of its own.
 - `DagsterInstance.optimize_for_webserver` and the same method of each dagster-postgres storage
   (not documented): what the webserver calls so that each storage keeps a connection;
-  `hold_connections` calls it for a CLI command and a run worker, `HeldPostgresStorage` for every
-  process that opens an instance of the shipped dagster.yaml. dagster-postgres opens a connection
-  per call otherwise, and no setting of `storage: postgres:` chooses.
+  `hold_connections` calls it for a CLI command and a run worker of any other dagster.yaml.
+  dagster-postgres opens a connection per call otherwise, and no setting of `storage: postgres:` chooses.
+- The `_engine` of each dagster-postgres storage, and `create_pg_engine`, `pg_url_from_config`,
+  `get_token_provider_from_config` and `set_pg_statement_timeout` of `dagster_postgres.utils`:
+  every instance of the shipped dagster.yaml that a process opens (a code server opens one for each
+  sensor tick and run) shares one engine, made as dagster-postgres makes its own but with a pool
+  (`HeldPostgresStorage`); each instance opened ten connections before. No public way gives a
+  storage its engine.
 - `dagster._core.storage.base_storage.DagsterStorage` and `dagster._serdes.ConfigurableClass` /
   `ConfigurableClassData`: the bases of a storage that dagster.yaml's `storage: custom:` names
   (`HeldPostgresStorage`); Dagster documents the block but exports neither base.
@@ -60,6 +65,8 @@ launch nothing do not load dagster at all).
 from __future__ import annotations
 
 import functools
+import json
+import os
 import weakref
 from collections.abc import Iterable, Mapping
 from multiprocessing.context import BaseContext
@@ -210,13 +217,18 @@ def instance_conninfo(instance: dg.DagsterInstance) -> str | None:
     return libpq_url(url) if isinstance(url, str) else None
 
 
-# A storage's connections beyond the one it keeps, while that many calls use it at once (far more
-# than a command or run worker makes; each is closed when returned, as every connection was). A kept
-# one is replaced after an hour.
+# Connections beyond those kept (one per storage by `hold_connections`, HELD_POOL by a
+# `HeldPostgresStorage`'s engine), while that many calls use them at once (far more than a command
+# or run worker makes; each is closed when returned). A kept one is replaced after an hour.
 HELD_OVERFLOW = 32
 HELD_RECYCLE_SECONDS = 3600
-# Storages of this process that keep their connections already (`hold_storage_connections`).
+# What the engine of a `HeldPostgresStorage` keeps: a connection for each of its parts in use at once.
+HELD_POOL = 3
+# Storages of this process that keep their connections already (`hold_connections` leaves them).
 HELD_STORAGES: weakref.WeakSet[Any] = weakref.WeakSet()
+# The engine every instance of one storage config shares (`held_engine`), by process: a forked
+# child never uses its parent's connections. A code server opens an instance for each sensor tick.
+HELD_ENGINES: dict[tuple[int, str], Any] = {}
 # In milliseconds; the server's value for this role and database.
 TIMEOUT_SETTING = "SELECT setting::int FROM pg_catalog.pg_settings WHERE name = %s"
 
@@ -238,14 +250,37 @@ def hold_connections(instance: dg.DagsterInstance) -> None:
     )
 
 
-def hold_storage_connections(parts: Iterable[Any], conninfo: str) -> None:
-    """`hold_connections` for dagster-postgres' storages themselves (`optimize_for_webserver` of each)."""
-    timeout_ms = server_statement_timeout(conninfo)
-    for part in parts:
-        part.optimize_for_webserver(
-            statement_timeout=timeout_ms, pool_recycle=HELD_RECYCLE_SECONDS, max_overflow=HELD_OVERFLOW
-        )
-        HELD_STORAGES.add(part)
+def held_engine(config_value: Mapping[str, Any]) -> Any:
+    """The engine the three parts of a dagster-postgres storage of this config share in this
+    process: it keeps up to HELD_POOL connections, sets on each the statement timeout the server
+    gives this role and database (as the webserver's pool does), and pings one before handing it
+    out, since a process keeps it for its life and the server may have restarted meanwhile."""
+    from dagster_postgres.utils import (
+        create_pg_engine,
+        get_token_provider_from_config,
+        pg_url_from_config,
+        set_pg_statement_timeout,
+    )
+    from sqlalchemy import event
+    from sqlalchemy.engine import make_url
+
+    from memory_pipelines.lib.infra.leases import libpq_url
+
+    url = pg_url_from_config(config_value)
+    timeout_ms = server_statement_timeout(libpq_url(url))
+    options = make_url(url).query.get("options")
+    engine = create_pg_engine(
+        url,
+        get_token_provider_from_config(config_value),
+        isolation_level="AUTOCOMMIT",
+        pool_size=HELD_POOL,
+        max_overflow=HELD_OVERFLOW,
+        pool_recycle=HELD_RECYCLE_SECONDS,
+        pool_pre_ping=True,
+        **({"connect_args": {"options": options}} if options else {}),
+    )
+    event.listen(engine, "connect", lambda connection, _: set_pg_statement_timeout(connection, timeout_ms))
+    return engine
 
 
 def server_statement_timeout(conninfo: str) -> int:
@@ -259,10 +294,10 @@ def server_statement_timeout(conninfo: str) -> int:
 
 class HeldPostgresStorage(DagsterStorage, ConfigurableClass):
     """The storage of the dagster.yaml we ship (`storage: custom:`, with the config of `storage:
-    postgres:`): dagster-postgres' own storage, whose three parts each keep a connection in every
-    process that opens the instance: the daemon, its code servers and run workers, `dagster`
-    commands and ours, as the webserver's do. Each process builds its instance from the config and
-    never inherits one across a fork, so each pool is its own process's."""
+    postgres:`): dagster-postgres' own storage, whose three parts keep their connections in every
+    process that opens the instance (the daemon, its code servers and run workers, `dagster`
+    commands and ours), in one engine that every instance of the config in the process shares
+    (`held_engine`). A forked child makes its own, so each pool is its own process's."""
 
     def __init__(self, postgres: DagsterPostgresStorage, *, inst_data: ConfigurableClassData | None = None) -> None:
         self.postgres = postgres
@@ -283,11 +318,17 @@ class HeldPostgresStorage(DagsterStorage, ConfigurableClass):
     def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Any) -> HeldPostgresStorage:
         from dagster_postgres import DagsterPostgresStorage
 
-        from memory_pipelines.lib.infra.leases import libpq_url
-
-        postgres = DagsterPostgresStorage.from_config_value(None, config_value)
-        parts = (postgres.run_storage, postgres.event_log_storage, postgres.schedule_storage)
-        hold_storage_connections(parts, libpq_url(postgres.postgres_url))
+        key = (os.getpid(), json.dumps(config_value, sort_keys=True, default=str))
+        engine = HELD_ENGINES.get(key)
+        # Only the process's first instance of this config looks for the tables (or makes them).
+        config: Any = config_value if engine is None else {**config_value, "should_autocreate_tables": False}
+        postgres = DagsterPostgresStorage.from_config_value(None, config)
+        if engine is None:  # two threads may both make one; the first kept is shared, with no lock to fork
+            engine = HELD_ENGINES.setdefault(key, held_engine(config_value))
+        parts: tuple[Any, ...] = (postgres.run_storage, postgres.event_log_storage, postgres.schedule_storage)
+        for part in parts:
+            part._engine = engine
+            HELD_STORAGES.add(part)
         return cls(postgres, inst_data=inst_data)
 
     @property

@@ -221,6 +221,41 @@ def test_the_shipped_storage_keeps_its_connections_where_dagster_postgres_opens_
     assert opened["held"] <= 5, opened  # one per storage (3 here), and room for one replaced
 
 
+def test_a_processs_instances_of_the_shipped_storage_share_its_connections_across_a_restart(fresh_home, tmp_path):
+    """A code server opens an instance for each sensor tick and run. With the shipped storage every
+    instance of the process shares one engine, so the later ones open no session (each opened ten
+    before); its kept connections are pinged before use, so a server restarted meanwhile costs a
+    reconnection, not a failed call."""
+    import dagster as dg
+
+    from memory_pipelines.launch.dagster_internals import instance_conninfo
+
+    settings, _ = fresh_home
+    services.ensure_services(settings)
+    services.install_dagster_yaml(tmp_path)
+
+    def ask(instance: dg.DagsterInstance) -> list[str]:  # what a sensor tick asks
+        instance.all_instigator_state()
+        instance.get_latest_materialization_events([dg.AssetKey("memory_embeddings")])
+        return [run.run_id for run in instance.get_runs(limit=5)]
+
+    with dg.DagsterInstance.from_config(str(tmp_path)) as first:
+        conninfo = instance_conninfo(first)
+        assert conninfo is not None
+        runs = ask(first)
+    before = database_sessions(conninfo)
+    for _ in range(10):
+        with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+            assert ask(instance) == runs
+    assert database_sessions(conninfo) - before - 1 == 0
+
+    services.stop_services(settings)  # every kept connection of this process is now closed by the server
+    services.ensure_services(settings)
+    with dg.DagsterInstance.from_config(str(tmp_path)) as after:
+        assert instance_conninfo(after) == conninfo
+        assert ask(after) == runs
+
+
 def test_exported_dagster_url_follows_the_server_and_a_users_value_wins(fresh_home, monkeypatch):
     settings, _ = fresh_home
     current = services.ensure_services(settings).dagster_url

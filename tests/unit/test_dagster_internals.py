@@ -320,6 +320,27 @@ def test_holding_connections_is_the_webservers_pool_on_each_postgres_storage() -
         internals.hold_connections(test_instance)  # SQLite: nothing to hold, and no error
 
 
+def test_the_shipped_storage_shares_an_engine_built_as_dagster_postgres_builds_its_own() -> None:
+    """HeldPostgresStorage: dagster-postgres' helpers make the engine from the storage's config, and
+    each storage reaches the database only through its `_engine`, which the engine replaces."""
+    from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, PostgresScheduleStorage, utils
+
+    config = {"postgres_url": "postgresql+psycopg2://postgres@/dagster?host=%2Ftmp"}
+    pinned(utils.pg_url_from_config(config) == config["postgres_url"], "dagster_postgres.utils.pg_url_from_config")
+    pinned(utils.get_token_provider_from_config(config) is None, "utils.get_token_provider_from_config")
+    pinned(accepts(utils.create_pg_engine, "url", None, pool_size=1), "dagster_postgres.utils.create_pg_engine")
+    pinned(accepts(utils.set_pg_statement_timeout, None, 0), "dagster_postgres.utils.set_pg_statement_timeout")
+    for storage, method in (
+        (PostgresRunStorage, PostgresRunStorage.connect),
+        (PostgresEventLogStorage, PostgresEventLogStorage._connect),
+        (PostgresScheduleStorage, PostgresScheduleStorage.connect),
+    ):
+        pinned("create_pg_connection(self._engine)" in inspect.getsource(method), f"{storage.__name__} connects")
+        init = inspect.getsource(storage.__init__)
+        made = "self._engine = " in init and "if self.should_autocreate_tables:" in init
+        pinned(made, f"{storage.__name__}.__init__")
+
+
 def test_reading_a_run_from_the_event_log() -> None:
     """What materialize.py reads from the instance (not public methods: all_logs, get_records_for_run,
     DagsterEvent.event_specific_data), through its own readers."""
