@@ -523,6 +523,7 @@ def test_clearing_unused_capacity_keeps_the_index_whole_across_server_restarts(t
     rebuilt index never persisted (all its capacity unused), in one persisted with slots to spare,
     and after either grows past the capacity it was created with."""
     from memory_pipelines.lib.infra.services import ensure_chroma, stop_chroma
+    from memory_pipelines.lib.stores.chroma.client import SPACE
     from memory_pipelines.lib.stores.chroma.hnsw_files import clear_unused_capacity
     from memory_pipelines.lib.stores.chroma.index import VectorStore
     from memory_pipelines.lib.stores.embedding import HashingEmbedder
@@ -590,7 +591,13 @@ def test_clearing_unused_capacity_keeps_the_index_whole_across_server_restarts(t
         [slots] = vectors.segments("t-slots")
         count, element, _ = _hnsw_header(slots)
         assert count == 60 and (slots / "data_level0.bin").stat().st_size == 100 * element
-        clear_unused_capacity(slots)  # 40 slots the server wrote from its memory
+        # length.bin keeps no lengths in our space (a float per element only for "cosine"): the 60
+        # floats persisted are the server's memory too, where a forgotten vector may sit.
+        assert SPACE == "ip"
+        with (slots / "length.bin").open("r+b") as fh:
+            fh.write(np.asarray(sorted(kept["t-small"].values(), key=bytes)[0], dtype="<f4").tobytes()[:64])
+        clear_unused_capacity(slots)  # 40 slots the server wrote from its memory, and length.bin whole
+        assert (slots / "length.bin").read_bytes() == bytes(100 * 4)
         assert_whole(vectors)
         vectors = restart()
         assert_whole(vectors)
@@ -598,7 +605,12 @@ def test_clearing_unused_capacity_keeps_the_index_whole_across_server_restarts(t
         add(vectors, "t-slots", 1000)  # persisted again, the capacity grown
         add(vectors, "t-small", 900)
         for segment in (slots, small):
-            assert _hnsw_header(segment)[0] >= 1000
+            count, element, _ = _hnsw_header(segment)
+            assert count >= 1000
+            data = (segment / "data_level0.bin").read_bytes()  # a persist writes whole, zeroed slots there
+            assert data[count * element :].count(0) == len(data) - count * element
+        for tenant_id in kept:  # its added lengths come from memory: the scrub after every write of ours clears them
+            vectors.scrub(tenant_id)
         assert_whole(vectors)
         vectors = restart()
         assert_whole(vectors)

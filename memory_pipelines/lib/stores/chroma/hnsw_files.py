@@ -3,8 +3,9 @@
 hnswlib (Chroma's fork, in its Rust server) mallocs room for max_elements and, creating a segment's
 files, writes that buffer whole, uninitialised slots included; so a long-running server's freed
 memory, forgotten vectors among it, can land in any collection's files past the elements its
-header counts. These functions find and zero those bytes; vectors.py decides when, under the
-collection's lock.
+header counts, and anywhere in length.bin, which holds vectors' lengths only in the "cosine" space
+(each persist writes the slots of the elements it added from that memory). These functions find
+and zero those bytes; erasure.py decides when, under the collection's lock.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def _unowned(segment: Path) -> tuple[bytes, list[tuple[Path, int]]] | None:
         raise ServiceError("chroma", f"unknown HNSW format in {segment} (version {version}): not touching it")
     return raw, [
         (segment / "data_level0.bin", count * element),
-        (segment / "length.bin", count * 4),  # one float per element
+        # A float per element, which hnswlib writes and reads only in the "cosine" space (it keeps
+        # each vector's length there); in ours, "ip" (client.py SPACE), every byte is malloc'd memory.
+        (segment / "length.bin", 0),
         (segment / "link_lists.bin", _link_lists_end(segment / "link_lists.bin", count)),
     ]
 
@@ -65,8 +68,10 @@ def clear_unused_capacity(segment: Path) -> int:
     whole, uninitialised slots included: a long-running server's freed memory (vectors it parsed,
     returned or dropped, a deleted collection's among them) lands in data_level0.bin and length.bin
     past the elements header.bin counts, and stays there until persisted elements cover it, which
-    a collection under the server's sync threshold (1,000 writes) never reaches. Every later persist
-    writes whole element slots (zeroed by hnswlib before use), so what is cleared here stays clear.
+    a collection under the server's sync threshold (1,000 writes) never reaches. A later persist
+    writes whole element slots in data_level0.bin (zeroed by hnswlib before use), but in length.bin
+    the slots of the elements it added come from that memory again (our space keeps no lengths):
+    length.bin is cleared whole, and the next scrub after a write clears it again.
 
     Only while no write reaches the collection (the tenant's lock held exclusively): a persist
     between our reading the header and writing zeros would lose its elements on disk. The header
