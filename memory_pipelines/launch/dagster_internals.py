@@ -67,6 +67,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 import weakref
 from collections.abc import Iterable, Mapping
 from multiprocessing.context import BaseContext
@@ -224,6 +225,9 @@ HELD_OVERFLOW = 32
 HELD_RECYCLE_SECONDS = 3600
 # What the engine of a `HeldPostgresStorage` keeps: a connection for each of its parts in use at once.
 HELD_POOL = 3
+# A held connection idle this long is pinged before use (as the memory store's pool does).
+HELD_PING_SECONDS = 1.0
+RETURNED = "memory_pipelines.returned"  # the key of that moment in a pool record's `info`
 # Storages of this process that keep their connections already (`hold_connections` leaves them).
 HELD_STORAGES: weakref.WeakSet[Any] = weakref.WeakSet()
 # The engine every instance of one storage config shares (`held_engine`), by process: a forked
@@ -252,9 +256,10 @@ def hold_connections(instance: dg.DagsterInstance) -> None:
 
 def held_engine(config_value: Mapping[str, Any]) -> Any:
     """The engine the three parts of a dagster-postgres storage of this config share in this
-    process: it keeps up to HELD_POOL connections, sets on each the statement timeout the server
-    gives this role and database (as the webserver's pool does), and pings one before handing it
-    out, since a process keeps it for its life and the server may have restarted meanwhile."""
+    process: it keeps up to HELD_POOL connections and sets on each the statement timeout the server
+    gives this role and database, as the webserver's pool does. A process keeps it for its life and
+    the server may restart meanwhile, so a connection idle for HELD_PING_SECONDS is pinged before it
+    is handed out, and replaced if the ping fails (a ping before every call cost a third more)."""
     from dagster_postgres.utils import (
         create_pg_engine,
         get_token_provider_from_config,
@@ -276,11 +281,32 @@ def held_engine(config_value: Mapping[str, Any]) -> Any:
         pool_size=HELD_POOL,
         max_overflow=HELD_OVERFLOW,
         pool_recycle=HELD_RECYCLE_SECONDS,
-        pool_pre_ping=True,
         **({"connect_args": {"options": options}} if options else {}),
     )
     event.listen(engine, "connect", lambda connection, _: set_pg_statement_timeout(connection, timeout_ms))
+    event.listen(engine, "checkin", returned)
+    event.listen(engine, "checkout", ping_if_idle)
     return engine
+
+
+def returned(connection: Any, record: Any) -> None:
+    """When a held connection went back to its pool (a pool event)."""
+    record.info[RETURNED] = time.monotonic()
+
+
+def ping_if_idle(connection: Any, record: Any, proxy: Any) -> None:
+    """Ping a held connection idle for HELD_PING_SECONDS as the pool hands it out; a failed ping
+    makes the pool replace it (SQLAlchemy's DisconnectionError, a pool event)."""
+    from sqlalchemy.exc import DisconnectionError
+
+    since = record.info.get(RETURNED)
+    if since is None or time.monotonic() - since < HELD_PING_SECONDS:
+        return
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as exc:  # whatever the driver raises for a connection the server closed
+        raise DisconnectionError(str(exc)) from exc
 
 
 def server_statement_timeout(conninfo: str) -> int:

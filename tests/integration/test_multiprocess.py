@@ -224,8 +224,8 @@ def test_the_shipped_storage_keeps_its_connections_where_dagster_postgres_opens_
 def test_a_processs_instances_of_the_shipped_storage_share_its_connections_across_a_restart(fresh_home, tmp_path):
     """A code server opens an instance for each sensor tick and run. With the shipped storage every
     instance of the process shares one engine, so the later ones open no session (each opened ten
-    before); its kept connections are pinged before use, so a server restarted meanwhile costs a
-    reconnection, not a failed call."""
+    before); a kept connection idle for a second is pinged before use, so a server restarted
+    meanwhile costs a reconnection, not a failed call."""
     import dagster as dg
 
     from memory_pipelines.launch.dagster_internals import instance_conninfo
