@@ -225,8 +225,6 @@ HELD_OVERFLOW = 32
 HELD_RECYCLE_SECONDS = 3600
 # What the engine of a `HeldPostgresStorage` keeps: a connection for each of its parts in use at once.
 HELD_POOL = 3
-# A held connection idle this long is pinged before use (as the memory store's pool does).
-HELD_PING_SECONDS = 1.0
 RETURNED = "memory_pipelines.returned"  # the key of that moment in a pool record's `info`
 # Storages of this process that keep their connections already (`hold_connections` leaves them).
 HELD_STORAGES: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -258,8 +256,9 @@ def held_engine(config_value: Mapping[str, Any]) -> Any:
     """The engine the three parts of a dagster-postgres storage of this config share in this
     process: it keeps up to HELD_POOL connections and sets on each the statement timeout the server
     gives this role and database, as the webserver's pool does. A process keeps it for its life and
-    the server may restart meanwhile, so a connection idle for HELD_PING_SECONDS is pinged before it
-    is handed out, and replaced if the ping fails (a ping before every call cost a third more)."""
+    the server may restart meanwhile, so a connection idle for IDLE_PING_SECONDS (the memory store's
+    pool's too) is pinged before it is handed out, and replaced if the ping fails (a ping before
+    every call cost a third more)."""
     from dagster_postgres.utils import (
         create_pg_engine,
         get_token_provider_from_config,
@@ -295,12 +294,14 @@ def returned(connection: Any, record: Any) -> None:
 
 
 def ping_if_idle(connection: Any, record: Any, proxy: Any) -> None:
-    """Ping a held connection idle for HELD_PING_SECONDS as the pool hands it out; a failed ping
+    """Ping a held connection idle for IDLE_PING_SECONDS as the pool hands it out; a failed ping
     makes the pool replace it (SQLAlchemy's DisconnectionError, a pool event)."""
     from sqlalchemy.exc import DisconnectionError
 
+    from memory_pipelines.lib.memories.connections import IDLE_PING_SECONDS
+
     since = record.info.get(RETURNED)
-    if since is None or time.monotonic() - since < HELD_PING_SECONDS:
+    if since is None or time.monotonic() - since < IDLE_PING_SECONDS:
         return
     try:
         with connection.cursor() as cursor:
@@ -349,7 +350,7 @@ class HeldPostgresStorage(DagsterStorage, ConfigurableClass):
         # Only the process's first instance of this config looks for the tables (or makes them).
         config: Any = config_value if engine is None else {**config_value, "should_autocreate_tables": False}
         postgres = DagsterPostgresStorage.from_config_value(None, config)
-        if engine is None:  # two threads may both make one; the first kept is shared, with no lock to fork
+        if engine is None:  # two threads may both make one and the first kept wins: no lock a fork could inherit held
             engine = HELD_ENGINES.setdefault(key, held_engine(config_value))
         parts: tuple[Any, ...] = (postgres.run_storage, postgres.event_log_storage, postgres.schedule_storage)
         for part in parts:

@@ -15,6 +15,7 @@ import psycopg
 from memory_pipelines.lib.infra.errors import ServiceError
 
 __all__ = [
+    "IDLE_PING_SECONDS",
     "POOL_IDLE",
     "Connections",
 ]
@@ -22,7 +23,7 @@ __all__ = [
 # Idle connections a store keeps for its threads; more threads open more, closed when given back.
 POOL_IDLE = 8
 # A connection idle this long gets one cheap ping before use: the server may have dropped it.
-_IDLE_PING_SECONDS = 1.0
+IDLE_PING_SECONDS = 1.0
 
 
 class Connections:
@@ -56,7 +57,7 @@ class Connections:
                 conn, since = self._idle.pop()
             if conn.closed or conn.broken:
                 continue
-            if time.monotonic() - since < _IDLE_PING_SECONDS:
+            if time.monotonic() - since < IDLE_PING_SECONDS:
                 return conn
             try:
                 conn.execute("SELECT 1")
