@@ -5,7 +5,9 @@
 On a 100-memory tenant, each round writes one memory and then times:
 - `memory-pipelines materialize --tenant T` (a run through the instance: queue, the HOME's warm code
   server, run worker), and the same with a code server of its own started and awaited (`--verbose`
-  does that, as every run did before the warm server);
+  does that, as every run did before the warm server), and the command in a process of its own
+  (MEMORY_PIPELINES_WARM_COMMANDS=0) rather than forked from the warm server's command forker, with
+  the machine's CPU-seconds of each;
 - the baseline: a new Python process that runs the same job (`tenant_refresh`, in process) on the same
   instance with `execute_in_process`, from its start to its exit (what a script of yours pays);
 - commands that run no job: `recall` (a new query each round, so never a cached answer), `recall
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.homes import discard, temporary_home
+from memory_pipelines.launch.warm_commands import ENV_WARM_COMMANDS
 from memory_pipelines.platform import MemoryPlatform
 
 TENANT = "latency"
@@ -41,12 +44,25 @@ with dg.DagsterInstance.get() as instance:
 """
 
 
-def timed(command: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
+def machine_cpu() -> float:
+    """CPU-seconds the whole machine has spent (/proc/stat): a command's own, its code server's,
+    its run worker's and PostgreSQL's, on a machine that is otherwise quiet."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(value) for value in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+CPU: dict[str, list[float]] = {}
+
+
+def timed(command: list[str], env: dict[str, str], label: str | None = None) -> float:
+    start, cpu = time.perf_counter(), machine_cpu()
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command[2:])} failed ({done.returncode}): {done.stderr[-2000:]}")
+    if label is not None:
+        CPU.setdefault(label, []).append(machine_cpu() - cpu)
     return seconds
 
 
@@ -83,10 +99,18 @@ def main() -> None:
 
     timed(write(0), env)
     first = timed([*CLI, "materialize", "--tenant", TENANT], env)
+    # The same command in a process of its own, which imports Dagster: how every command ran before.
+    # Its variable is part of a code server's identity: this first one starts a warm server of its own.
+    own_process = {**env, ENV_WARM_COMMANDS: "0"}
+    timed([*CLI, "materialize", "--tenant", TENANT], own_process)
     figures: dict[str, list[float]] = {}
     for n in range(1, args.repeat + 1):
         timed(write(n), env)
-        figures.setdefault("materialize (CLI)", []).append(timed([*CLI, "materialize", "--tenant", TENANT], env))
+        label = "materialize (CLI)"
+        figures.setdefault(label, []).append(timed([*CLI, "materialize", "--tenant", TENANT], env, label))
+        timed(write(n + 4000), env)
+        label = "materialize (CLI, not forked warm)"
+        figures.setdefault(label, []).append(timed([*CLI, "materialize", "--tenant", TENANT], own_process, label))
         timed(write(n + 3000), env)
         # --verbose runs its own code server (the event log goes to its stderr): how every run went before.
         own = [*CLI, "--verbose", "materialize", "--tenant", TENANT]
@@ -105,6 +129,11 @@ def main() -> None:
     print(f"HOME {home}, tenant of about {100 + 3 * args.repeat} memories, services running")
     print(f"  {'first materialize (starts the code server)':34} {first:6.2f} s")
     medians = {label: line(label, values) for label, values in figures.items()}
+    print("machine CPU-seconds per command (all its processes; a quiet machine):")
+    for label, values in CPU.items():
+        line(label, values)
+    forked, own = (statistics.median(CPU[label]) for label in CPU)
+    print(f"materialize forked warm / in its own process, machine CPU: {forked / own:.2f}x")
     ratio = medians["materialize (CLI)"] / medians["materialize (in process)"]
     print(f"materialize CLI / in process: {ratio:.2f}x (target within 2x: {'met' if ratio <= 2 else 'MISSED'})")
     slow = [

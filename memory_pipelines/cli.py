@@ -634,6 +634,11 @@ def cmd_demo(args: argparse.Namespace) -> None:
 # -- parser ------------------------------------------------------------------------------------
 
 
+# Never forked warm: `stop` ends the forker's own code server, and `dev` supervises its process
+# group, which the terminal's Ctrl-C reaches.
+_RUN_HERE: frozenset[Handler] = frozenset({cmd_stop, cmd_dev})
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors follow the CLI's error contract: `FIELD: message`, exit 2."""
 
@@ -973,7 +978,21 @@ def _error(field: str, message: str) -> None:
     print(line.encode("utf-8", "backslashreplace").decode("utf-8"), file=sys.stderr)
 
 
+def _forwarded(args: argparse.Namespace) -> int | None:
+    """The program's command run in a process forked from HOME's warm code server, which has
+    Dagster and the definitions imported (launch/warm_commands.py); None: run it here."""
+    from memory_pipelines.launch.warm_commands import forward
+
+    try:
+        home = _settings(args).home
+    except MemoryPipelinesError:
+        return None  # the command reports it, in its own order
+    return forward(sys.argv[1:], home)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The CLI; its exit code. As the program (`argv` None, read from sys.argv) a command may run in
+    HOME's warm command forker; a caller's own argv always runs in this process."""
     # Whatever this command and the processes it starts write under HOME is the owner's alone; a
     # caller of main() in its own process gets its umask back.
     umask = restrict_umask()
@@ -992,6 +1011,10 @@ def _main(argv: Sequence[str] | None) -> int:
             os.environ[ENV_VERBOSE] = "1"
         else:
             os.environ.pop(ENV_VERBOSE, None)
+        if argv is None and not args.verbose and args.handler not in _RUN_HERE:
+            code = _forwarded(args)
+            if code is not None:
+                return code
         with warnings.catch_warnings():
             if not args.verbose:  # Dagster's Beta/Preview/Deprecation warnings are not the user's to act on
                 warnings.simplefilter("ignore")

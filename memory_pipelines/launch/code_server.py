@@ -40,6 +40,7 @@ __all__ = [
     "ENV_IDLE_SECONDS",
     "LOCATION",
     "WarmServer",
+    "code_stamp",
     "command",
     "module_workspace",
     "warm_server",
@@ -83,17 +84,24 @@ class WarmServer:
             time.sleep(0.1)
 
 
+def code_stamp() -> str:
+    """A hash of the project's code and assets as they are now: every file's path, size and mtime."""
+    digest = hashlib.sha256()
+    for root in (PROJECT_ROOT / "memory_pipelines", PROJECT_ROOT / "assets"):
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                info = path.stat()
+                digest.update(f"{path.relative_to(PROJECT_ROOT)}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+    return digest.hexdigest()
+
+
 def _identity(settings: Settings) -> str:
     """A hash of HOME, the interpreter, the code and the environment a server would serve."""
     digest = hashlib.sha256()
     digest.update(f"{settings.home}\0{sys.executable}\0".encode())
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)
     digest.update(json.dumps(env).encode())
-    for root in (PROJECT_ROOT / "memory_pipelines", PROJECT_ROOT / "assets"):
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                info = path.stat()
-                digest.update(f"{path.relative_to(PROJECT_ROOT)}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+    digest.update(code_stamp().encode())
     return digest.hexdigest()[:20]
 
 

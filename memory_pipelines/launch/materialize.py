@@ -66,7 +66,7 @@ HEARTBEAT_SECONDS = 10.0
 # A closed workspace's code server ends within a second or two of its last run's process.
 CODE_SERVER_EXIT_SECONDS = 30.0
 # Any constant: it only has to be the same in every CLI process dequeuing runs of this database.
-_DEQUEUE_LOCK = 7_150_433_211
+DEQUEUE_LOCK = 7_150_433_211
 
 
 @dataclass
@@ -313,13 +313,13 @@ class _Dequeuer:
         if self.daemon is None or _daemon_dequeues(self.context.instance):
             return
         with psycopg.connect(self.conninfo, autocommit=True) as conn:
-            conn.execute("SELECT pg_advisory_lock(%s)", (_DEQUEUE_LOCK,))
+            conn.execute("SELECT pg_advisory_lock(%s)", (DEQUEUE_LOCK,))
             try:
                 if _daemon_dequeues(self.context.instance):
                     return  # a daemon started while we waited for the lock: never two dequeuers at once
                 self.daemon.run_iteration(self.context)
             finally:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (_DEQUEUE_LOCK,))
+                conn.execute("SELECT pg_advisory_unlock(%s)", (DEQUEUE_LOCK,))
 
     def close(self) -> None:
         if self.daemon is not None:

@@ -35,6 +35,10 @@ PRELOAD = (
 )
 
 
+# The program whose commands the server's command forker runs (warm_commands.py): pyproject's script.
+COMMANDS = "memory_pipelines.cli:main"
+
+
 def preload() -> list[str]:
     """PRELOAD, then every module under memory_pipelines/defs/: what loading the definitions imports."""
     import memory_pipelines.defs as folder
@@ -44,6 +48,7 @@ def preload() -> list[str]:
 
 def main() -> None:
     from memory_pipelines.launch.dagster_internals import start_run_workers_from
+    from memory_pipelines.launch.warm_commands import start_forker
 
     # The fork server's socket directory beside the server's own files, not in /tmp: a server killed
     # before it could remove it leaves it where the next command's sweep (code_runtime.py) finds it.
@@ -54,6 +59,7 @@ def main() -> None:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(preload())
     start_run_workers_from(context)
+    start_forker(context, socket, entry=COMMANDS)
     runpy.run_module("dagster", run_name="__main__", alter_sys=True)  # `python -m dagster`, with our arguments
 
 

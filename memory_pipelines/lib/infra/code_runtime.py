@@ -1,7 +1,8 @@
-"""The runtime directory of the warm code servers (memory_pipelines/launch/code_server.py): per server, a
-record (pid, HOME), its socket, its workspace file, a lock and the directory of its run workers' fork
-server, in /tmp/mp-code-<uid>. Here, not in code_server.py, so `stop` can remove what the servers it
-ended leave, without importing Dagster."""
+"""The runtime directory of the warm code servers (memory_pipelines/launch/code_server.py): per
+server, a record (pid, HOME), its socket, its workspace file, a lock and the directory of its run
+workers' fork server and command forker; per HOME, a link to its newest forker; in
+/tmp/mp-code-<uid>. Here, not in code_server.py, so `stop` can remove what the servers it ended
+leave, without importing Dagster."""
 
 from __future__ import annotations
 
@@ -40,7 +41,11 @@ def scratch_of(socket: Path) -> Path:
 
 def sweep_records(runtime: Path, keep: Path | None = None) -> None:
     """Remove the files of servers that have ended (idle, stopped, or of a HOME deleted since), each
-    under its own lock, skipping any another command holds; lock files stay (one may be waited on)."""
+    under its own lock, skipping any another command holds; lock files stay (one may be waited on).
+    Also the links to command forkers (launch/warm_commands.py) whose socket has gone with its server."""
+    for link in runtime.glob("*.commands"):
+        if link.is_symlink() and not link.exists():
+            link.unlink(missing_ok=True)
     for record in runtime.glob("*.json"):
         if record == keep:
             continue

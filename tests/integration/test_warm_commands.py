@@ -1,0 +1,261 @@
+"""Commands forked warm (memory_pipelines/launch/warm_commands.py): once a HOME has a warm code server,
+its commands run in a child of that server's command forker, which has Dagster imported. The caller
+imports none of it, and its output, exit code, stdin and signals are the command's own; a caller the
+child could not stand in for, or another user, runs its command itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from memory_pipelines.launch.materialize import DEQUEUE_LOCK
+from memory_pipelines.launch.warm_commands import ENV_WARM_COMMANDS, link_of
+from memory_pipelines.lib.infra import code_runtime
+from tests.conftest import CLI, run_cli
+from tests.support.local_user import AS_NOBODY
+
+# A caller that is only the forwarding: what it ran, and whether it imported Dagster to do so.
+CALLER = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+    from memory_pipelines.launch.warm_commands import forward
+    if os.environ.get("CALLER_NICE"):
+        os.nice(int(os.environ["CALLER_NICE"]))
+    code = forward(sys.argv[1:], Path(os.environ["MEMORY_PIPELINES_HOME"]))
+    sys.stderr.write("\\n" + json.dumps({"code": code, "dagster": "dagster" in sys.modules}) + "\\n")
+    """
+)
+
+
+def caller(cli_env: dict[str, Any], *argv: str, **env: str) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    done = subprocess.run(
+        [sys.executable, "-c", CALLER, *argv],
+        env={**os.environ, "MEMORY_PIPELINES_HOME": str(cli_env["home"]), **cli_env["env"], **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stderr.strip().splitlines()[-1]), done
+
+
+def command_line(result: subprocess.CompletedProcess[str]) -> str:
+    """stderr without the caller's own last line."""
+    return "\n".join(result.stderr.strip().splitlines()[:-1]).strip()
+
+
+def forker_link(home: Path) -> Path:
+    runtime = code_runtime.runtime_dir()
+    assert runtime is not None
+    return link_of(home, runtime)
+
+
+def wait_for(condition: Any, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return bool(condition())
+
+
+def holders_of_stdin(proc: subprocess.Popen[str]) -> list[int]:
+    """Processes other than `proc` whose stdin is `proc`'s (a pipe only the test and they hold)."""
+    mine = os.readlink(f"/proc/{proc.pid}/fd/0")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != proc.pid:
+            try:
+                if os.readlink(entry / "fd" / "0") == mine:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def warm(cli_env: dict[str, Any]) -> dict[str, Any]:
+    """The module's HOME with a tenant, a memory and a warm code server whose forker answers."""
+    env, home = cli_env["env"], cli_env["home"]
+    tenant = "t-warm"
+    assert (
+        run_cli("write", "--tenant", tenant, "--user", "alice", "alice likes tea", home=home, env=env).returncode == 0
+    )
+    first = run_cli("materialize", "--tenant", tenant, home=home, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert wait_for(forker_link(home).exists, 120), "the warm code server's command forker never answered"
+    return {**cli_env, "tenant": tenant, "first": json.loads(first.stdout)}
+
+
+@pytest.mark.slow
+def test_a_command_forked_warm_answers_as_its_own_process_would(warm: dict[str, Any]) -> None:
+    said, done = caller(warm, "materialize", "--tenant", warm["tenant"])
+    assert said == {"code": 0, "dagster": False}, done.stderr[-3000:]
+    document = json.loads(done.stdout)
+    assert document.keys() == warm["first"].keys()
+    assert document["success"] and document["checks"] == warm["first"]["checks"]
+    assert all(document["checks"].values())
+
+    # A refusal, as the command's own process gives it: the same line, the same exit code.
+    said, refused = caller(warm, "materialize", "--tenant", "t-nobody-made")
+    here = run_cli("--verbose", "materialize", "--tenant", "t-nobody-made", home=warm["home"], env=warm["env"])
+    assert here.returncode != 0
+    assert said == {"code": here.returncode, "dagster": False}
+    assert command_line(refused) == here.stderr.strip()
+    assert refused.stdout == here.stdout == ""
+
+
+@pytest.mark.slow
+def test_a_caller_the_child_cannot_stand_in_for_runs_its_command_itself(warm: dict[str, Any]) -> None:
+    # Placed otherwise (a nice value a child would not have), importing otherwise, or asked not to.
+    for env in ({"CALLER_NICE": "3"}, {"PYTHONHASHSEED": "7"}, {ENV_WARM_COMMANDS: "0"}):
+        said, done = caller(warm, "tenants", **env)
+        assert said == {"code": None, "dagster": False}, env
+        assert done.stdout == ""
+    # The program runs such a command itself, with the same result.
+    mine = subprocess.run(
+        ["nice", "-n", "3", str(CLI), "tenants"],
+        env={**os.environ, "MEMORY_PIPELINES_HOME": str(warm["home"]), **warm["env"]},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert mine.returncode == 0 and warm["tenant"] in mine.stdout
+
+    # A value that is neither: an error naming the variable, and nothing runs.
+    bad = run_cli("tenants", home=warm["home"], env={**warm["env"], ENV_WARM_COMMANDS: "yes"})
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert bad.stderr.strip() == (
+        f"memory-pipelines: error: {ENV_WARM_COMMANDS}: must be 1 (fork commands warm) or 0 (never), got 'yes'"
+    )
+
+    # Another local user cannot even reach the forker: its runtime directory is its owner's alone.
+    link = forker_link(warm["home"])
+    reach = subprocess.run(
+        [
+            *AS_NOBODY,
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            "import socket, sys\ns = socket.socket(socket.AF_UNIX)\n"
+            "try:\n    s.connect(sys.argv[1])\nexcept OSError as e:\n    print(type(e).__name__)\n"
+            "else:\n    print('connected')",
+            str(link),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd="/",
+    )
+    assert reach.stdout.strip() == "PermissionError", reach
+
+
+@pytest.mark.slow
+def test_stdin_reaches_the_command_and_its_end_is_the_callers(warm: dict[str, Any]) -> None:
+    env = {**os.environ, "MEMORY_PIPELINES_HOME": str(warm["home"]), **warm["env"]}
+    argv = [str(CLI), "write", "--tenant", warm["tenant"], "--user", "bob", "-"]
+
+    def start() -> tuple[subprocess.Popen[str], int]:
+        proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert wait_for(lambda: len(holders_of_stdin(proc)) == 1, 60), "no forked command reads the caller's stdin"
+        (child,) = holders_of_stdin(proc)
+        return proc, child
+
+    # The caller's stdin is the command's: it reads the text from it and writes the memory.
+    proc, child = start()
+    out, err = proc.communicate("bob likes green tea", timeout=120)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["memory_id"]
+
+    # SIGTERM ends the command; the caller ends by the same signal.
+    proc, child = start()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    assert wait_for(lambda: not Path(f"/proc/{child}").exists(), 10)
+    proc.communicate(timeout=60)
+
+    # A caller killed outright takes its command with it, though the command's stdin stays open.
+    proc, child = start()
+    proc.kill()
+    proc.wait(timeout=60)
+    assert wait_for(lambda: not Path(f"/proc/{child}").exists(), 10), "the command outlived its caller"
+    proc.communicate(timeout=60)
+
+    # Only the first of these wrote anything.
+    listing = run_cli("list", "--tenant", warm["tenant"], "--user", "bob", home=warm["home"], env=warm["env"])
+    assert listing.returncode == 0 and len(json.loads(listing.stdout)) == 1
+
+
+@pytest.mark.slow
+def test_ctrl_c_reaches_a_forked_launch_which_cancels_its_run(warm: dict[str, Any]) -> None:
+    conninfo = warm["env"]["MEMORY_PIPELINES_PG_URL"]
+    tenant = "t-ctrl-c"
+    assert (
+        run_cli(
+            "write", "--tenant", tenant, "--user", "u", "u likes tea", home=warm["home"], env=warm["env"]
+        ).returncode
+        == 0
+    )
+    with psycopg.connect(conninfo, autocommit=True) as holder:
+        # No command dequeues meanwhile: the run stays queued, its command waiting for its turn.
+        holder.execute("SELECT pg_advisory_lock(%s)", (DEQUEUE_LOCK,))
+        proc = subprocess.Popen(
+            [str(CLI), "materialize", "--tenant", tenant],
+            env={**os.environ, "MEMORY_PIPELINES_HOME": str(warm["home"]), **warm["env"]},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+        def waiting() -> bool:
+            (waiters,) = holder.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone() or (0,)
+            return _statuses(conninfo, tenant) == ["QUEUED"] and waiters > 0
+
+        assert wait_for(waiting, 120), _statuses(conninfo, tenant)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out) == (130, ""), err
+    assert "error: interrupted: stopped by the user" in err
+    # The command itself got the Ctrl-C: an interrupted CLI leaves no run behind in the queue.
+    assert _statuses(conninfo, tenant) == ["CANCELED"]
+
+
+def _statuses(conninfo: str, tenant: str) -> list[str]:
+    with psycopg.connect(conninfo) as conn:
+        rows = conn.execute(
+            "SELECT r.status FROM runs r WHERE EXISTS (SELECT 1 FROM run_tags t WHERE t.run_id = r.run_id"
+            " AND t.key = 'dagster/partition' AND t.value = %s) ORDER BY r.id",
+            (tenant,),
+        ).fetchall()
+    return [status for (status,) in rows]
+
+
+@pytest.mark.slow
+def test_the_forker_ends_with_its_code_server(warm: dict[str, Any]) -> None:
+    link = forker_link(warm["home"])
+    socket_path = Path(os.readlink(link))
+    server = socket_path.parent.with_suffix(".json")
+    pid = json.loads(server.read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: not link.exists() and not link.is_symlink() and not socket_path.exists(), 15)
+    said, _ = caller(warm, "tenants")
+    assert said == {"code": None, "dagster": False}
