@@ -12,8 +12,8 @@ on and runs the program's main function as the caller would have. The caller wai
 and exits as the child did.
 
 What cannot be handed over is compared instead: the user, groups, capabilities, namespaces,
-cgroup, resource limits, CPUs, nice value and root of the two processes, the interpreter, the code
-on disk and the variables that choose what Python imports. Any difference, no forker answering, or
+cgroup, resource limits, CPUs, nice value and root of the two processes, the interpreter and its
+encodings, the code on disk and the variables that choose what Python imports. Any difference, no forker answering, or
 MEMORY_PIPELINES_WARM_COMMANDS=0, and the command runs in its own process, as it always did. The
 socket is in a directory only its user can enter, and the forker also checks the peer's uid.
 """
@@ -136,6 +136,7 @@ def process_facts(environ: Mapping[str, str]) -> dict[str, Any]:
         "root": [root.st_dev, root.st_ino],
         "interpreter": [os.path.realpath(sys.executable), sys.prefix],  # a venv's python is a link
         "code": code_stamp(),
+        "encodings": [sys.getfilesystemencoding(), sys.getfilesystemencodeerrors(), sys.flags.utf8_mode],
         "python": sorted((k, v) for k, v in isolated_env(environ).items() if k.startswith("PYTHON")),
     }
     return facts
@@ -258,6 +259,8 @@ def start_forker(context: BaseContext, server_socket: Path, *, entry: str) -> No
 
 def serve(*, server_pid: int, path: str, link: str, entry: str) -> None:
     """The command forker's loop: one child per accepted command, its exit status back to the caller."""
+    from memory_pipelines.lib.infra.services import pid_alive  # not in the callers, who never need it
+
     multiprocessing.current_process().daemon = False  # its commands may start processes of their own
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     own = json.loads(json.dumps(process_facts(os.environ)))  # as a caller's arrive
@@ -276,7 +279,7 @@ def serve(*, server_pid: int, path: str, link: str, entry: str) -> None:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, None)
     try:
-        while _alive(server_pid):
+        while pid_alive(server_pid):
             for key, _ in selector.select(SERVER_CHECK_SECONDS):
                 if key.data is None:
                     _accept(listener, selector, own, entry)
@@ -300,16 +303,6 @@ def warm_up(entry: str) -> Callable[[list[str]], int]:
     module, _, function = entry.partition(":")
     main: Callable[[list[str]], int] = getattr(importlib.import_module(module), function)
     return main
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _accept(listener: socket.socket, selector: selectors.BaseSelector, own: dict[str, Any], entry: str) -> None:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -19,10 +20,11 @@ import psycopg
 import pytest
 
 from memory_pipelines.launch.materialize import DEQUEUE_LOCK
-from memory_pipelines.launch.warm_commands import ENV_WARM_COMMANDS, link_of
-from memory_pipelines.lib.infra import code_runtime
-from tests.conftest import CLI, run_cli
-from tests.support.local_user import AS_NOBODY
+from memory_pipelines.launch.warm_commands import ENV_WARM_COMMANDS, link_of, process_facts
+from memory_pipelines.lib.infra import code_runtime, services
+from memory_pipelines.lib.infra.leases import libpq_url
+from tests.conftest import CLI, run_cli, settings_for
+from tests.support.local_user import AS_NOBODY, run_as_nobody
 
 # A caller that is only the forwarding: what it ran, and whether it imported Dagster to do so.
 CALLER = textwrap.dedent(
@@ -203,50 +205,96 @@ def test_stdin_reaches_the_command_and_its_end_is_the_callers(warm: dict[str, An
 
 
 @pytest.mark.slow
-def test_ctrl_c_reaches_a_forked_launch_which_cancels_its_run(warm: dict[str, Any]) -> None:
-    conninfo = warm["env"]["MEMORY_PIPELINES_PG_URL"]
+def test_ctrl_c_reaches_a_forked_launch_which_cancels_its_run(tmp_path: Path) -> None:
+    # A HOME of its own, on its own server: its run queue and dequeue lock are this test's alone.
+    home = tmp_path / "home"
     tenant = "t-ctrl-c"
-    assert (
-        run_cli(
-            "write", "--tenant", tenant, "--user", "u", "u likes tea", home=warm["home"], env=warm["env"]
-        ).returncode
-        == 0
-    )
-    with psycopg.connect(conninfo, autocommit=True) as holder:
-        # No command dequeues meanwhile: the run stays queued, its command waiting for its turn.
-        holder.execute("SELECT pg_advisory_lock(%s)", (DEQUEUE_LOCK,))
-        proc = subprocess.Popen(
-            [str(CLI), "materialize", "--tenant", tenant],
-            env={**os.environ, "MEMORY_PIPELINES_HOME": str(warm["home"]), **warm["env"]},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    try:
+        assert run_cli("write", "--tenant", tenant, "--user", "u", "u likes tea", home=home).returncode == 0
+        assert run_cli("materialize", "--tenant", tenant, home=home).returncode == 0
+        assert wait_for(forker_link(home).exists, 120), "the warm code server's command forker never answered"
+        exported = run_cli("env", "--format", "json", home=home)
+        runs_db = libpq_url(json.loads(exported.stdout)["MEMORY_PIPELINES_DAGSTER_PG_URL"])
+        store_db = runs_db.replace(f"/{services.DAGSTER_DB}?", f"/{services.STORE_DB}?")
+        with psycopg.connect(store_db, autocommit=True) as holder:
+            # No command dequeues meanwhile: the run stays queued, its command waiting for its turn.
+            holder.execute("SELECT pg_advisory_lock(%s)", (DEQUEUE_LOCK,))
+            proc = subprocess.Popen(
+                [str(CLI), "materialize", "--tenant", tenant],
+                env={**os.environ, "MEMORY_PIPELINES_HOME": str(home)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
 
-        def waiting() -> bool:
-            (waiters,) = holder.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            ).fetchone() or (0,)
-            return _statuses(conninfo, tenant) == ["QUEUED"] and waiters > 0
+            def waiting() -> bool:
+                (waiters,) = holder.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                ).fetchone() or (0,)
+                return waiters > 0 and _statuses(runs_db, tenant)[1:] == ["QUEUED"]
 
-        assert wait_for(waiting, 120), _statuses(conninfo, tenant)
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-    assert (proc.returncode, out) == (130, ""), err
-    assert "error: interrupted: stopped by the user" in err
-    # The command itself got the Ctrl-C: an interrupted CLI leaves no run behind in the queue.
-    assert _statuses(conninfo, tenant) == ["CANCELED"]
+            try:
+                assert wait_for(waiting, 120), _statuses(runs_db, tenant)
+                proc.send_signal(signal.SIGINT)
+                out, err = proc.communicate(timeout=120)
+            finally:
+                proc.kill()
+        assert (proc.returncode, out) == (130, ""), err
+        assert "error: interrupted: stopped by the user" in err
+        # The command itself got the Ctrl-C: an interrupted CLI leaves no run behind in the queue.
+        assert _statuses(runs_db, tenant) == ["SUCCESS", "CANCELED"]
+    finally:
+        services.stop_services(settings_for(home))
 
 
 def _statuses(conninfo: str, tenant: str) -> list[str]:
     with psycopg.connect(conninfo) as conn:
+        if conn.execute("SELECT to_regclass('runs')").fetchone() == (None,):
+            return []  # the instance's tables are made by the first command that opens it
         rows = conn.execute(
             "SELECT r.status FROM runs r WHERE EXISTS (SELECT 1 FROM run_tags t WHERE t.run_id = r.run_id"
             " AND t.key = 'dagster/partition' AND t.value = %s) ORDER BY r.id",
             (tenant,),
         ).fetchall()
     return [status for (status,) in rows]
+
+
+# As another user: connect through the door given, send a request that claims the owner's facts.
+IMPOSTOR = textwrap.dedent(
+    """
+    import json, socket, struct, sys
+    request = json.dumps({
+        "argv": ["memory-pipelines", "tenants"], "env": {}, "cwd": "/", "umask": 63, "ignored": [],
+        "blocked": [], "stdio": {name: ["utf-8", "strict"] for name in ("stdin", "stdout", "stderr")},
+        "facts": json.loads(sys.argv[2]),
+    }).encode()
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[1])
+    socket.send_fds(s, [struct.pack("!I", len(request))], [0, 1, 2])
+    s.sendall(request)
+    print(json.dumps(json.loads(s.makefile("rb").readline())))
+    """
+)
+
+
+@pytest.mark.slow
+def test_another_user_claiming_the_owners_process_is_refused_through_a_door_left_open(warm: dict[str, Any]) -> None:
+    """The socket's directory keeps others out; were a door opened by mistake (a link to the socket,
+    world-writable, where others can reach it), the forker asks the kernel who calls and refuses
+    any other uid, whatever the caller claims: a child of the forker runs as the owner."""
+    sock = Path(os.readlink(forker_link(warm["home"])))
+    opened = Path(tempfile.mkdtemp(prefix="mp-door-", dir="/tmp"))
+    door = opened / "door.sock"
+    try:
+        opened.chmod(0o755)
+        os.link(sock, door)
+        door.chmod(0o666)  # the inode: the socket's own path stays behind its owner-only directories
+        said = run_as_nobody(IMPOSTOR, str(door), json.dumps(process_facts(os.environ)))
+    finally:
+        sock.chmod(0o600)
+        door.unlink(missing_ok=True)
+        opened.rmdir()
+    assert said == {"refused": "user"}
 
 
 @pytest.mark.slow
