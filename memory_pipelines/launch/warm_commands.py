@@ -263,6 +263,9 @@ def serve(*, server_pid: int, path: str, link: str, entry: str) -> None:
 
     multiprocessing.current_process().daemon = False  # its commands may start processes of their own
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # Its server's exit and `stop` end it with SIGTERM, which a server started where SIGINT was
+    # ignored (a shell's background job) ignores too (Dagster gives SIGTERM SIGINT's disposition).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     own = json.loads(json.dumps(process_facts(os.environ)))  # as a caller's arrive
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     umask = os.umask(0o177)
@@ -317,12 +320,16 @@ def _accept(listener: socket.socket, selector: selectors.BaseSelector, own: dict
             conn.close()
             return
         main = warm_up(entry)
+        # Every signal held from the fork until the child has the caller's dispositions: one sent
+        # sooner (the caller passes its own on) would meet the forker's, which may ignore it.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         pid = os.fork()
         if pid == 0:
             try:
                 _child(main, request, fds, conn, selector)
             finally:
                 os._exit(70)  # _child ends the process itself; this only if it raised first
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     except (OSError, ValueError, KeyError, TypeError):
         conn.close()
         return
@@ -408,6 +415,14 @@ def _child(
             else:
                 os.close(key.fd)
     selector.close()
+    ignored = {int(sig) for sig in request["ignored"]}
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else default)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [int(sig) for sig in request["blocked"]])
     os.setsid()  # its own process group: a crash test's `@group` ends this command, not the server
     for fd, target in zip(fds, (0, 1, 2), strict=True):
         os.dup2(fd, target)
@@ -419,14 +434,6 @@ def _child(
     os.environ.update(request["env"])
     time.tzset()
     tempfile.tempdir = None  # gettempdir() from the caller's TMPDIR
-    ignored = {int(sig) for sig in request["ignored"]}
-    for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
-        with contextlib.suppress(OSError, ValueError):
-            signal.signal(sig, signal.SIG_IGN if sig in ignored else default)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [int(sig) for sig in request["blocked"]])
     stdio = request["stdio"]
     sys.stdin = _stream(0, *stdio["stdin"], line=False)
     sys.stdout = _stream(1, *stdio["stdout"], line=os.isatty(1))  # as Python sets its own

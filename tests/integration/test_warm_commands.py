@@ -26,6 +26,14 @@ from memory_pipelines.lib.infra.leases import libpq_url
 from tests.conftest import CLI, run_cli, settings_for
 from tests.support.local_user import AS_NOBODY, run_as_nobody
 
+# A command as a terminal's foreground job starts: SIGINT not ignored, whatever this run inherited (a
+# CI job started in the background of a shell ignores it, and so would every command it starts).
+FOREGROUND = (
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
+)
+
 # A caller that is only the forwarding: what it ran, and whether it imported Dagster to do so.
 CALLER = textwrap.dedent(
     """
@@ -220,7 +228,7 @@ def test_ctrl_c_reaches_a_forked_launch_which_cancels_its_run(tmp_path: Path) ->
             # No command dequeues meanwhile: the run stays queued, its command waiting for its turn.
             holder.execute("SELECT pg_advisory_lock(%s)", (DEQUEUE_LOCK,))
             proc = subprocess.Popen(
-                [str(CLI), "materialize", "--tenant", tenant],
+                [*FOREGROUND, str(CLI), "materialize", "--tenant", tenant],
                 env={**os.environ, "MEMORY_PIPELINES_HOME": str(home)},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
