@@ -26,12 +26,16 @@ from memory_pipelines.lib.infra.leases import libpq_url
 from tests.conftest import CLI, run_cli, settings_for
 from tests.support.local_user import AS_NOBODY, run_as_nobody
 
-# A command as a terminal's foreground job starts: SIGINT not ignored, whatever this run inherited (a
-# CI job started in the background of a shell ignores it, and so would every command it starts).
+# A command as a terminal's foreground job starts: no signal ignored, whatever this worker has come to
+# ignore (a CI job started in the background of a shell ignores SIGINT, and Dagster, once it has run
+# in this process, gives SIGTERM SIGINT's disposition); an ignored signal survives exec.
 FOREGROUND = (
     sys.executable,
     "-c",
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
+    "import os, signal, sys\n"
+    "for name in ('SIGINT', 'SIGTERM', 'SIGHUP', 'SIGQUIT'):\n"
+    "    signal.signal(getattr(signal, name), signal.SIG_DFL)\n"
+    "os.execv(sys.argv[1], sys.argv[1:])",
 )
 
 # A caller that is only the forwarding: what it ran, and whether it imported Dagster to do so.
@@ -177,7 +181,7 @@ def test_a_caller_the_child_cannot_stand_in_for_runs_its_command_itself(warm: di
 @pytest.mark.slow
 def test_stdin_reaches_the_command_and_its_end_is_the_callers(warm: dict[str, Any]) -> None:
     env = {**os.environ, "MEMORY_PIPELINES_HOME": str(warm["home"]), **warm["env"]}
-    argv = [str(CLI), "write", "--tenant", warm["tenant"], "--user", "bob", "-"]
+    argv = [*FOREGROUND, str(CLI), "write", "--tenant", warm["tenant"], "--user", "bob", "-"]
 
     def start() -> tuple[subprocess.Popen[str], int]:
         proc = subprocess.Popen(
