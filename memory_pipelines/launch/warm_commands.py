@@ -264,8 +264,9 @@ def serve(*, server_pid: int, path: str, link: str, entry: str) -> None:
     multiprocessing.current_process().daemon = False  # its commands may start processes of their own
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     # Its server's exit and `stop` end it with SIGTERM, which a server started where SIGINT was
-    # ignored (a shell's background job) ignores too (Dagster gives SIGTERM SIGINT's disposition).
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # ignored (a shell's background job) ignores too (Dagster gives SIGTERM SIGINT's disposition);
+    # it ends through its `finally`, which takes its link and socket away with it.
+    signal.signal(signal.SIGTERM, _end)
     own = json.loads(json.dumps(process_facts(os.environ)))  # as a caller's arrive
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     umask = os.umask(0o177)
@@ -306,6 +307,10 @@ def warm_up(entry: str) -> Callable[[list[str]], int]:
     module, _, function = entry.partition(":")
     main: Callable[[list[str]], int] = getattr(importlib.import_module(module), function)
     return main
+
+
+def _end(_signum: int, _frame: object) -> None:
+    raise SystemExit(0)
 
 
 def _accept(listener: socket.socket, selector: selectors.BaseSelector, own: dict[str, Any], entry: str) -> None:

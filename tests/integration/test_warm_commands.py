@@ -257,6 +257,8 @@ def test_ctrl_c_reaches_a_forked_launch_which_cancels_its_run(tmp_path: Path) ->
         assert _statuses(runs_db, tenant) == ["SUCCESS", "CANCELED"]
     finally:
         services.stop_services(settings_for(home))
+    # `stop` ended the forker with SIGTERM, and it took its link with it.
+    assert not forker_link(home).is_symlink()
 
 
 def _statuses(conninfo: str, tenant: str) -> list[str]:
