@@ -175,7 +175,9 @@ def test_a_cosine_collection_is_rebuilt_as_one_that_keeps_the_bytes_it_was_sent(
     assert all(np.array_equal(np.asarray(before[r], dtype="<f4"), np.frombuffer(returned[r], "<f4")) for r in returned)
 
 
-def test_a_file_still_holding_forgotten_bytes_fails_the_erasure_and_marks_nothing(store, derived, tenant):
+def test_a_file_still_holding_forgotten_bytes_fails_the_erasure_and_marks_nothing(
+    store, derived, tenant, session_settings
+):
     seed(store, derived, tenant)
     with store.transaction() as conn:
         [blob] = conn.execute(
@@ -187,8 +189,10 @@ def test_a_file_still_holding_forgotten_bytes_fails_the_erasure_and_marks_nothin
     job = service.request(tenant_id=tenant, subject="alice")
     service.run_batch(tenant_id=tenant, job_ids=[job["job_id"]])
     # A stray copy in a file the erasure scans (anywhere under HOME), as a store that forgot a copy
-    # would leave it.
-    stray = ErasureService(derived).settings.home / "stray" / tenant / "stray.bin"
+    # would leave it. HOME is the one the stores were opened on, not the environment's (this worker
+    # names none, so that would be ./.memory_pipelines).
+    assert ErasureService(derived).settings.home == session_settings.home
+    stray = session_settings.home / "stray" / tenant / "stray.bin"
     stray.parent.mkdir(parents=True, exist_ok=True)
     stray.write_bytes(b"header" + bytes(blob) + b"trailer")
     try:

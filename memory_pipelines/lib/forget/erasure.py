@@ -116,7 +116,7 @@ class ErasureService:
     ) -> None:
         self.derived = derived
         self.store = derived.store
-        self.ledger = ErasureLedger(derived.store, settings=settings)
+        self.ledger = ErasureLedger(derived.store, settings=settings or derived.settings)
         self.settings = self.ledger.settings
         self.horizon_seconds = horizon_seconds
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -110,6 +110,9 @@ class DerivedStores:
     keywords: KeywordIndex
     summaries: SummaryStore
     analytics: AnalyticsStore
+    # The HOME the stores were opened on, for what works on its files (an erasure's scan of every file
+    # under HOME); None where the process's environment names it (Settings.from_env).
+    settings: Settings | None = field(default=None, repr=False)
 
     @classmethod
     def lazy(
@@ -119,12 +122,14 @@ class DerivedStores:
         vectors: Callable[[], VectorStore],
         summaries: Callable[[], SummaryStore],
         analytics: Callable[[], AnalyticsStore],
+        settings: Settings | None = None,
     ) -> DerivedStores:
         """The stores with the vector index, summaries and analytics copy made on first use: a step
         that syncs the keyword index must not start a Chroma server or need a summarizer."""
         derived = cls.__new__(cls)
         derived.store = store
         derived.keywords = KeywordIndex(store)
+        derived.settings = settings
         derived.__dict__["_factories"] = {"vectors": vectors, "summaries": summaries, "analytics": analytics}
         return derived
 
@@ -192,7 +197,9 @@ def open_derived(
 
         return AnalyticsStore(store=store, limits=QueryLimits.of(settings), old_files=settings.analytics_old_files)
 
-    return DerivedStores.lazy(store=store, vectors=lambda: vectors, summaries=summaries, analytics=analytics)
+    return DerivedStores.lazy(
+        store=store, vectors=lambda: vectors, summaries=summaries, analytics=analytics, settings=settings
+    )
 
 
 def vector_store_for(settings: Settings, *, embedder: Embedder, endpoints: Endpoints | None = None) -> VectorStore:
