@@ -107,8 +107,9 @@ class Settings:
     """Where data lives and which engines to use; `pg_url` None means the embedded PostgreSQL."""
 
     home: Path
-    pg_url: str | None = None
-    dagster_pg_url: str | None = None
+    # URLs may carry a password: out of every repr, as the token and the API key are.
+    pg_url: str | None = field(default=None, repr=False)
+    dagster_pg_url: str | None = field(default=None, repr=False)
     kms_key_id: str | None = None
     key_vault: Path | None = None
     chroma_url: str | None = None
