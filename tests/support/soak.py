@@ -2630,7 +2630,10 @@ def run_soak(seconds: float, seed: int, home: Path | None, keep: bool) -> dict[s
     chroma_proc: Any = None
     try:
         endpoints = ensure_services(base)
-        with chroma_server(home / "chroma") as (chroma_url, chroma_proc):
+        # An external server (its URL in the settings), so its files are outside HOME, as an external
+        # server's are: under HOME they would be scanned by every erasure, which rewrites only a
+        # Chroma it knows the files of (HOME's own), and refused for the forgotten vectors they keep.
+        with chroma_server(scratch / "chroma") as (chroma_url, chroma_proc):
             doomed = tuple(f"soak-z{n}" for n in range(max(2, round(seconds / 35))))
             cfg = Config(
                 seconds=seconds,
