@@ -980,14 +980,42 @@ def _error(field: str, message: str) -> None:
 
 def _forwarded(args: argparse.Namespace) -> int | None:
     """The program's command run in a process forked from HOME's warm code server, which has
-    Dagster and the definitions imported (launch/warm_commands.py); None: run it here."""
-    from memory_pipelines.launch.warm_commands import forward
+    Dagster and the definitions imported (launch/warm_commands.py); None: run it here. A command
+    that launches runs starts that server first when none has a forker, as it would have itself."""
+    from memory_pipelines.launch.warm_commands import enabled, forward
 
     try:
-        home = _settings(args).home
+        settings = _settings(args)
     except MemoryPipelinesError:
         return None  # the command reports it, in its own order
-    return forward(sys.argv[1:], home)
+    code = forward(sys.argv[1:], settings.home)
+    if code is None and _launches(args) and enabled():
+        from memory_pipelines.launch.code_server import start_for_commands
+
+        if start_for_commands(settings):
+            code = forward(sys.argv[1:], settings.home)
+    return code
+
+
+def _launches(args: argparse.Namespace) -> bool:
+    """Whether the command launches Dagster runs, through HOME's warm code server (launch/materialize.py).
+    A wrong answer costs time, not correctness: a server started for nothing, or Dagster imported here."""
+    handler = args.handler
+    if handler in (cmd_materialize, cmd_demo):
+        return True
+    if handler is cmd_forget:
+        return bool(args.wait)
+    if handler is cmd_restore:
+        return bool(args.wait) and not args.reopen
+    if handler is cmd_retention:
+        return args.retention_command == "sweep" and bool(args.wait)
+    if handler is cmd_deletion:
+        return args.deletion_command in ("erase", "retry")
+    if handler is cmd_backup:
+        return args.backup_command is None
+    if handler is cmd_eval:
+        return bool(args.eval_command == "run")
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,33 +22,44 @@ import hashlib
 import json
 import os
 import shutil
+import socket as sockets
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from memory_pipelines.lib.infra.children import ISOLATED, isolated_env
-from memory_pipelines.lib.infra.code_runtime import runtime_dir, scratch_of, sweep_records
+from memory_pipelines.lib.infra.code_runtime import forker_ready, runtime_dir, scratch_of, sweep_records
 from memory_pipelines.lib.infra.errors import ServiceError
-from memory_pipelines.lib.infra.owner_only import replace_private_file
+from memory_pipelines.lib.infra.owner_only import private_dir, replace_private_file
 from memory_pipelines.lib.infra.paths import PROJECT_ROOT
-from memory_pipelines.lib.infra.settings import Settings, positive_int
+from memory_pipelines.lib.infra.settings import ENV_HOME, Settings, positive_int
 
 __all__ = [
     "ENV_IDLE_SECONDS",
     "LOCATION",
+    "RUN_LOG",
     "WarmServer",
     "code_stamp",
     "command",
+    "launch_variables",
     "module_workspace",
+    "run_log",
+    "start_for_commands",
     "warm_server",
 ]
 
 ENV_IDLE_SECONDS = "MEMORY_PIPELINES_CODE_SERVER_IDLE_SECONDS"
 DEFAULT_IDLE_SECONDS = 300
 START_SECONDS = 120.0
+# How long a server started for a command waits for its command forker once it answers (the fork
+# server imports meanwhile); past it the command runs in its own process and uses the server.
+FORKER_SECONDS = 30.0
+# Where the CLI's children (code servers, run workers) write without --verbose, under HOME.
+RUN_LOG = Path("logs") / "cli-runs.log"
+RUN_LOG_MAX_BYTES = 20_000_000  # then it becomes cli-runs.log.1 (replacing the one before)
 LOCATION = "memory_pipelines"  # the code location's name: workspaces, runs' origins, the UI
 _ENV_PREFIXES = ("MEMORY_PIPELINES_", "DAGSTER_", "AWS_", "PYTHON")
 _ENV_NAMES = ("PATH", "HOME", "TZ", "LANG", "LC_ALL", "VIRTUAL_ENV")
@@ -95,11 +106,26 @@ def code_stamp() -> str:
     return digest.hexdigest()
 
 
-def _identity(settings: Settings) -> str:
+def launch_variables(settings: Settings) -> dict[str, str]:
+    """What a launching command sets in its environment before it finds its server: the code server
+    and the run workers inherit them, and must see the same HOME and instance."""
+    return {"DAGSTER_HOME": str(settings.dagster_home), ENV_HOME: str(settings.home)}
+
+
+def run_log(settings: Settings) -> Path:
+    """HOME's log of the CLI's children, its directory private, the log rotated once it is too big."""
+    log = settings.home / RUN_LOG
+    private_dir(log.parent)
+    if log.exists() and log.stat().st_size > RUN_LOG_MAX_BYTES:
+        log.replace(log.with_name(log.name + ".1"))
+    return log
+
+
+def _identity(settings: Settings, environ: Mapping[str, str]) -> str:
     """A hash of HOME, the interpreter, the code and the environment a server would serve."""
     digest = hashlib.sha256()
     digest.update(f"{settings.home}\0{sys.executable}\0".encode())
-    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)
+    env = sorted((k, v) for k, v in environ.items() if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)
     digest.update(json.dumps(env).encode())
     digest.update(code_stamp().encode())
     return digest.hexdigest()[:20]
@@ -118,14 +144,32 @@ def _locked(path: Path) -> Iterator[None]:
 def _alive(socket: Path, pid: int) -> bool:
     from memory_pipelines.launch.dagster_internals import grpc_heartbeat
 
-    try:
-        os.kill(pid, 0)
-    except OSError:
+    if not _running(pid):
         return False
     try:
         grpc_heartbeat(socket)
     except Exception:  # grpc raises its own types: a server that does not answer is not warm
         return False
+    return True
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _listening(socket: Path) -> bool:
+    """Whether a server accepts connections on `socket` (Dagster's server binds once its code is
+    loaded); the check that needs no gRPC, for a process that has not imported Dagster."""
+    probe = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    with probe:
+        try:
+            probe.connect(str(socket))
+        except OSError:
+            return False
     return True
 
 
@@ -150,29 +194,76 @@ def warm_server(settings: Settings, *, log: Path) -> WarmServer | None:
     runtime = runtime_dir()
     if runtime is None:
         return None
-    idle = positive_int(ENV_IDLE_SECONDS, os.environ.get(ENV_IDLE_SECONDS), DEFAULT_IDLE_SECONDS, unit="seconds")
-    name = _identity(settings)
-    socket, record = runtime / f"{name}.sock", runtime / f"{name}.json"
-    workspace = runtime / f"{name}.yaml"
-    with _locked(runtime / f"{name}.lock"):
-        # Written every time (a sweep may have taken it with a server that died since), and whole:
-        # a command that got this server a moment ago may be reading it now.
-        replace_private_file(
-            workspace,
-            f"load_from:\n  - grpc_server:\n      socket: {json.dumps(str(socket))}\n      location_name: {LOCATION}\n",
-        )
-        if record.exists():
-            with contextlib.suppress(ValueError, OSError, KeyError):
-                pid = int(json.loads(record.read_text())["pid"])
-                if _alive(socket, pid):
-                    return WarmServer(socket=socket, pid=pid, workspace_file=workspace)
-        for stale in (socket, record):
-            stale.unlink(missing_ok=True)
-        shutil.rmtree(scratch_of(socket), ignore_errors=True)  # a killed server's fork-server socket
-        sweep_records(runtime, keep=record)
-        pid = _start(socket, idle, log)
-        replace_private_file(record, json.dumps({"pid": pid, "home": str(settings.home), "started": time.time()}))
+    socket, record, workspace = _paths(runtime, _identity(settings, os.environ))
+    with _locked(record.with_suffix(".lock")):
+        _write_workspace(workspace, socket)
+        pid, _ = _recorded(record)
+        if pid is None or not _alive(socket, pid):
+            pid = _start_and_record(settings, record, _start(socket, log, os.environ, lambda pid: _alive(socket, pid)))
         return WarmServer(socket=socket, pid=pid, workspace_file=workspace)
+
+
+def start_for_commands(settings: Settings) -> bool:
+    """For a command that launches runs and found no command forker: start the HOME's warm code
+    server as that command would have (the embedded services first, the same environment, so the
+    same server), without importing Dagster here, and wait for its command forker. Whether a server
+    of this identity and its forker answer now; then the command is forked warm from it, as the
+    ones after it are (warm_commands.py), instead of importing Dagster in its own process."""
+    from memory_pipelines.lib.infra.services import ensure_services
+
+    runtime = runtime_dir()
+    if runtime is None:
+        return False
+    ensure_services(settings)  # the instance's dagster.yaml and database, which the server serves
+    environ = {**os.environ, **launch_variables(settings)}
+    socket, record, workspace = _paths(runtime, _identity(settings, environ))
+    with _locked(record.with_suffix(".lock")):
+        _write_workspace(workspace, socket)
+        pid, started = _recorded(record)
+        if pid is None or not (_running(pid) and _listening(socket)):
+            log = run_log(settings)
+            _start_and_record(settings, record, _start(socket, log, environ, lambda _: _listening(socket)))
+            started = time.time()
+    # Its fork server imports while the server loads the code: the forker may come a little later.
+    while not forker_ready(settings.home, runtime, socket):
+        if time.time() > started + FORKER_SECONDS:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _paths(runtime: Path, name: str) -> tuple[Path, Path, Path]:
+    """The socket, record and workspace file of server `name`."""
+    return runtime / f"{name}.sock", runtime / f"{name}.json", runtime / f"{name}.yaml"
+
+
+def _write_workspace(workspace: Path, socket: Path) -> None:
+    # Written every time (a sweep may have taken it with a server that died since), and whole: a
+    # command that got this server a moment ago may be reading it now.
+    replace_private_file(
+        workspace,
+        f"load_from:\n  - grpc_server:\n      socket: {json.dumps(str(socket))}\n      location_name: {LOCATION}\n",
+    )
+
+
+def _recorded(record: Path) -> tuple[int | None, float]:
+    """The pid a server's record names and when it started, if it can be read."""
+    with contextlib.suppress(ValueError, OSError, KeyError, TypeError):
+        said = json.loads(record.read_text())
+        return int(said["pid"]), float(said.get("started", 0.0))
+    return None, 0.0
+
+
+def _start_and_record(settings: Settings, record: Path, start: Callable[[], int]) -> int:
+    """Under the server's lock: remove what a dead server left, start a new one, record it."""
+    socket = record.with_suffix(".sock")
+    for stale in (socket, record):
+        stale.unlink(missing_ok=True)
+    shutil.rmtree(scratch_of(socket), ignore_errors=True)  # a killed server's fork-server socket
+    sweep_records(record.parent, keep=record)
+    pid = start()
+    replace_private_file(record, json.dumps({"pid": pid, "home": str(settings.home), "started": time.time()}))
+    return pid
 
 
 def command(socket: Path, idle: int) -> list[str]:
@@ -200,27 +291,33 @@ def command(socket: Path, idle: int) -> list[str]:
     ]
 
 
-def _start(socket: Path, idle: int, log: Path) -> int:
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        # A session of its own: the terminal's Ctrl-C ends the command, not the server other commands share.
-        proc = subprocess.Popen(
-            command(socket, idle),
-            stdin=subprocess.DEVNULL,
-            stdout=fd,
-            stderr=fd,
-            start_new_session=True,
-            cwd=PROJECT_ROOT,
-            env=isolated_env(os.environ),  # for its run workers, which it starts without -I
-        )
-    finally:
-        os.close(fd)
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise ServiceError("code_server", f"exited with {proc.returncode} while starting (see {log})")
-        if socket.exists() and _alive(socket, proc.pid):
-            return proc.pid
-        time.sleep(0.1)
-    proc.kill()
-    raise ServiceError("code_server", f"did not answer on {socket} within {START_SECONDS:.0f}s (see {log})")
+def _start(socket: Path, log: Path, environ: Mapping[str, str], ready: Callable[[int], bool]) -> Callable[[], int]:
+    """Starting the server (to call under its lock): its pid once `ready` says it answers."""
+    idle = positive_int(ENV_IDLE_SECONDS, environ.get(ENV_IDLE_SECONDS), DEFAULT_IDLE_SECONDS, unit="seconds")
+
+    def start() -> int:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            # A session of its own: the terminal's Ctrl-C ends the command, not the server other commands share.
+            proc = subprocess.Popen(
+                command(socket, idle),
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=fd,
+                start_new_session=True,
+                cwd=PROJECT_ROOT,
+                env=isolated_env(environ),  # for its run workers, which it starts without -I
+            )
+        finally:
+            os.close(fd)
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise ServiceError("code_server", f"exited with {proc.returncode} while starting (see {log})")
+            if socket.exists() and ready(proc.pid):
+                return proc.pid
+            time.sleep(0.1)
+        proc.kill()
+        raise ServiceError("code_server", f"did not answer on {socket} within {START_SECONDS:.0f}s (see {log})")
+
+    return start

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import psycopg
 
-from memory_pipelines.launch.code_server import LOCATION
+from memory_pipelines.launch.code_server import LOCATION, launch_variables, run_log
 from memory_pipelines.lib.infra import progress
 from memory_pipelines.lib.infra.children import children_isolated
 from memory_pipelines.lib.infra.errors import (
@@ -39,8 +39,7 @@ from memory_pipelines.lib.infra.errors import (
     exhausted,
     names_exhaustion,
 )
-from memory_pipelines.lib.infra.owner_only import private_dir
-from memory_pipelines.lib.infra.settings import ENV_HOME, Settings
+from memory_pipelines.lib.infra.settings import Settings
 from memory_pipelines.lib.runtime import open_store
 from memory_pipelines.lib.stores import registry
 
@@ -102,9 +101,6 @@ class Launch:
 # -- the workspace and the run queue -----------------------------------------------------------
 
 
-# Where the children's output goes without --verbose (under HOME); failure messages name it.
-RUN_LOG = Path("logs") / "cli-runs.log"
-RUN_LOG_MAX_BYTES = 20_000_000  # then it becomes cli-runs.log.1 (replacing the one before)
 _run_log: Path | None = None
 
 
@@ -132,10 +128,7 @@ def _children_output(settings: Settings) -> Iterator[tuple[TextIO, bool]]:
             os.dup2(saved, 1)
             os.close(saved)
         return
-    log = settings.home / RUN_LOG
-    private_dir(log.parent)
-    if log.exists() and log.stat().st_size > RUN_LOG_MAX_BYTES:
-        log.replace(log.with_name(log.name + ".1"))
+    log = run_log(settings)
     terminal = os.isatty(2)
     saved_out, saved_err = os.dup(1), os.dup(2)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -181,12 +174,10 @@ def _workspace(settings: Settings) -> Iterator[_Workspace]:
     from memory_pipelines.lib.infra.services import ensure_services
 
     endpoints = ensure_services(settings)  # the embedded server and dagster.yaml, on a fresh HOME too
-    # The code server and the run workers inherit these: they must see the same HOME and instance.
-    os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
-    os.environ[ENV_HOME] = str(settings.home)
+    os.environ.update(launch_variables(settings))
     with _children_output(settings) as (stderr, terminal), dg.DagsterInstance.get() as instance:
         hold_connections(instance)  # it reads the run's state every POLL_SECONDS while it waits
-        warm = None if verbose() else warm_server(settings, log=settings.home / RUN_LOG)
+        warm = None if verbose() else warm_server(settings, log=run_log(settings))
         if warm is not None:
             with open_workspace(instance, warm.workspace_file, code_server_log_level="WARNING") as context:
                 yield _Workspace(instance, context, endpoints.store_conninfo, stderr, terminal, warm)

@@ -1,15 +1,16 @@
 """CLI commands run in a process forked warm from the HOME's code server's fork server.
 
-A command that launches runs spent most of its CPU importing Dagster, the definitions and the
-launch machinery before its first query (docs/performance.md, "Commands forked warm"). The HOME's
-warm code server (code_server.py) already has a fork server that imported them once for its run
-workers (serve_code.py). Beside them it forks a *command forker*, which listens on a socket in the
-server's private directory, named for the HOME by a link in the runtime directory, and imports the
-launch machinery when its first command comes. The program's commands (cli.py says which) send
-it their argv, environment, working directory, umask, signal dispositions and their stdin, stdout
-and stderr themselves; the forker forks a child, in a session of its own, that takes all of these
-on and runs the program's main function as the caller would have. The caller waits, passes on the signals it gets,
-and exits as the child did.
+A command that launches runs spent most of its CPU importing Dagster, the definitions and the launch
+machinery before its first query (docs/performance.md, "Commands forked warm"). The HOME's warm code
+server (code_server.py) already has a fork server that imported them once for its run workers
+(serve_code.py). Beside them it forks a *command forker*, which listens on a socket in the server's
+private directory, named for the HOME by a link in the runtime directory, and imports the launch
+machinery when its first command comes. A command that launches runs and finds no forker starts that
+server first, without importing Dagster (code_server.start_for_commands). The program's commands
+(cli.py says which) send it their argv, environment, working directory, umask, signal dispositions
+and their stdin, stdout and stderr themselves; the forker forks a child, in a session of its own,
+that takes all of these on and runs the program's main function as the caller would have. The caller
+waits, passes on the signals it gets, and exits as the child did.
 
 What cannot be handed over is compared instead: the user, groups, capabilities, namespaces,
 cgroup, resource limits, CPUs, nice value and root of the two processes, the interpreter and its
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import importlib
 import io
 import json
@@ -42,15 +42,15 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from memory_pipelines.lib.infra.children import isolated_env
-from memory_pipelines.lib.infra.code_runtime import runtime_dir, scratch_of
+from memory_pipelines.lib.infra.code_runtime import COMMANDS_SOCKET, link_of, runtime_dir, scratch_of
 from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.infra.settings import ENV_HOME
 
 __all__ = [
     "ENV_WARM_COMMANDS",
     "WARM_IMPORTS",
+    "enabled",
     "forward",
-    "link_of",
     "process_facts",
     "serve",
     "start_forker",
@@ -87,7 +87,6 @@ WARM_IMPORTS = (
     "fsspec.implementations.local",
 )
 ENV_WARM_COMMANDS = "MEMORY_PIPELINES_WARM_COMMANDS"
-SOCKET_NAME = "commands.sock"
 # A request is small and sent at once; a peer slower than this is not waited for.
 REQUEST_SECONDS = 10.0
 # How often the forker checks that its code server still runs (it ends with it).
@@ -112,9 +111,12 @@ _STATUS_FIELDS = (
 _LENGTH = struct.Struct("!I")
 
 
-def link_of(home: Path, runtime: Path) -> Path:
-    """The runtime directory's link to the command forker of HOME's newest warm code server."""
-    return runtime / f"{hashlib.sha256(os.path.realpath(home).encode()).hexdigest()[:20]}.commands"
+def enabled() -> bool:
+    """ENV_WARM_COMMANDS: whether commands may be forked warm (1, the default) or never (0)."""
+    switch = os.environ.get(ENV_WARM_COMMANDS) or "1"
+    if switch not in ("0", "1"):
+        raise ValidationError(ENV_WARM_COMMANDS, f"must be 1 (fork commands warm) or 0 (never), got {switch!r}")
+    return switch == "1"
 
 
 def process_facts(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -149,11 +151,10 @@ def forward(argv: Sequence[str], home: Path) -> int | None:
     """Run this command (`argv`, without the program) in HOME's command forker: its exit code, or
     None when no forker takes it or ENV_WARM_COMMANDS is 0 (then the caller runs it itself; nothing
     has run)."""
-    switch = os.environ.get(ENV_WARM_COMMANDS) or "1"
-    if switch not in ("0", "1"):
-        raise ValidationError(ENV_WARM_COMMANDS, f"must be 1 (fork commands warm) or 0 (never), got {switch!r}")
+    if not enabled():
+        return None
     runtime = runtime_dir()
-    if switch == "0" or runtime is None:
+    if runtime is None:
         return None
     client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with client:
@@ -247,7 +248,7 @@ def start_forker(context: BaseContext, server_socket: Path, *, entry: str) -> No
         target=serve,
         kwargs={
             "server_pid": os.getpid(),
-            "path": str(scratch_of(server_socket) / SOCKET_NAME),
+            "path": str(scratch_of(server_socket) / COMMANDS_SOCKET),
             "link": str(link_of(Path(home), server_socket.parent)),
             "entry": entry,
         },

@@ -1,5 +1,6 @@
-"""Commands forked warm (memory_pipelines/launch/warm_commands.py): once a HOME has a warm code server,
-its commands run in a child of that server's command forker, which has Dagster imported. The caller
+"""Commands forked warm (memory_pipelines/launch/warm_commands.py): once a HOME has a warm code server
+(its first launching command starts one), its commands run in a child of that server's command
+forker, which has Dagster imported. The caller
 imports none of it, and its output, exit code, stdin and signals are the command's own; a caller the
 child could not stand in for, or another user, runs its command itself."""
 
@@ -20,9 +21,11 @@ import psycopg
 import pytest
 
 from memory_pipelines.launch.materialize import DEQUEUE_LOCK
-from memory_pipelines.launch.warm_commands import ENV_WARM_COMMANDS, link_of, process_facts
-from memory_pipelines.lib.infra import code_runtime, services
+from memory_pipelines.launch.warm_commands import ENV_WARM_COMMANDS, process_facts
+from memory_pipelines.lib.infra import code_runtime, processes, services
+from memory_pipelines.lib.infra.code_runtime import link_of
 from memory_pipelines.lib.infra.leases import libpq_url
+from memory_pipelines.lib.infra.settings import Settings
 from tests.conftest import CLI, run_cli, settings_for
 from tests.support.local_user import AS_NOBODY, run_as_nobody
 
@@ -52,6 +55,19 @@ CALLER = textwrap.dedent(
 )
 
 
+# The program's own main, as the `memory-pipelines` script calls it (argv from sys.argv): what it
+# returned, and whether this process imported Dagster to run it.
+PROGRAM = textwrap.dedent(
+    """
+    import json, sys
+    from memory_pipelines.cli import main
+    sys.argv = ["memory-pipelines", *sys.argv[1:]]
+    code = main()
+    sys.stderr.write("\\n" + json.dumps({"code": code, "dagster": "dagster" in sys.modules}) + "\\n")
+    """
+)
+
+
 def caller(cli_env: dict[str, Any], *argv: str, **env: str) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
     done = subprocess.run(
         [sys.executable, "-c", CALLER, *argv],
@@ -68,6 +84,10 @@ def caller(cli_env: dict[str, Any], *argv: str, **env: str) -> tuple[dict[str, A
 def command_line(result: subprocess.CompletedProcess[str]) -> str:
     """stderr without the caller's own last line."""
     return "\n".join(result.stderr.strip().splitlines()[:-1]).strip()
+
+
+def code_servers(home: Path) -> list[int]:
+    return sorted(proc.pid for proc in processes.home_processes(home) if " api grpc " in " ".join(proc.args))
 
 
 def forker_link(home: Path) -> Path:
@@ -111,6 +131,41 @@ def warm(cli_env: dict[str, Any]) -> dict[str, Any]:
     assert first.returncode == 0, first.stderr[-3000:]
     assert wait_for(forker_link(home).exists, 120), "the warm code server's command forker never answered"
     return {**cli_env, "tenant": tenant, "first": json.loads(first.stdout)}
+
+
+@pytest.mark.slow
+def test_a_homes_first_launching_command_starts_its_server_and_is_forked_warm_from_it(
+    cli_env: dict[str, Any], tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    env = {**os.environ, **cli_env["env"], "MEMORY_PIPELINES_HOME": str(home)}
+
+    def program(*argv: str) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+        done = subprocess.run(
+            [sys.executable, "-c", PROGRAM, *argv], env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+        return json.loads(done.stderr.strip().splitlines()[-1]), done
+
+    try:
+        # A command that launches no run starts no server: it runs in its own process.
+        said, done = program("write", "--tenant", "t-first", "--user", "alice", "alice likes tea")
+        assert said == {"code": 0, "dagster": False}, done.stderr[-3000:]
+        assert code_servers(home) == [] and not forker_link(home).exists()
+
+        # The first `materialize` starts the HOME's warm server, as it did itself before, and runs in a
+        # child of its command forker: the caller never imports Dagster.
+        said, done = program("materialize", "--tenant", "t-first")
+        assert said == {"code": 0, "dagster": False}, done.stderr[-3000:]
+        assert json.loads(done.stdout)["success"]
+        (server,) = code_servers(home)
+        assert forker_link(home).exists()
+        # The next one is served by the same server (the child found it as its own process would have).
+        said, done = program("materialize", "--tenant", "t-first")
+        assert said == {"code": 0, "dagster": False} and json.loads(done.stdout)["success"]
+        assert code_servers(home) == [server]
+    finally:
+        services.stop_services(Settings.from_env({"MEMORY_PIPELINES_HOME": str(home), **cli_env["env"]}))
+    assert code_servers(home) == []
 
 
 @pytest.mark.slow

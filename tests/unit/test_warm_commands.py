@@ -8,7 +8,8 @@ import tomllib
 from pathlib import Path
 
 from memory_pipelines.launch import serve_code
-from memory_pipelines.launch.warm_commands import link_of, process_facts
+from memory_pipelines.launch.warm_commands import process_facts
+from memory_pipelines.lib.infra.code_runtime import link_of
 from memory_pipelines.lib.infra.paths import PROJECT_ROOT
 
 

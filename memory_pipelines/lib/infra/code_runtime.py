@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -17,10 +18,16 @@ from pathlib import Path
 from memory_pipelines.lib.infra.processes import read_proc
 
 __all__ = [
+    "COMMANDS_SOCKET",
+    "forker_ready",
+    "link_of",
     "runtime_dir",
     "scratch_of",
     "sweep_records",
 ]
+
+# The command forker's socket (launch/warm_commands.py), in its server's scratch directory.
+COMMANDS_SOCKET = "commands.sock"
 
 
 def runtime_dir() -> Path | None:
@@ -37,6 +44,21 @@ def runtime_dir() -> Path | None:
 def scratch_of(socket: Path) -> Path:
     """The directory of a server's multiprocessing files (its run workers' fork server's socket)."""
     return socket.with_suffix(".mp")
+
+
+def link_of(home: Path, runtime: Path) -> Path:
+    """The runtime directory's link to the command forker of HOME's newest warm code server."""
+    return runtime / f"{hashlib.sha256(os.path.realpath(home).encode()).hexdigest()[:20]}.commands"
+
+
+def forker_ready(home: Path, runtime: Path, server_socket: Path) -> bool:
+    """Whether HOME's link names the command forker of the server on `server_socket`: the forker
+    links itself once it listens."""
+    own = scratch_of(server_socket) / COMMANDS_SOCKET
+    try:
+        return os.readlink(link_of(home, runtime)) == str(own) and own.exists()
+    except OSError:
+        return False
 
 
 def sweep_records(runtime: Path, keep: Path | None = None) -> None:
