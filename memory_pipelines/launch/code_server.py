@@ -54,8 +54,8 @@ __all__ = [
 ENV_IDLE_SECONDS = "MEMORY_PIPELINES_CODE_SERVER_IDLE_SECONDS"
 DEFAULT_IDLE_SECONDS = 300
 START_SECONDS = 120.0
-# How long a server started for a command waits for its command forker once it answers (the fork
-# server imports meanwhile); past it the command runs in its own process and uses the server.
+# How long after a server started a command waits for its command forker (its fork server imports
+# meanwhile); past it the command runs in its own process and uses the server.
 FORKER_SECONDS = 30.0
 # Where the CLI's children (code servers, run workers) write without --verbose, under HOME.
 RUN_LOG = Path("logs") / "cli-runs.log"
@@ -199,7 +199,7 @@ def warm_server(settings: Settings, *, log: Path) -> WarmServer | None:
         _write_workspace(workspace, socket)
         pid, _ = _recorded(record)
         if pid is None or not _alive(socket, pid):
-            pid = _start_and_record(settings, record, _start(socket, log, os.environ, lambda pid: _alive(socket, pid)))
+            pid = _start_and_record(settings, record, log, os.environ, lambda pid: _alive(socket, pid))
         return WarmServer(socket=socket, pid=pid, workspace_file=workspace)
 
 
@@ -221,8 +221,7 @@ def start_for_commands(settings: Settings) -> bool:
         _write_workspace(workspace, socket)
         pid, started = _recorded(record)
         if pid is None or not (_running(pid) and _listening(socket)):
-            log = run_log(settings)
-            _start_and_record(settings, record, _start(socket, log, environ, lambda _: _listening(socket)))
+            _start_and_record(settings, record, run_log(settings), environ, lambda _: _listening(socket))
             started = time.time()
     # Its fork server imports while the server loads the code: the forker may come a little later.
     while not forker_ready(settings.home, runtime, socket):
@@ -254,14 +253,16 @@ def _recorded(record: Path) -> tuple[int | None, float]:
     return None, 0.0
 
 
-def _start_and_record(settings: Settings, record: Path, start: Callable[[], int]) -> int:
+def _start_and_record(
+    settings: Settings, record: Path, log: Path, environ: Mapping[str, str], ready: Callable[[int], bool]
+) -> int:
     """Under the server's lock: remove what a dead server left, start a new one, record it."""
     socket = record.with_suffix(".sock")
     for stale in (socket, record):
         stale.unlink(missing_ok=True)
     shutil.rmtree(scratch_of(socket), ignore_errors=True)  # a killed server's fork-server socket
     sweep_records(record.parent, keep=record)
-    pid = start()
+    pid = _start(socket, log, environ, ready)
     replace_private_file(record, json.dumps({"pid": pid, "home": str(settings.home), "started": time.time()}))
     return pid
 
@@ -291,33 +292,29 @@ def command(socket: Path, idle: int) -> list[str]:
     ]
 
 
-def _start(socket: Path, log: Path, environ: Mapping[str, str], ready: Callable[[int], bool]) -> Callable[[], int]:
-    """Starting the server (to call under its lock): its pid once `ready` says it answers."""
+def _start(socket: Path, log: Path, environ: Mapping[str, str], ready: Callable[[int], bool]) -> int:
+    """Start the server with `environ`; its pid once `ready` says it answers."""
     idle = positive_int(ENV_IDLE_SECONDS, environ.get(ENV_IDLE_SECONDS), DEFAULT_IDLE_SECONDS, unit="seconds")
-
-    def start() -> int:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            # A session of its own: the terminal's Ctrl-C ends the command, not the server other commands share.
-            proc = subprocess.Popen(
-                command(socket, idle),
-                stdin=subprocess.DEVNULL,
-                stdout=fd,
-                stderr=fd,
-                start_new_session=True,
-                cwd=PROJECT_ROOT,
-                env=isolated_env(environ),  # for its run workers, which it starts without -I
-            )
-        finally:
-            os.close(fd)
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise ServiceError("code_server", f"exited with {proc.returncode} while starting (see {log})")
-            if socket.exists() and ready(proc.pid):
-                return proc.pid
-            time.sleep(0.1)
-        proc.kill()
-        raise ServiceError("code_server", f"did not answer on {socket} within {START_SECONDS:.0f}s (see {log})")
-
-    return start
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        # A session of its own: the terminal's Ctrl-C ends the command, not the server other commands share.
+        proc = subprocess.Popen(
+            command(socket, idle),
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,
+            cwd=PROJECT_ROOT,
+            env=isolated_env(environ),  # for its run workers, which it starts without -I
+        )
+    finally:
+        os.close(fd)
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServiceError("code_server", f"exited with {proc.returncode} while starting (see {log})")
+        if socket.exists() and ready(proc.pid):
+            return proc.pid
+        time.sleep(0.1)
+    proc.kill()
+    raise ServiceError("code_server", f"did not answer on {socket} within {START_SECONDS:.0f}s (see {log})")
