@@ -73,12 +73,8 @@ def timed(command: list[str], env: dict[str, str], label: str | None = None) -> 
 def end_code_servers(home: Path) -> None:
     """End HOME's code servers (their fork servers and command forkers with them); its services stay."""
     servers = [proc for proc in processes.home_processes(home) if " api grpc " in " ".join(proc.args)]
-    processes.end_processes(servers)
-    deadline = time.monotonic() + 30
-    while any(" api grpc " in " ".join(p.args) for p in processes.home_processes(home)):
-        if time.monotonic() > deadline:
-            raise SystemExit("the HOME's code servers did not end")
-        time.sleep(0.2)
+    if not all(ended["ended"] for ended in processes.end_processes(servers)):
+        raise SystemExit("the HOME's code servers did not end")
     time.sleep(1)  # their forkers notice within a second and take their links away
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from memory_pipelines.lib.infra.children import isolated_env
-from memory_pipelines.lib.infra.code_runtime import COMMANDS_SOCKET, link_of, runtime_dir, scratch_of
+from memory_pipelines.lib.infra.code_runtime import forker_socket, link_of, runtime_dir
 from memory_pipelines.lib.infra.errors import ValidationError
 from memory_pipelines.lib.infra.settings import ENV_HOME
 
@@ -248,7 +248,7 @@ def start_forker(context: BaseContext, server_socket: Path, *, entry: str) -> No
         target=serve,
         kwargs={
             "server_pid": os.getpid(),
-            "path": str(scratch_of(server_socket) / COMMANDS_SOCKET),
+            "path": str(forker_socket(server_socket)),
             "link": str(link_of(Path(home), server_socket.parent)),
             "entry": entry,
         },

@@ -22,11 +22,12 @@ import pytest
 
 from memory_pipelines.launch.materialize import DEQUEUE_LOCK
 from memory_pipelines.launch.warm_commands import ENV_WARM_COMMANDS, process_facts
-from memory_pipelines.lib.infra import code_runtime, processes, services
+from memory_pipelines.lib.infra import code_runtime, services
 from memory_pipelines.lib.infra.code_runtime import link_of
 from memory_pipelines.lib.infra.leases import libpq_url
 from memory_pipelines.lib.infra.settings import Settings
 from tests.conftest import CLI, run_cli, settings_for
+from tests.integration.test_code_server import code_servers
 from tests.support.local_user import AS_NOBODY, run_as_nobody
 
 # A command as a terminal's foreground job starts: no signal ignored, whatever this worker has come to
@@ -84,10 +85,6 @@ def caller(cli_env: dict[str, Any], *argv: str, **env: str) -> tuple[dict[str, A
 def command_line(result: subprocess.CompletedProcess[str]) -> str:
     """stderr without the caller's own last line."""
     return "\n".join(result.stderr.strip().splitlines()[:-1]).strip()
-
-
-def code_servers(home: Path) -> list[int]:
-    return sorted(proc.pid for proc in processes.home_processes(home) if " api grpc " in " ".join(proc.args))
 
 
 def forker_link(home: Path) -> Path:

@@ -18,16 +18,13 @@ from pathlib import Path
 from memory_pipelines.lib.infra.processes import read_proc
 
 __all__ = [
-    "COMMANDS_SOCKET",
     "forker_ready",
+    "forker_socket",
     "link_of",
     "runtime_dir",
     "scratch_of",
     "sweep_records",
 ]
-
-# The command forker's socket (launch/warm_commands.py), in its server's scratch directory.
-COMMANDS_SOCKET = "commands.sock"
 
 
 def runtime_dir() -> Path | None:
@@ -51,10 +48,15 @@ def link_of(home: Path, runtime: Path) -> Path:
     return runtime / f"{hashlib.sha256(os.path.realpath(home).encode()).hexdigest()[:20]}.commands"
 
 
+def forker_socket(server_socket: Path) -> Path:
+    """Where the command forker (launch/warm_commands.py) of the server on `server_socket` listens."""
+    return scratch_of(server_socket) / "commands.sock"
+
+
 def forker_ready(home: Path, runtime: Path, server_socket: Path) -> bool:
     """Whether HOME's link names the command forker of the server on `server_socket`: the forker
     links itself once it listens."""
-    own = scratch_of(server_socket) / COMMANDS_SOCKET
+    own = forker_socket(server_socket)
     try:
         return os.readlink(link_of(home, runtime)) == str(own) and own.exists()
     except OSError:
