@@ -40,6 +40,12 @@ def postmasters(pgdata: Path) -> list[psutil.Process]:
     return found
 
 
+def installed_packages_mapped(pid: int) -> set[str]:
+    """The installed packages whose files (extension modules, shared libraries) `pid` has mapped."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {line.split("site-packages/", 1)[1].split("/", 1)[0] for line in maps if "site-packages/" in line}
+
+
 def chroma_servers(path: Path) -> list[psutil.Process]:
     """`chroma run` processes serving this data directory."""
     found = []
@@ -62,6 +68,9 @@ def test_concurrent_cli_processes_share_one_server_and_restart_keeps_data(tmp_pa
         assert len(chroma_servers(settings.chroma_path)) == 1
         chroma = services.chroma_state(settings)
         assert chroma is not None and [p.pid for p in chroma_servers(settings.chroma_path)] == [chroma["pid"]]
+        # The server is chromadb's Rust CLI, without the Python package the `chroma` script imports
+        # first (numpy, grpc, pydantic: 0.9 of its 1.0 CPU-seconds to start; benchmarks/chroma_start.py).
+        assert installed_packages_mapped(chroma["pid"]) == {"chromadb_rust_bindings"}
 
         written = run_cli("write", "--tenant", "acme", "--user", "alice", "kept across restarts", home=home)
         assert written.returncode == 0, written.stderr

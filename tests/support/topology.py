@@ -45,7 +45,7 @@ from dagster._grpc.types import ExecuteRunArgs
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 from psycopg import sql
 
-from memory_pipelines.lib.infra.services import chroma_binary, chroma_heartbeat, free_port
+from memory_pipelines.lib.infra.services import chroma_command, chroma_heartbeat, free_port
 
 __all__ = [
     "HOST_TAG",
@@ -374,7 +374,7 @@ def topology(root: Path) -> Iterator[Topology]:
         chroma_port = free_port()
         chroma = subprocess.Popen(
             [
-                str(chroma_binary()),
+                *chroma_command(),
                 "run",
                 "--path",
                 str(root / "services" / "chroma"),

@@ -223,8 +223,9 @@ def _inner_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(binary: str, path: str, port: int) -> subprocess.Popen[bytes]:
-    """`chroma run` on 127.0.0.1:`port` of this process's namespace; it gets SIGTERM when we die."""
+def start_server(command: list[str], path: str, port: int) -> subprocess.Popen[bytes]:
+    """`chroma run` (`command` runs Chroma's CLI) on 127.0.0.1:`port` of this process's namespace; it
+    gets SIGTERM when we die."""
     parent = os.getpid()
     prctl = ctypes.CDLL(None, use_errno=True).prctl
 
@@ -234,7 +235,7 @@ def start_server(binary: str, path: str, port: int) -> subprocess.Popen[bytes]:
             os._exit(1)
 
     return subprocess.Popen(
-        [binary, "run", "--path", path, "--host", "127.0.0.1", "--port", str(port)],
+        [*command, "run", "--path", path, "--host", "127.0.0.1", "--port", str(port)],
         stdin=subprocess.DEVNULL,
         close_fds=True,
         process_group=0,
@@ -527,6 +528,13 @@ def _report(fd: int | None, message: dict[str, object]) -> None:
         pass  # the process that started us is gone: the state file is what others read
 
 
+def _command(text: str) -> list[str]:
+    command = json.loads(text)
+    if not (isinstance(command, list) and command and all(isinstance(part, str) for part in command)):
+        raise ValueError("--command must be a JSON list of strings")
+    return command
+
+
 def _stop(signum: int, frame: FrameType | None) -> None:
     raise _Stop
 
@@ -535,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the door and the server until either ends (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--dir", required=True, help="Chroma's data directory (HOME/chroma), holding TOKEN_FILE")
-    parser.add_argument("--binary", required=True, help="the `chroma` command")
+    parser.add_argument("--command", required=True, type=_command, help="what runs Chroma's CLI, a JSON list")
     parser.add_argument("--isolation", choices=ISOLATIONS, default="auto")
     parser.add_argument("--ready-fd", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=60.0)
@@ -567,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     server, inode = None, None
     try:
         inner = _inner_port()
-        server = start_server(args.binary, args.dir, inner)
+        server = start_server(args.command, args.dir, inner)
         if not _await_server(server, inner, deadline):
             code = server.poll()
             detail = f"exited with code {code}" if code is not None else f"did not answer within {args.timeout:.0f}s"

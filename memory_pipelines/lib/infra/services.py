@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import secrets
 import select
 import shutil
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -44,6 +46,7 @@ import psycopg
 from psycopg import sql
 
 from memory_pipelines.lib.infra import chroma_proxy, code_runtime, machine, migrations, processes, unix_http
+from memory_pipelines.lib.infra.children import ISOLATED
 from memory_pipelines.lib.infra.errors import ServiceError
 from memory_pipelines.lib.infra.home import sweep as sweep_leftovers
 from memory_pipelines.lib.infra.owner_only import private_dir, private_file, traversable_dir
@@ -68,6 +71,7 @@ __all__ = [
     "STORE_DB",
     "Endpoints",
     "chroma_binary",
+    "chroma_command",
     "chroma_headers",
     "chroma_heartbeat",
     "chroma_state",
@@ -274,6 +278,32 @@ def chroma_binary() -> Path:
     if found is None:
         raise ServiceError("chroma", "the `chroma` command is not installed (pip install chromadb)")
     return Path(found)
+
+
+# What Chroma's `chroma` script runs once it has imported chromadb, which a server never uses (0.9 of
+# the 1.0 CPU-seconds a server's start took, 2026-12-07): the Rust CLI of chromadb's bindings.
+CHROMA_CLI = (
+    "import sys\nimport chromadb_rust_bindings\n"
+    "try:\n    chromadb_rust_bindings.cli(sys.argv[1:])\nexcept KeyboardInterrupt:\n    pass\n"
+)
+
+
+def chroma_command() -> list[str]:
+    """The command that runs Chroma's CLI, its arguments (`run --path ...`) to follow: the Rust CLI
+    called directly, in isolated mode, when `chroma` is the script beside this interpreter and the
+    bindings are in its site-packages; else the `chroma` command itself."""
+    binary = chroma_binary()
+    if binary == Path(sys.executable).parent / "chroma" and _in_site_packages("chromadb_rust_bindings"):
+        return [sys.executable, ISOLATED, "-c", CHROMA_CLI, "chroma"]
+    return [str(binary)]
+
+
+def _in_site_packages(module: str) -> bool:
+    """Whether `module` is installed where an isolated interpreter (no PYTHONPATH) finds it too."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return False
+    return any(Path(spec.origin).is_relative_to(packages) for packages in site.getsitepackages())
 
 
 def free_port() -> int:
@@ -513,7 +543,7 @@ def _start_chroma(settings: Settings, token: str, timeout: float = CHROMA_START_
     it outlives us; returns the state recorded once the server answers through the proxy."""
     path = private_dir(settings.chroma_path)
     log_path = path / CHROMA_LOG
-    binary = chroma_binary()
+    command = chroma_command()
     # Warnings and errors only, unless RUST_LOG says otherwise: at its default level `chroma run` logs
     # every request (some 20 MB in one test session's HOME), a file every canary drill then reads.
     env = {"RUST_LOG": "warn", **os.environ, "ANONYMIZED_TELEMETRY": "False"}
@@ -523,7 +553,7 @@ def _start_chroma(settings: Settings, token: str, timeout: float = CHROMA_START_
         "-I",  # the proxy is standard library only: no site or environment of ours can change it
         str(PROXY_PROGRAM),
         f"--dir={path}",  # one argument: only `chroma run` names the path on its own
-        f"--binary={binary}",
+        f"--command={json.dumps(command)}",
         f"--isolation={settings.chroma_isolation}",
         f"--ready-fd={write_end}",
         f"--timeout={timeout:.0f}",
@@ -544,7 +574,7 @@ def _start_chroma(settings: Settings, token: str, timeout: float = CHROMA_START_
             )
     except OSError as exc:
         os.close(read_end)
-        raise ServiceError("chroma", f"cannot start the embedded Chroma server ({binary}): {exc}") from exc
+        raise ServiceError("chroma", f"cannot start the embedded Chroma server ({command[0]}): {exc}") from exc
     finally:
         os.close(write_end)
     _started.append(proc)
