@@ -97,7 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if _is_controller(config):
         os.environ[ENV_TEST_RUN] = uuid.uuid4().hex  # before xdist starts the workers: they inherit it
         for package in COMPILED:
-            compileall.compile_dir(package, quiet=1)
+            compileall.compile_dir(package, quiet=2)  # a checkout it cannot write only costs the time
         if config.option.basetemp is None and "PYTEST_DEBUG_TEMPROOT" not in os.environ:
             root = memory_temp_root()
             if root is not None:
