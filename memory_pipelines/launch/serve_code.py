@@ -39,11 +39,17 @@ PRELOAD = (
 COMMANDS = "memory_pipelines.cli:main"
 
 
+# Imported last: it builds the definitions from the modules above.
+BUILT = "memory_pipelines.launch.built_definitions"
+
+
 def preload() -> list[str]:
-    """PRELOAD, then every module under memory_pipelines/defs/: what loading the definitions imports."""
+    """PRELOAD, every module under memory_pipelines/defs/ (what loading the definitions imports), then
+    BUILT."""
     import memory_pipelines.defs as folder
 
-    return [*PRELOAD, *(found.name for found in pkgutil.walk_packages(folder.__path__, f"{folder.__name__}."))]
+    modules = (found.name for found in pkgutil.walk_packages(folder.__path__, f"{folder.__name__}."))
+    return [*PRELOAD, *modules, BUILT]
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ names its forker."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import tomllib
 from pathlib import Path
@@ -34,3 +35,16 @@ def test_a_caller_niced_otherwise_differs_in_its_facts() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 1
     assert process_facts(os.environ) == before
+
+
+def test_the_fork_server_builds_the_definitions_its_run_workers_start_with() -> None:
+    assert serve_code.preload()[-1] == serve_code.BUILT  # after the modules the build imports
+    pid = os.fork()
+    if pid == 0:  # a process as the fork server is once it has imported BUILT; reports by its exit code
+        from memory_pipelines.definitions import built
+
+        built.cache_clear()
+        importlib.reload(importlib.import_module(serve_code.BUILT))  # an import alone may find it imported
+        os._exit(0 if built.cache_info().currsize == 1 and built().get_repository_def() is not None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
