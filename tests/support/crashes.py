@@ -5,17 +5,25 @@ killer or a power cut would end it; then what the next command finds is checked.
 `run_killed` insists the child died at the point: a point renamed or never reached fails the test
 instead of passing it without a crash. The steps before it run in the test's process (`run_here`);
 what follows it runs in a new process (`run_ok`, the CLI), as the next command would.
+
+Each child is forked from a fork server (multiprocessing's, one per test process) that has imported
+the modules every child imports (CHILDREN_IMPORT) and nothing else: no connection, thread or model,
+as the warm code server's fork server does for run workers (memory_pipelines/launch/serve_code.py).
+A child started as `python -c` spent most of its CPU importing them (docs/development.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +33,53 @@ from memory_pipelines.lib.infra.faults import ENV_CRASH_AT
 PRELUDE = "from memory_pipelines import MemoryPlatform\nmp = MemoryPlatform.from_env()\n"
 
 
+# What every child imports before or while its code runs (chromadb with the first Chroma request).
+CHILDREN_IMPORT = [
+    "memory_pipelines.platform",
+    "memory_pipelines.lib.forget.erasure",
+    "memory_pipelines.lib.stores.derived",
+    "chromadb",
+    "onnxruntime",
+    "tokenizers",
+]
+FORKS = multiprocessing.get_context("forkserver")
+
+
+def child_main(code: str, env: dict[str, str], out: str, err: str) -> None:
+    """A child's body: `code` as `python -c` would run it, with exactly `env`, printing to `out`/`err`."""
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        with open(path, "w") as target:
+            os.dup2(target.fileno(), fd)
+    try:
+        exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
 def _run(home: Path, code: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
-        env={**os.environ, "MEMORY_PIPELINES_HOME": str(home), **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    FORKS.set_forkserver_preload(CHILDREN_IMPORT)
+    with tempfile.TemporaryDirectory(prefix="crash-child-") as scratch:
+        out, err = os.path.join(scratch, "out"), os.path.join(scratch, "err")
+        full_env = {**os.environ, "MEMORY_PIPELINES_HOME": str(home), **env}
+        child = FORKS.Process(target=child_main, args=(PRELUDE + textwrap.dedent(code), full_env, out, err))
+        child.start()
+        child.join(timeout)
+        if child.exitcode is None:
+            child.kill()
+            child.join()
+            raise subprocess.TimeoutExpired(f"child of {home}", timeout)
+        read = [Path(path).read_text(errors="replace") if os.path.exists(path) else "" for path in (out, err)]
+        exitcode = child.exitcode
+        child.close()
+    return subprocess.CompletedProcess([code], exitcode, read[0], read[1])
 
 
 def run_killed(home: Path, point: str, code: str, *, env: dict[str, str] | None = None, timeout: float = 300) -> None:
