@@ -246,11 +246,11 @@ def test_the_forget_job_says_how_to_request_and_links_a_launchpad_with_each_scop
 def test_definitions_load_without_preview_warnings():
     import warnings
 
-    from memory_pipelines.definitions import built
+    from memory_pipelines.definitions import build_for
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        built.__wrapped__()  # a build of its own: the process's may be cached already, warnings spent
+        build_for.__wrapped__(())  # a build of its own: the process's may be cached already, warnings spent
     assert not [w for w in caught if issubclass(w.category, dg.PreviewWarning)]
 
 
@@ -282,3 +282,20 @@ def test_evaluation_checks_are_per_month_and_name_the_mode_and_warn_band(definit
     # The bands named are those the checks grade by.
     assert [severity("precision", v) for v in (0.799, 0.8, 0.839, 0.84)] == ["ERROR", "WARN", "WARN", "PASS"]
     assert [severity("drift", v) for v in (0.079, 0.08, 0.1, 0.101)] == ["PASS", "WARN", "WARN", "ERROR"]
+
+
+def test_definitions_follow_the_environment_they_are_loaded_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process keeps its build (memory_pipelines/definitions.py), but the build reads the environment:
+    one made before MEMORY_PIPELINES_HOME or the Chroma URL was set must not serve after."""
+    from memory_pipelines.lib.infra import settings as env
+
+    monkeypatch.delenv(env.ENV_HOME, raising=False)
+    monkeypatch.delenv(env.ENV_CHROMA_URL, raising=False)
+    unset = dict(defs().resources or {})
+    monkeypatch.setenv(env.ENV_HOME, "/srv/memories")
+    monkeypatch.setenv(env.ENV_CHROMA_URL, "http://chroma.internal:8000")
+    chosen = dict(defs().resources or {})
+    assert (unset["memory_store"].home, unset["chroma"].url) == (env.DEFAULT_HOME, None)
+    assert isinstance(chosen["memory_store"].home, dg.EnvVar) and chosen["memory_store"].home == env.ENV_HOME
+    assert isinstance(chosen["chroma"].url, dg.EnvVar) and chosen["chroma"].url == env.ENV_CHROMA_URL
+    assert defs() is defs()  # built once for an environment
