@@ -20,7 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from memory_pipelines.lib.infra.services import chroma_binary, chroma_command, chroma_heartbeat, free_port
+from memory_pipelines.lib.infra.services import (
+    chroma_binary,
+    chroma_command,
+    chroma_heartbeat,
+    chroma_run_command,
+    free_port,
+)
 
 START_SECONDS = 60.0
 
@@ -30,7 +36,7 @@ def start_once(command: list[str], path: Path) -> tuple[float, float]:
     port = free_port()
     started = time.monotonic()
     proc = subprocess.Popen(
-        [*command, "run", "--path", str(path), "--host", "127.0.0.1", "--port", str(port)],
+        chroma_run_command(path, port, command=command),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "RUST_LOG": "warn"},

@@ -329,7 +329,7 @@ def test_stop_ends_the_proxy_and_the_server_and_either_ending_ends_the_other(tmp
 
         port = free_port()
         legacy = subprocess.Popen(
-            [str(services.chroma_binary()), "run", "--path", str(path), "--host", "127.0.0.1", "--port", str(port)],
+            services.chroma_run_command(path, port, command=[str(services.chroma_binary())]),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,

@@ -69,7 +69,7 @@ def test_concurrent_cli_processes_share_one_server_and_restart_keeps_data(tmp_pa
         chroma = services.chroma_state(settings)
         assert chroma is not None and [p.pid for p in chroma_servers(settings.chroma_path)] == [chroma["pid"]]
         # The server is chromadb's Rust CLI, without the Python package the `chroma` script imports
-        # first (numpy, grpc, pydantic: 0.9 of its 1.0 CPU-seconds to start; benchmarks/chroma_start.py).
+        # first (numpy, grpc, pydantic: most of a start's CPU; docs/performance.md, benchmarks/chroma_start.py).
         assert installed_packages_mapped(chroma["pid"]) == {"chromadb_rust_bindings"}
 
         written = run_cli("write", "--tenant", "acme", "--user", "alice", "kept across restarts", home=home)

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from memory_pipelines.lib.infra.services import chroma_command, chroma_heartbeat, free_port
+from memory_pipelines.lib.infra.services import chroma_heartbeat, chroma_run_command, free_port
 
 __all__ = ["FakeLLM", "chroma_server", "free_port"]
 
@@ -20,10 +20,10 @@ __all__ = ["FakeLLM", "chroma_server", "free_port"]
 @contextmanager
 def chroma_server(path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     """`chroma run` on 127.0.0.1 (the command and heartbeat ensure_services uses); yields its URL
-    and process, stops it afterwards. Starting takes about 1.4 s here."""
+    and process, stops it afterwards (docs/performance.md has how long a start takes)."""
     port = free_port()
     proc = subprocess.Popen(
-        [*chroma_command(), "run", "--path", str(path), "--host", "127.0.0.1", "--port", str(port)],
+        chroma_run_command(path, port),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

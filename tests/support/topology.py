@@ -45,7 +45,7 @@ from dagster._grpc.types import ExecuteRunArgs
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 from psycopg import sql
 
-from memory_pipelines.lib.infra.services import chroma_command, chroma_heartbeat, free_port
+from memory_pipelines.lib.infra.services import chroma_heartbeat, chroma_run_command, free_port
 
 __all__ = [
     "HOST_TAG",
@@ -373,16 +373,7 @@ def topology(root: Path) -> Iterator[Topology]:
         postgres.start()
         chroma_port = free_port()
         chroma = subprocess.Popen(
-            [
-                *chroma_command(),
-                "run",
-                "--path",
-                str(root / "services" / "chroma"),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(chroma_port),
-            ],
+            chroma_run_command(root / "services" / "chroma", chroma_port),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -34,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +74,7 @@ __all__ = [
     "chroma_command",
     "chroma_headers",
     "chroma_heartbeat",
+    "chroma_run_command",
     "chroma_state",
     "chroma_token_path",
     "configure_embedded",
@@ -280,8 +281,8 @@ def chroma_binary() -> Path:
     return Path(found)
 
 
-# What Chroma's `chroma` script runs once it has imported chromadb, which a server never uses (0.9 of
-# the 1.0 CPU-seconds a server's start took, 2026-12-07): the Rust CLI of chromadb's bindings.
+# What Chroma's `chroma` script runs once it has imported chromadb, which a server never uses (most of
+# a server's start: docs/performance.md, "Starting the embedded Chroma server"): the Rust CLI.
 CHROMA_CLI = (
     "import sys\nimport chromadb_rust_bindings\n"
     "try:\n    chromadb_rust_bindings.cli(sys.argv[1:])\nexcept KeyboardInterrupt:\n    pass\n"
@@ -296,6 +297,12 @@ def chroma_command() -> list[str]:
     if binary == Path(sys.executable).parent / "chroma" and _in_site_packages("chromadb_rust_bindings"):
         return [sys.executable, ISOLATED, "-c", CHROMA_CLI, "chroma"]
     return [str(binary)]
+
+
+def chroma_run_command(path: Path, port: int, *, command: Sequence[str] | None = None) -> list[str]:
+    """`chroma run` serving `path` on 127.0.0.1:`port`, through `command` (chroma_command() when not
+    given). The proxy (chroma_proxy.py, standard library only) builds the same line for HOME's own."""
+    return [*(command or chroma_command()), "run", "--path", str(path), "--host", "127.0.0.1", "--port", str(port)]
 
 
 def _in_site_packages(module: str) -> bool:
